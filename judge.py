@@ -1,0 +1,81 @@
+"""Grade one answer against one task's criteria checklist and print the verdict: for debugging a criterion.
+
+    python judge.py --task semver-compare --answer answer.md                      # local machine checks
+    python judge.py --task haiku --answer a.txt --judge claude --model sonnet     # claude -p
+    python judge.py --task haiku --answer a.txt --judge http://localhost:8000 --model Qwen/Qwen3-8B
+    python judge.py --task haiku --answer a.txt --judge "cmd:ollama run qwen3" --hybrid
+
+Exit code 0 with a verdict, 1 when the judge failed after its retries, 2 for a usage error.
+"""
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from minigrpo.judge import make_judge, load_tasks
+
+DEFAULT_TASKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "minigrpo", "data", "soyuz_tasks.json")
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description="Grade one answer against a task's criteria checklist.")
+    p.add_argument("--task", required=True, help="task id in the tasks file")
+    p.add_argument("--answer", required=True, help="file holding the answer text ('-' for stdin)")
+    p.add_argument("--tasks", default=DEFAULT_TASKS, help="tasks JSON file (default: the soyuz tasks)")
+    p.add_argument("--judge", default="local", help="local | claude | cmd:<command line> | http(s)://host[:port]")
+    p.add_argument("--model", default=None, help="grader model (claude --model, or the chat-completions model)")
+    p.add_argument("--max-turns", type=int, default=None, help="claude --max-turns")
+    p.add_argument("--claude-args", default="", help="extra arguments for claude -p, one shell-quoted string")
+    p.add_argument("--hybrid", action="store_true", help="machine checks decide their criteria; the LLM the rest")
+    p.add_argument("--timeout", type=float, default=180.0, help="seconds per grader call")
+    p.add_argument("--retries", type=int, default=2, help="retries after an invalid or failed call")
+    p.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    return p.parse_args(argv)
+
+
+def backend_options(args):
+    if args.judge == "claude":
+        return {"model": args.model, "max_turns": args.max_turns, "claude_args": args.claude_args}
+    if args.judge.startswith(("http://", "https://")):
+        return {"model": args.model}
+    return {}
+
+
+def print_verdict(verdict):
+    for r in verdict.results:
+        mark = {True: "PASS", False: "FAIL", None: "----"}[r.passed]
+        print(f"{mark}  {r.id}: {r.reason}")
+    score = "n/a (nothing checked)" if verdict.score is None else f"{verdict.score:.3f}"
+    print(f"score {score}  ({verdict.passed} passed / {verdict.checked} checked / {verdict.total} criteria)")
+    print(f"reason: {verdict.reason}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        tasks = load_tasks(args.tasks)
+        if args.task not in tasks:
+            raise ValueError(f"{args.tasks}: no task with id {args.task!r} (have {', '.join(sorted(tasks))})")
+        answer = sys.stdin.read() if args.answer == "-" else open(args.answer).read()
+        judge = make_judge(args.judge, workers=1, timeout=args.timeout, retries=args.retries, hybrid=args.hybrid,
+                           **backend_options(args))
+    except FileNotFoundError as e:
+        print(f"judge.py: {e.filename}: no such file (check --tasks / --answer)", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as e:
+        print(f"judge.py: {e}", file=sys.stderr)
+        return 2
+    verdict = judge.grade(tasks[args.task], answer)
+    judge.close()
+    if verdict is None:
+        print(f"judge.py: the {args.judge} judge failed after {args.retries + 1} attempts", file=sys.stderr)
+        return 1
+    print(json.dumps(verdict.to_dict(), indent=2)) if args.json else print_verdict(verdict)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

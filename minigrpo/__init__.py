@@ -1,0 +1,1 @@
+"""minigrpo: GRPO post-training for Qwen models in plain PyTorch."""

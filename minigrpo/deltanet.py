@@ -1,0 +1,157 @@
+"""Gated DeltaNet: the linear-attention token mixer of Qwen3.5 (3 of every 4 layers).
+
+A GDN layer keeps, per value head, a fixed-size memory S (dk x dv) instead of a growing KV cache. Each token
+decays the memory, corrects what it recalls for its key towards its value (the "delta rule"), then reads it with its
+query. The math follows QWEN.md §6.2 and transformers' torch fallback; the dtype rules follow QWEN.md §7.
+
+Shape letters:
+  B batch, T tokens in this call, H hidden size, C conv channels (2*nk*dk + nv*dv), K conv kernel width,
+  nk / nv key / value heads, dk / dv key / value head dim, N chunks, L chunk length (64).
+
+Two forms of the same recurrence live here, and tests check that they agree:
+  recurrent_delta_rule  token by token: the definition, and the single-token decode step
+  chunked_delta_rule    64 tokens at a time with matrix products: prefill and any multi-token call
+"""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def l2norm(x, eps=1e-6):
+    # eps sits inside the sqrt and is added to the *sum* of squares (FLA / transformers convention)
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def recurrent_delta_rule(q, k, v, g, beta, state):
+    """The gated delta rule, one token at a time. All inputs fp32.
+    q, k: (B, h, T, dk) already l2-normed (q also scaled); v: (B, h, T, dv); g, beta: (B, h, T);
+    state: (B, h, dk, dv). Returns o (B, h, T, dv) and the final state."""
+    S = state
+    out = []
+    for t in range(q.shape[2]):
+        S = S * g[:, :, t, None, None].exp()                     # forget: S <- alpha_t S
+        recalled = (S * k[:, :, t, :, None]).sum(-2)             # S^T k_t                  (B, h, dv)
+        delta = beta[:, :, t, None] * (v[:, :, t] - recalled)    # prediction error of the memory
+        S = S + k[:, :, t, :, None] * delta[:, :, None, :]       # write: S <- S + k_t delta_t^T
+        out.append((S * q[:, :, t, :, None]).sum(-2))            # read after the write: S^T q_t
+    return torch.stack(out, dim=2), S
+
+
+def chunked_delta_rule(q, k, v, g, beta, state, chunk=64):
+    """The same recurrence as recurrent_delta_rule, 64 tokens per step (the WY / UT-transform form).
+    Within a chunk with incoming state S0 and cumulative log-decay gam_i = sum_{s<=i} g_s:
+      A = strictly-lower beta_i e^(gam_i-gam_j) k_i.k_j,  T = (I + A)^-1
+      U = T (beta v),  W = T (beta e^gam k),  Delta = U - W S0           (the chunk's delta_i, all at once)
+      O = (e^gam q) S0 + ((q k^T) * M) Delta,  M_ij = e^(gam_i-gam_j) for j <= i
+      S0 <- e^gam_last S0 + (e^(gam_last-gam) k)^T Delta
+    Same arguments and results as recurrent_delta_rule."""
+    B, h, T, dk = k.shape
+    dv = v.shape[-1]
+    pad = (-T) % chunk
+    # zero padding at the end: g = 0 (no decay) and beta = 0 (no write), so padded rows change nothing
+    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+    g, beta = (F.pad(x, (0, pad)) for x in (g, beta))
+    N = (T + pad) // chunk
+    q, k, v = (x.reshape(B, h, N, chunk, x.shape[-1]) for x in (q, k, v))   # (B, h, N, L, d)
+    g, beta = g.reshape(B, h, N, chunk), beta.reshape(B, h, N, chunk)
+
+    gam = g.cumsum(-1)                                                        # (B, h, N, L)
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    # mask before exp: above the diagonal gam_i - gam_j > 0 and could overflow to inf (inf * 0 = nan)
+    decay = (gam[..., :, None] - gam[..., None, :]).masked_fill(~causal, float("-inf")).exp()  # M (B, h, N, L, L)
+    A = (beta[..., None] * (k @ k.mT) * decay).tril(-1)
+    eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
+    rhs = torch.cat([beta[..., None] * v, (beta * gam.exp())[..., None] * k], dim=-1)
+    UW = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)
+    U, W = UW.split([dv, dk], dim=-1)                                         # (B, h, N, L, dv), (.., dk)
+    qk = (q @ k.mT) * decay                                                   # (B, h, N, L, L)
+    q_in = q * gam.exp()[..., None]                                           # reads of the incoming state
+    k_out = k * (gam[..., -1:] - gam).exp()[..., None]                        # writes carried to the chunk end
+
+    S = state
+    out = []
+    for n in range(N):  # chunks depend on each other only through S
+        delta = U[:, :, n] - W[:, :, n] @ S                                   # (B, h, L, dv)
+        out.append(q_in[:, :, n] @ S + qk[:, :, n] @ delta)
+        S = S * gam[:, :, n, -1, None, None].exp() + k_out[:, :, n].mT @ delta
+    o = torch.stack(out, dim=2).reshape(B, h, N * chunk, dv)[:, :, :T]
+    return o, S
+
+
+def causal_conv(u, weight, conv_state):
+    """Depthwise causal conv over time, continuing from the last K-1 inputs of the previous call.
+    u: (B, C, T) pre-conv inputs in model dtype; weight: (C, 1, K); conv_state: (B, C, K-1).
+    Accumulates in fp32 and rounds once (bf16 multiply-adds break parity with HF), SiLU after the rounding."""
+    x = torch.cat([conv_state, u], dim=-1)                                    # (B, C, K-1+T)
+    y = F.conv1d(x.float(), weight.float(), groups=u.shape[1]).to(u.dtype)   # (B, C, T)
+    return F.silu(y), x[:, :, -conv_state.shape[-1]:]
+
+
+class GatedRMSNorm(nn.Module):
+    """Per-head RMSNorm of the GDN output, then the SiLU gate z: norm before gate (FLA's FusedRMSNormGated).
+    Its weight is plain (init 1), unlike the other Qwen3.5 norms (1 + w)."""
+
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, o, z):
+        x = o.float()
+        n = self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)).to(o.dtype)
+        return (n.float() * F.silu(z.float())).to(o.dtype)
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.nk, self.nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        H, Dk, Dv = cfg.hidden_size, self.nk * self.dk, self.nv * self.dv
+        self.conv_dim = 2 * Dk + Dv
+        self.in_proj_qkv = nn.Linear(H, self.conv_dim, bias=False)   # rows [q | k | v], each head-major
+        self.in_proj_z = nn.Linear(H, Dv, bias=False)                # output gate
+        self.in_proj_b = nn.Linear(H, self.nv, bias=False)           # write strength beta (logits)
+        self.in_proj_a = nn.Linear(H, self.nv, bias=False)           # decay input
+        # depthwise, no bias; an nn.Conv1d only so that the weight has HF's name and shape (C, 1, K)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, cfg.linear_conv_kernel_dim,
+                                groups=self.conv_dim, bias=False)
+        self.A_log = nn.Parameter(torch.zeros(self.nv))
+        self.dt_bias = nn.Parameter(torch.ones(self.nv))
+        self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(Dv, H, bias=False)
+
+    def forward(self, x, mask=None, conv_state=None, state=None):
+        """x: (B, T, H) normed input; mask: (B, T) bool, False = padding; conv_state: (B, C, K-1) model dtype and
+        state: (B, nv, dk, dv) fp32 from the cache (None: start from zeros).
+        Returns the output (B, T, H) and the new (conv_state, state)."""
+        B, T, _ = x.shape
+        if mask is not None:
+            # zeroed pads give k = v = 0 after the conv (pads are on the left), so the state stays exactly 0
+            x = x * mask[:, :, None].to(x.dtype)
+        if conv_state is None:
+            conv_state = x.new_zeros(B, self.conv_dim, self.conv1d.kernel_size[0] - 1)
+        if state is None:
+            state = x.new_zeros(B, self.nv, self.dk, self.dv, dtype=torch.float32)
+
+        u, conv_state = causal_conv(self.in_proj_qkv(x).mT, self.conv1d.weight, conv_state)   # (B, C, T)
+        q, k, v = u.mT.split([self.nk * self.dk, self.nk * self.dk, self.nv * self.dv], dim=-1)
+        q = q.reshape(B, T, self.nk, self.dk).transpose(1, 2)                # (B, nk, T, dk)
+        k = k.reshape(B, T, self.nk, self.dk).transpose(1, 2)
+        v = v.reshape(B, T, self.nv, self.dv).transpose(1, 2).float()        # (B, nv, T, dv)
+        # value head i reads key head i // r: consecutive value heads share a key head (not tiled)
+        r = self.nv // self.nk
+        q = l2norm(q.float()).repeat_interleave(r, dim=1) * self.dk ** -0.5  # (B, nv, T, dk)
+        k = l2norm(k.float()).repeat_interleave(r, dim=1)
+
+        beta = self.in_proj_b(x).sigmoid().float().mT                       # sigmoid in model dtype (B, nv, T)
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
+        g = g.mT                                                             # log-decay <= 0 (B, nv, T)
+
+        rule = recurrent_delta_rule if T == 1 else chunked_delta_rule
+        o, state = rule(q, k, v, g, beta, state)                             # (B, nv, T, dv) fp32
+        o = o.transpose(1, 2).to(x.dtype)                                    # (B, T, nv, dv)
+        z = self.in_proj_z(x).reshape(B, T, self.nv, self.dv)
+        y = self.norm(o, z).reshape(B, T, self.nv * self.dv)
+        return self.out_proj(y), (conv_state, state)

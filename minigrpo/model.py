@@ -1,0 +1,546 @@
+"""The Qwen decoder (Qwen2/2.5, Qwen3, Qwen3.5 text) in plain PyTorch, its decoding cache, and checkpoint loading.
+
+Exact to the dtype per shared/design/QWEN.md: logits match transformers' on the same weights (fp32: to ~1e-5).
+The module tree mirrors transformers' Qwen3ForCausalLM, so state_dict keys ARE the Hugging Face names and LoRA can
+wrap any nn.Linear by its path. The Gated DeltaNet mixer of Qwen3.5 lives in deltanet.py.
+
+Shape letters:
+  B batch, T tokens in this call, S key slots (cached + new), H hidden size, V vocab (embedding rows),
+  nh query heads, nkv key/value heads, hd head dim, I MLP width.
+
+Left padding: `attention_mask` (B, T) marks real tokens with 1. Pads are never attended to, positions follow the
+real tokens (cumsum(mask) - 1), and Gated DeltaNet zeroes padded inputs, so a left-padded row gives the same
+logits on its real tokens as the row run alone.
+"""
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from minigrpo.deltanet import GatedDeltaNet
+
+FAMILIES = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that cannot be loaded; the message names the file and key."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Config
+
+
+@dataclass
+class QwenConfig:
+    family: str = "qwen3"  # "qwen2" | "qwen3" | "qwen3_5"
+    vocab_size: int = 272
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1e6
+    partial_rotary_factor: float = 1.0
+    tie_word_embeddings: bool = True
+    attention_bias: bool = False
+    layer_types: list = field(default_factory=list)  # "full_attention" | "linear_attention" per layer
+    linear_conv_kernel_dim: int = 4
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    raw: dict = field(default_factory=dict, repr=False)  # the original config.json, for export
+
+    @classmethod
+    def from_json(cls, path):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: not found; pass a folder holding a Hugging Face checkpoint or a hub id")
+        with open(path) as f:
+            try:
+                d = json.load(f)
+            except json.JSONDecodeError as e:
+                raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+        return cls.from_dict(d, source=path)
+
+    @classmethod
+    def from_dict(cls, d, source="config.json"):
+        model_type = d.get("model_type")
+        if model_type not in FAMILIES:
+            raise CheckpointError(f"{source}: model_type {model_type!r} is not supported "
+                                  f"(expected one of {', '.join(FAMILIES)})")
+        family = FAMILIES[model_type]
+        t = d
+        if model_type == "qwen3_5":  # multimodal layout: the language model's fields are nested
+            if "text_config" not in d:
+                raise CheckpointError(f"{source}: model_type 'qwen3_5' needs a 'text_config' entry")
+            t = dict(d["text_config"])
+            if "tie_word_embeddings" in d:  # HF ties the LM head by the top-level flag of the composite config
+                t["tie_word_embeddings"] = d["tie_word_embeddings"]
+        if t.get("use_sliding_window"):
+            raise CheckpointError(f"{source}: use_sliding_window=true is not supported (no Qwen checkpoint here uses it)")
+
+        def need(key):
+            if key not in t:
+                raise CheckpointError(f"{source}: missing key {key!r}")
+            return t[key]
+
+        H, nh = need("hidden_size"), need("num_attention_heads")
+        rope = t.get("rope_parameters") or t.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", "mrope"):  # Qwen3.5's mRoPE is plain 1-D RoPE for text (QWEN.md §6.1)
+            raise CheckpointError(f"{source}: rope_type {rope_type!r} is not supported (only default RoPE)")
+        theta = t.get("rope_theta", rope.get("rope_theta", 10000.0))
+        partial = t.get("partial_rotary_factor", rope.get("partial_rotary_factor",
+                                                          0.25 if family == "qwen3_5" else 1.0))
+        L = need("num_hidden_layers")
+        if family == "qwen3_5":
+            interval = t.get("full_attention_interval", 4)
+            types = t.get("layer_types") or ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                                             for i in range(L)]
+        else:
+            types = ["full_attention"] * L
+        if len(types) != L or set(types) - {"full_attention", "linear_attention"}:
+            raise CheckpointError(f"{source}: layer_types must list {L} entries of full_attention/linear_attention")
+        return cls(
+            family=family, vocab_size=need("vocab_size"), hidden_size=H, intermediate_size=need("intermediate_size"),
+            num_hidden_layers=L, num_attention_heads=nh,
+            num_key_value_heads=t.get("num_key_value_heads", nh),
+            head_dim=t.get("head_dim") or H // nh,  # Qwen2 has no head_dim field
+            rms_norm_eps=t.get("rms_norm_eps", 1e-6), rope_theta=float(theta),
+            partial_rotary_factor=float(partial), tie_word_embeddings=bool(t.get("tie_word_embeddings", False)),
+            # Qwen2's q/k/v biases are hard-wired in HF (no config switch)
+            attention_bias=True if family == "qwen2" else bool(t.get("attention_bias", False)),
+            layer_types=list(types), linear_conv_kernel_dim=t.get("linear_conv_kernel_dim", 4),
+            linear_num_key_heads=t.get("linear_num_key_heads", 0),
+            linear_num_value_heads=t.get("linear_num_value_heads", 0),
+            linear_key_head_dim=t.get("linear_key_head_dim", 0),
+            linear_value_head_dim=t.get("linear_value_head_dim", 0), raw=d)
+
+    @classmethod
+    def tiny(cls, kind="tiny"):
+        """Small random-weight models for CPU runs. The embedding has 272 rows for the byte tokenizer's 261 ids
+        (padding rows, as real Qwen has); tied embeddings as the small real Qwens."""
+        common = dict(vocab_size=272, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                      max_position_embeddings=4096, hidden_act="silu", bos_token_id=256, eos_token_id=258,
+                      pad_token_id=256)
+        if kind == "tiny":
+            raw = dict(common, model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=16,
+                       rope_theta=1e6, attention_bias=False)
+        elif kind == "tiny-qwen3.5":
+            # hybrid: 3 Gated DeltaNet layers then 1 gated attention layer; dv != dk, nv > nk, partial rotary
+            raw = dict(common, model_type="qwen3_5_text", architectures=["Qwen3_5ForCausalLM"], head_dim=32,
+                       rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+                       layer_types=["linear_attention"] * 3 + ["full_attention"], linear_conv_kernel_dim=4,
+                       linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                       linear_value_head_dim=24, attention_bias=False)
+        else:
+            raise ValueError(f"unknown tiny model {kind!r}: use 'tiny' or 'tiny-qwen3.5'")
+        return cls.from_dict(raw, source=kind)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Building blocks, in forward order
+
+
+class RMSNorm(nn.Module):
+    """Qwen2/3: w * cast(x_hat) (product in the weight dtype). Qwen3.5: cast(x_hat * (1 + w)), all fp32, w init 0.
+    The order of casts matters for bf16 bit-parity with transformers."""
+
+    def __init__(self, dim, eps, zero_centered=False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
+        self.eps, self.zero_centered = eps, zero_centered
+
+    def forward(self, x):
+        xf = x.float()
+        xhat = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.zero_centered:
+            return (xhat * (1.0 + self.weight.float())).to(x.dtype)
+        return self.weight * xhat.to(x.dtype)
+
+
+class Rotary(nn.Module):
+    """RoPE tables, rotate_half convention (dim j pairs with j + d_rot/2). Only the first d_rot = hd * factor dims
+    of each head rotate (Qwen3.5: a quarter); the rest pass through."""
+
+    def __init__(self, head_dim, theta, partial=1.0):
+        super().__init__()
+        self.dim, self.theta = int(head_dim * partial), theta
+        self.register_buffer("inv_freq", self._inv_freq("cpu"), persistent=False)
+
+    def _inv_freq(self, device):
+        # HF's exact formula, in fp32
+        return 1.0 / (self.theta ** (torch.arange(0, self.dim, 2, dtype=torch.float, device=device) / self.dim))
+
+    def _apply(self, fn, recurse=True):
+        # model.to(bf16) would round inv_freq and shift every angle; recompute it in fp32 on the new device
+        super()._apply(fn, recurse)
+        self.inv_freq = self._inv_freq(self.inv_freq.device)
+        return self
+
+    def forward(self, positions, dtype):
+        ang = positions[..., None].float() * self.inv_freq                    # (B, T, d_rot/2) fp32
+        ang = torch.cat([ang, ang], dim=-1)                                   # (B, T, d_rot)
+        return ang.cos().to(dtype)[:, None], ang.sin().to(dtype)[:, None]     # (B, 1, T, d_rot)
+
+
+def apply_rotary(x, cos, sin):
+    d = cos.shape[-1]
+    rot = x[..., :d]
+    half = torch.cat([-rot[..., d // 2:], rot[..., :d // 2]], dim=-1)        # rotate_half
+    out = rot * cos + half * sin
+    return out if d == x.shape[-1] else torch.cat([out, x[..., d:]], dim=-1)  # partial: the rest passes through
+
+
+class Attention(nn.Module):
+    """GQA softmax attention. Qwen2: q/k/v biases. Qwen3/3.5: RMSNorm on q and k per head, before RoPE.
+    Qwen3.5: q_proj also yields a sigmoid output gate, its rows interleaved per head [q_h0 | gate_h0 | q_h1 ...]."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        H, nh, nkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.nh, self.nkv, self.hd = nh, nkv, hd
+        self.gated = cfg.family == "qwen3_5"
+        self.q_proj = nn.Linear(H, nh * hd * (2 if self.gated else 1), bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(H, nkv * hd, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(H, nkv * hd, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(nh * hd, H, bias=False)  # nh * hd need not equal H (Qwen3-0.6B: 2048 -> 1024)
+        if cfg.family != "qwen2":
+            zc = cfg.family == "qwen3_5"
+            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, zc)
+            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, zc)
+
+    def forward(self, x, cos, sin, mask, kv_cache=None, start=0):
+        """x: (B, T, H); mask: (B, 1, T, S) bool (True = may attend) or None = plain causal;
+        kv_cache: (k, v) preallocated (B, nkv, max_len, hd) tensors: new K/V go to slots [start, start + T)."""
+        B, T, _ = x.shape
+        q = self.q_proj(x)
+        if self.gated:
+            q, gate = q.view(B, T, self.nh, 2 * self.hd).chunk(2, dim=-1)    # (B, T, nh, hd) each
+            gate = gate.reshape(B, T, self.nh * self.hd)
+        q = q.reshape(B, T, self.nh, self.hd)
+        k = self.k_proj(x).view(B, T, self.nkv, self.hd)
+        v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)     # (B, nkv, T, hd)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rotary(q.transpose(1, 2), cos, sin)                        # (B, nh, T, hd)
+        k = apply_rotary(k.transpose(1, 2), cos, sin)                        # (B, nkv, T, hd)
+        if kv_cache is not None:
+            kc, vc = kv_cache
+            kc[:, :, start:start + T] = k
+            vc[:, :, start:start + T] = v
+            k, v = kc[:, :, :start + T], vc[:, :, :start + T]               # (B, nkv, S, hd)
+        # fused attention (softmax in fp32 inside); GQA: kv head j serves query heads j*r .. j*r + r-1
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                           enable_gqa=self.nh != self.nkv)  # (B, nh, T, hd)
+        y = y.transpose(1, 2).reshape(B, T, self.nh * self.hd)
+        if self.gated:
+            y = y * torch.sigmoid(gate)
+        return self.o_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU, all in the model dtype
+
+
+class Block(nn.Module):
+    def __init__(self, cfg, layer_type):
+        super().__init__()
+        zc = cfg.family == "qwen3_5"
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zc)
+        if layer_type == "linear_attention":
+            self.linear_attn = GatedDeltaNet(cfg)
+        else:
+            self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zc)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, mask, real, cache=None, i=0, start=0):
+        """mask: (B, 1, T, S) for attention; real: (B, T) bool real tokens, for Gated DeltaNet."""
+        h = self.input_layernorm(x)
+        if hasattr(self, "self_attn"):
+            kv = None if cache is None else (cache.k[i], cache.v[i])
+            h = self.self_attn(h, cos, sin, mask, kv, start)
+        else:
+            states = (None, None) if cache is None else (cache.conv[i], cache.state[i])
+            h, (conv, state) = self.linear_attn(h, real, *states)
+            if cache is not None:  # in place: the cache's tensors are allocated once
+                cache.conv[i].copy_(conv)
+                cache.state[i].copy_(state)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Decoder(nn.Module):
+    """Named like HF's Qwen3Model so that keys read model.embed_tokens, model.layers.N..., model.norm."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg, t) for t in cfg.layer_types)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.family == "qwen3_5")
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.partial_rotary_factor)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Cache
+
+
+class Cache:
+    """Decoding state, preallocated once for max_len slots (static shapes; left-padded layout).
+    Attention layers: k[i], v[i] (B, nkv, max_len, hd) in model dtype. GDN layers: conv[i] (B, C, K-1) pre-conv
+    inputs in model dtype and state[i] (B, nv, dk, dv) fp32. Entries of the other kind are None.
+    `length` (int) is the slot count filled, shared by all rows; `mask` (B, max_len) marks real tokens among the
+    slots; `seen` (B,) counts each row's real tokens, so that new positions continue from it."""
+
+    def __init__(self, k, v, conv, state, mask, seen, length=0):
+        self.k, self.v, self.conv, self.state = k, v, conv, state
+        self.mask, self.seen, self.length = mask, seen, length
+
+    @property
+    def max_len(self):
+        return self.mask.shape[1]
+
+    def _map(self, fn):
+        each = lambda xs: [None if x is None else fn(x) for x in xs]
+        return Cache(each(self.k), each(self.v), each(self.conv), each(self.state), fn(self.mask), fn(self.seen),
+                     self.length)
+
+    def repeat_interleave(self, n):
+        """Each row repeated n times, in place order (row0, row0, ..., row1, ...): prefill once, decode n samples."""
+        return self._map(lambda x: x.repeat_interleave(n, dim=0))
+
+    def index_select(self, rows):
+        rows = torch.as_tensor(rows, dtype=torch.long, device=self.mask.device)
+        return self._map(lambda x: x.index_select(0, rows))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The model
+
+
+class Qwen(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.config = cfg
+        self.model = Decoder(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def dtype(self):
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def device(self):
+        return self.model.embed_tokens.weight.device
+
+    def forward(self, input_ids, attention_mask=None, positions=None, cache=None):
+        return self.logits(self.hidden(input_ids, attention_mask, positions, cache))
+
+    def logits(self, h):
+        return self.lm_head(h)  # (B, T, V) in the model dtype, as HF
+
+    def hidden(self, input_ids, attention_mask=None, positions=None, cache=None):
+        """Final-normed hidden states (B, T, H). With a cache, the tokens go to slots [cache.length, +T) and the
+        cache advances."""
+        B, T = input_ids.shape
+        dev = input_ids.device
+        real = None if attention_mask is None else attention_mask.to(dev).bool()       # (B, T)
+        start = 0 if cache is None else cache.length
+        if positions is None:
+            positions = (torch.arange(T, device=dev).expand(B, T) if real is None
+                         else (real.long().cumsum(-1) - 1).clamp(min=0))
+            if cache is not None:
+                positions = positions + cache.seen[:, None]
+        if cache is not None:
+            if start + T > cache.max_len:
+                raise ValueError(f"cache is full: {start} + {T} tokens > max_len {cache.max_len}; "
+                                 f"make new_cache with a larger max_len")
+            cache.mask[:, start:start + T] = True if real is None else real
+            keys = cache.mask[:, :start + T]                                           # (B, S)
+        else:
+            keys = real
+        mask = None if keys is None else attention_mask_4d(keys, start, T)
+
+        x = self.model.embed_tokens(input_ids)                                         # (B, T, H)
+        cos, sin = self.model.rotary(positions, x.dtype)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, mask, real, cache, i, start)
+        if cache is not None:
+            cache.seen += T if real is None else real.sum(-1)
+            cache.length = start + T
+        return self.model.norm(x)
+
+    def new_cache(self, batch_size, max_len):
+        cfg, dt, dev = self.config, self.dtype, self.device
+        L = cfg.num_hidden_layers
+        k, v, conv, state = [None] * L, [None] * L, [None] * L, [None] * L
+        for i, t in enumerate(cfg.layer_types):
+            if t == "full_attention":
+                k[i] = torch.zeros(batch_size, cfg.num_key_value_heads, max_len, cfg.head_dim, dtype=dt, device=dev)
+                v[i] = torch.zeros_like(k[i])
+            else:
+                gdn = self.model.layers[i].linear_attn
+                conv[i] = torch.zeros(batch_size, gdn.conv_dim, cfg.linear_conv_kernel_dim - 1, dtype=dt, device=dev)
+                state[i] = torch.zeros(batch_size, gdn.nv, gdn.dk, gdn.dv, dtype=torch.float32, device=dev)
+        mask = torch.zeros(batch_size, max_len, dtype=torch.bool, device=dev)
+        seen = torch.zeros(batch_size, dtype=torch.long, device=dev)
+        return Cache(k, v, conv, state, mask, seen)
+
+    @classmethod
+    def from_pretrained(cls, path_or_hub_id, dtype=None, device=None):
+        """A local checkpoint folder, a hub id (downloaded), or "tiny" / "tiny-qwen3.5" (seeded random weights).
+        Every tensor is cast to the one `dtype` (default fp32), as HF does."""
+        dtype = parse_dtype(dtype)
+        if path_or_hub_id in ("tiny", "tiny-qwen3.5"):
+            return tiny_model(cls, path_or_hub_id).to(device=device, dtype=dtype)
+        folder = resolve_checkpoint(path_or_hub_id)
+        cfg = QwenConfig.from_json(os.path.join(folder, "config.json"))
+        with torch.device("meta"):  # no memory: every parameter is replaced by a loaded tensor below
+            model = cls(cfg)
+        load_weights(model, folder, dtype, device or "cpu")
+        return model
+
+
+def attention_mask_4d(keys, start, T):
+    """(B, 1, T, S) bool, True = may attend: causal over slots, and never to a pad. A pad query may attend to
+    itself, so that no row is all False (SDPA would give NaN there); pad outputs are never used."""
+    S = keys.shape[1]
+    q_slot = torch.arange(start, start + T, device=keys.device)[:, None]   # (T, 1)
+    k_slot = torch.arange(S, device=keys.device)[None, :]                  # (1, S)
+    allowed = (k_slot <= q_slot) & keys[:, None, :]                         # (B, T, S)
+    return (allowed | (k_slot == q_slot))[:, None]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loading: tiny random models, hub snapshots, (sharded) safetensors
+
+
+def parse_dtype(dtype):
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype or torch.float32
+    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in names:
+        raise ValueError(f"dtype {dtype!r}: use one of {', '.join(names)}")
+    return names[dtype]
+
+
+def tiny_model(cls, kind):
+    """Seeded, deterministic random init in HF's style: normal(0, 0.02) linears and embedding, zero biases, norms
+    at identity, GDN decay rates A = uniform(0.01, 16) and dt_bias = 1 (HF's _init_weights)."""
+    model = cls(QwenConfig.tiny(kind))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # fixed order; tied weights appear once
+            if name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape).uniform_(0.01, 16, generator=g).log())
+            elif name.endswith("dt_bias"):
+                p.fill_(1.0)
+            elif name.endswith("conv1d.weight"):  # PyTorch's default range for a depthwise conv of width K
+                p.copy_(torch.empty(p.shape).uniform_(-1, 1, generator=g) / p.shape[-1] ** 0.5)
+            elif p.ndim == 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+            elif name.endswith("bias"):
+                p.zero_()
+            # norm weights keep their constructor value: 1 (plain) or 0 (Qwen3.5's 1 + w)
+    return model
+
+
+HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "generation_config.json",
+             "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+             "chat_template.jinja"]
+
+
+def resolve_checkpoint(path_or_hub_id):
+    """A local folder as is; otherwise an 'org/name' hub id, fetched (weights, config, tokenizer files only)."""
+    if os.path.isdir(path_or_hub_id):
+        return path_or_hub_id
+    p = str(path_or_hub_id)
+    if p.count("/") == 1 and not p.startswith((".", "/", "~")) and not os.path.exists(p):
+        from huggingface_hub import snapshot_download
+        return snapshot_download(repo_id=p, allow_patterns=HUB_FILES)
+    raise FileNotFoundError(f"{p}: no such checkpoint folder (and not a hub id like 'Qwen/Qwen3-0.6B')")
+
+
+def weight_files(folder):
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        for s in shards:
+            if not os.path.isfile(os.path.join(folder, s)):
+                raise FileNotFoundError(f"{index} lists shard {s}, which is missing: re-download the checkpoint")
+        return [os.path.join(folder, s) for s in shards]
+    single = os.path.join(folder, "model.safetensors")
+    if os.path.isfile(single):
+        return [single]
+    raise FileNotFoundError(f"{folder}: no model.safetensors or model.safetensors.index.json")
+
+
+def our_name(key):
+    """Checkpoint key -> our parameter name; None for tensors a text model does not use."""
+    if key.startswith("model.language_model."):  # Qwen3.5's multimodal layout
+        return "model." + key[len("model.language_model."):]
+    if key.startswith(("model.visual.", "mtp.")) or key.endswith("rotary_emb.inv_freq"):
+        return None  # vision tower, multi-token-prediction head, old checkpoints' saved RoPE tables
+    return key
+
+
+def set_param(model, name, tensor):
+    module, _, leaf = name.rpartition(".")
+    setattr(model.get_submodule(module), leaf, nn.Parameter(tensor))
+
+
+def load_weights(model, folder, dtype, device):
+    """Load tensor by tensor into a meta-device model (assigning, never holding two full copies), each cast to the
+    one model dtype (HF casts A_log, dt_bias and norms too). lm_head.weight if present, else the tied embedding."""
+    from safetensors import safe_open
+    from safetensors import SafetensorError
+
+    expected = dict(model.named_parameters(remove_duplicate=False))
+    loaded = set()
+    for path in weight_files(folder):
+        name_ = os.path.basename(path)
+        try:
+            with safe_open(path, framework="pt", device="cpu") as f:
+                for key in f.keys():
+                    name = our_name(key)
+                    if name is None:
+                        continue
+                    if name not in expected:
+                        raise CheckpointError(f"{name_}: unexpected tensor {key!r} for this config.json "
+                                              f"({model.config.family}, {model.config.num_hidden_layers} layers)")
+                    shape = list(f.get_slice(key).get_shape())
+                    if shape != list(expected[name].shape):
+                        raise CheckpointError(f"{name_}: tensor {key!r} has shape {shape}, config.json implies "
+                                              f"{list(expected[name].shape)}")
+                    set_param(model, name, f.get_tensor(key).to(device=device, dtype=dtype))
+                    loaded.add(name)
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"{path}: unreadable safetensors file ({e}); re-download it") from None
+    if "lm_head.weight" not in loaded and model.config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+        loaded.add("lm_head.weight")
+    missing = [n for n in expected if n not in loaded]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"{folder}: tensor {missing[0]!r} is missing from the safetensors files{more}")
+    rot = model.model.rotary
+    rot.inv_freq = rot._inv_freq(device)  # a non-persistent buffer: built here, fp32, never loaded

@@ -1,0 +1,169 @@
+"""The run folder and its checkpoints.
+
+    runs/<name>/config.json          every resolved argument
+    runs/<name>/metrics.jsonl        one line per optimizer step
+    runs/<name>/samples.jsonl        prompts, completions, scores (and judge reasons) per step
+    runs/<name>/checkpoints/step-N/  weights (LoRA adapter in PEFT layout, or full weights) + trainer_state.pt
+
+Every file that must survive a kill is written to a temporary name and renamed into place (rename is atomic on
+POSIX), so a crash, a judge failure or SIGKILL never leaves a half-written checkpoint: a checkpoint folder either
+exists complete or not at all. The append-only logs are cut back to the checkpoint's step on resume, so the
+resumed run's logs equal an uninterrupted run's.
+"""
+import json
+import os
+import random
+import shutil
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+
+class RunFolder:
+    def __init__(self, root: str, name: str):
+        self.path = os.path.join(root, name)
+        self.ckpt_dir = os.path.join(self.path, "checkpoints")
+
+    @staticmethod
+    def saved_config(root: str, name: str | None) -> dict:
+        if not name:
+            raise SystemExit("--resume needs --run-name: the run folder to continue")
+        path = os.path.join(root, name, "config.json")
+        if not os.path.exists(path):
+            raise SystemExit(f"--resume: {path} does not exist; start the run without --resume first")
+        with open(path) as f:
+            cfg = json.load(f)
+        cfg.pop("resume", None)
+        return cfg
+
+    def create(self, config: dict):
+        os.makedirs(self.ckpt_dir, exist_ok=True)
+        write_atomic(os.path.join(self.path, "config.json"), json.dumps(config, indent=2, default=str) + "\n")
+
+    def file(self, name):
+        return os.path.join(self.path, name)
+
+    def append(self, name: str, record: dict):
+        with open(self.file(name), "a") as f:
+            f.write(json.dumps(record, default=_jsonable) + "\n")
+            f.flush()
+
+    def truncate_logs(self, step: int):
+        """Keep only the lines of steps <= `step` (what the checkpoint being resumed had seen)."""
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            path = self.file(name)
+            if not os.path.exists(path):
+                continue
+            with open(path) as f:
+                lines = [ln for ln in f if ln.strip()]
+            keep = []
+            for ln in lines:
+                try:
+                    if json.loads(ln).get("step", 0) <= step:
+                        keep.append(ln)
+                except json.JSONDecodeError:   # a line cut by a kill mid-write
+                    pass
+            write_atomic(path, "".join(keep))
+
+    def checkpoints(self) -> list[int]:
+        if not os.path.isdir(self.ckpt_dir):
+            return []
+        steps = [int(d[5:]) for d in os.listdir(self.ckpt_dir) if d.startswith("step-") and d[5:].isdigit()]
+        return sorted(steps)
+
+    def latest_checkpoint(self) -> str | None:
+        steps = self.checkpoints()
+        return os.path.join(self.ckpt_dir, f"step-{steps[-1]}") if steps else None
+
+    def prune(self, keep: int):
+        for step in self.checkpoints()[:-keep] if keep > 0 else []:
+            shutil.rmtree(os.path.join(self.ckpt_dir, f"step-{step}"), ignore_errors=True)
+
+
+def write_atomic(path: str, text: str):
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _jsonable(x):
+    if isinstance(x, torch.Tensor):
+        return x.tolist()
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    return str(x)
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# Checkpoints
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict):
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def full_weights(model) -> dict:
+    """State dict without LoRA wrappers' duplicates and without a tied lm_head (safetensors refuses shared
+    storage; the loader re-ties it)."""
+    sd = model.state_dict()
+    if model.lm_head.weight is model.model.embed_tokens.weight:
+        sd.pop("lm_head.weight", None)
+    return {k: v.detach().contiguous() for k, v in sd.items()}
+
+
+def save_checkpoint(run: RunFolder, step: int, model, trainer_state: dict, lora: bool):
+    """Write checkpoints/step-N atomically: build it in a temporary folder, then rename."""
+    from minigrpo.lora import save_adapter
+    final = os.path.join(run.ckpt_dir, f"step-{step}")
+    tmp = os.path.join(run.ckpt_dir, f".tmp-step-{step}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    if lora:
+        save_adapter(model, os.path.join(tmp, "adapter"))
+    else:
+        save_file(full_weights(model), os.path.join(tmp, "model.safetensors"))
+    torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))
+    _fsync_dir(tmp)
+    if os.path.exists(final):       # re-saving the same step (e.g. after a resume): replace it whole
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(run.ckpt_dir)
+
+
+def load_checkpoint(path: str, model, lora: bool) -> dict:
+    from minigrpo.lora import load_adapter
+    if lora:
+        load_adapter(model, os.path.join(path, "adapter"))
+    else:
+        sd = load_file(os.path.join(path, "model.safetensors"))
+        missing, unexpected = model.load_state_dict(sd, strict=False)
+        missing = [k for k in missing if k != "lm_head.weight"]
+        if missing or unexpected:
+            raise SystemExit(f"{path}/model.safetensors does not match the model: missing {missing[:3]}, "
+                             f"unexpected {unexpected[:3]}; was it saved from another --model?")
+    return torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
+
+
+def _fsync_dir(path):
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass

@@ -1,0 +1,229 @@
+"""The group sampler: n completions for each prompt, with the log-probs the trainer will compare against.
+
+How a call runs:
+1. Prefill. The distinct prompts go through the model once, as one left-padded batch, into a cache preallocated for
+   the longest prompt + max_new_tokens (attention K/V; Qwen3.5's Gated DeltaNet conv + recurrent state).
+2. Replicate. `Cache.repeat_interleave(n)` copies each prompt's state to its n samples: the prompt is never
+   recomputed per sample (transformers' generate with num_return_sequences=n prefills it n times).
+3. Decode one token per step for all live rows. The device runs ahead: every `sync_every` steps the host reads the
+   new tokens once, finds EOS ids and stop strings, and, once enough rows are done, drops them from the batch
+   with `Cache.index_select`, so finished rows stop costing work.
+
+What a Sample holds:
+- completion_ids: the generated tokens. An emitted EOS (any of stop_ids) stays in: it is an action and is trained.
+  A stop string keeps every token up to and including the one that completed it (so the text may run a few
+  characters past the stop string when that token is longer); nothing after it.
+- logprobs: per completion token, log p(token) under the *untruncated* sampling distribution at temperature T,
+  log_softmax(logits / T) in fp32 with logits of ids >= vocab_size removed. That is BEFORE top-k / top-p
+  truncation, exactly what grpo.token_logprobs(model, ids, mask, temperature=T, vocab_size=...) recomputes
+  (PITFALLS 5-7). With temperature 0 (greedy) they are the T=1 log-probs.
+- finish_reason: "eos" (emitted a stop id), "stop" (completed a stop string) or "length" (hit max_new_tokens).
+- text: tokenizer.decode(completion_ids) without a final EOS token; None without a tokenizer.
+
+Randomness: one torch.Generator on the model's device, seeded by `seed` (or drawn from torch's global RNG). Each
+step draws one uniform number per sample row (always for all rows, live or not) and inverts that row's CDF, so a
+sample depends only on the seed and its own row: not on sync_every, batch compaction, or when other rows stop.
+
+Shape letters: P prompts, B rows being decoded (P*n, fewer after compaction), L longest prompt, V vocab kept.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Sample:
+    prompt_index: int
+    completion_ids: list
+    logprobs: list
+    finish_reason: str  # "eos" | "stop" | "length"
+    text: str | None = None
+
+
+# ------------------------------------------------------------------------------------------------ token choice
+
+def truncate(probs, top_k=0, top_p=1.0):
+    """Top-k then top-p (as transformers applies them) -> (kept probs, their token ids), sorted descending.
+    Top-p keeps the smallest prefix whose mass reaches top_p (the most likely token always stays)."""
+    if top_k and top_k < probs.shape[-1]:
+        p, ids = probs.topk(top_k, dim=-1)                          # (B, k)
+    else:
+        p, ids = probs.sort(dim=-1, descending=True)                # (B, V)
+    if top_p < 1.0:
+        mass_before = p.cumsum(-1) - p
+        p = p.masked_fill(mass_before >= top_p, 0.0)
+    return p, ids
+
+
+def inverse_cdf(p, u):
+    """Index drawn from each row of unnormalised p (B, K) with one uniform u (B,) per row (fp64 for exactness)."""
+    cdf = p.double().cumsum(-1)                                     # (B, K)
+    x = u[:, None] * cdf[:, -1:]                                    # (B, 1) in [0, total)
+    # right=True: the first index whose cdf exceeds x, which always has p > 0
+    return torch.searchsorted(cdf, x, right=True).clamp_(max=p.shape[-1] - 1).squeeze(-1)  # (B,)
+
+
+def choose(logits, temperature, top_k, top_p, u):
+    """Next token and its log-prob (untruncated, at temperature T) for each row. logits (B, V) fp32."""
+    if temperature == 0:
+        logp_all = torch.log_softmax(logits, dim=-1)
+        token = logits.argmax(-1)
+    else:
+        logp_all = torch.log_softmax(logits / temperature, dim=-1)  # (B, V) fp32
+        if top_k or top_p < 1.0:
+            p, ids = truncate(logp_all.exp(), top_k, top_p)
+            token = ids.gather(-1, inverse_cdf(p, u)[:, None]).squeeze(-1)
+        else:
+            token = inverse_cdf(logp_all.exp(), u)
+    return token, logp_all.gather(-1, token[:, None]).squeeze(-1)  # (B,), (B,)
+
+
+# ------------------------------------------------------------------------------------------------ model calls
+
+def left_pad(prompts, pad_id, device):
+    L = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(prompts), L, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, L - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[i, L - len(p):] = 1
+    return ids.to(device), mask.to(device)  # (P, L)
+
+
+def prefill(model, prompts, max_new_tokens, pad_id):
+    """Run the prompts once into a fresh cache; returns (cache, last-position logits (P, V) fp32)."""
+    ids, mask = left_pad(prompts, pad_id, model.device)
+    cache = model.new_cache(len(prompts), ids.shape[1] + max_new_tokens)
+    h = model.hidden(ids, attention_mask=mask, cache=cache)        # (P, L, H)
+    return cache, model.logits(h[:, -1]).float()                   # (P, V); only the last position is needed
+
+
+def decode_step(model, tokens, cache):
+    """One new token per row: (B,) -> next-token logits (B, V) fp32. Positions continue from each row's count."""
+    h = model.hidden(tokens[:, None], cache=cache)                  # (B, 1, H)
+    return model.logits(h[:, -1]).float()
+
+
+# ------------------------------------------------------------------------------------------------ stop detection
+
+class StopScanner:
+    """Finds, on the host, where each row's completion should end: at the first stop id, or at the token that
+    completed a stop string. Strings are checked on the decoded tail only: an occurrence of s spans at most
+    len(s.encode()) tokens (each token carries >= 1 of its bytes), so a window of that many tokens ending at a
+    token decides whether that token completed s."""
+
+    def __init__(self, stop_ids, stop_strings, tokenizer):
+        self.stop_ids = set(stop_ids)
+        self.strings = [s for s in stop_strings if s]
+        if self.strings and tokenizer is None:
+            raise ValueError("sampler.py: stop_strings need tokenizer= to decode completions")
+        self.tok = tokenizer
+        self.window = max((len(s.encode()) for s in self.strings), default=0) + 1
+
+    def _has_stop(self, ids):
+        text = self.tok.decode(ids)
+        return any(s in text for s in self.strings)
+
+    def scan(self, ids, start):
+        """ids: the row's tokens so far; tokens before `start` were already scanned.
+        Returns (kept length, "eos" | "stop") or None."""
+        for j in range(start, len(ids)):
+            if ids[j] in self.stop_ids:
+                end, reason = j + 1, "eos"
+                break
+        else:
+            end, reason = len(ids), None
+        if self.strings:
+            lo = max(0, start - self.window)
+            if self._has_stop(ids[lo:end]):  # cheap rejection first: most checks find nothing
+                for j in range(start, end):
+                    if self._has_stop(ids[max(0, j + 1 - self.window):j + 1]):
+                        return j + 1, "stop"
+        return (end, reason) if reason else None
+
+
+# ------------------------------------------------------------------------------------------------ the sampler
+
+@torch.no_grad()
+def sample(model, prompts, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, stop_ids=None,
+           stop_strings=(), tokenizer=None, seed=None, vocab_size=None, pad_id=None, sync_every=None,
+           compact_fraction=0.25, compile=False):
+    """n completions for each prompt (lists of token ids), prompt-major: result[i*n:(i+1)*n] belong to prompt i.
+
+    stop_ids: ids that end a row (kept in its completion); default tokenizer.eos_ids, or none without a tokenizer.
+    vocab_size: logits of ids >= vocab_size are never sampled nor counted in log-probs; default
+      tokenizer.vocab_size (Qwen's embedding has padding rows beyond the real vocabulary, PITFALLS 9).
+    temperature 0 = greedy. top_k=0 / top_p=1.0 = no truncation; log-probs are before truncation (module doc).
+    sync_every: decode steps between host checks for finished rows (default 8 on CUDA, 1 elsewhere).
+    compact_fraction: drop finished rows from the batch once at least this fraction of it is done.
+    compile: torch.compile the decode step (GPU speed option; the cache length changes every step, so it
+      compiles with dynamic shapes).
+    """
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("sampler.py: sample needs a non-empty list of non-empty prompts (token-id lists)")
+    if n < 1 or max_new_tokens < 1:
+        raise ValueError(f"sampler.py: n={n} and max_new_tokens={max_new_tokens} must both be >= 1")
+    if stop_ids is None:
+        stop_ids = tokenizer.eos_ids if tokenizer is not None else ()
+    if vocab_size is None and tokenizer is not None:
+        vocab_size = tokenizer.vocab_size
+    if pad_id is None:
+        pad_id = getattr(tokenizer, "pad_id", None) or 0
+    device = model.device
+    if sync_every is None:
+        sync_every = 8 if device.type == "cuda" else 1
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, (1,)).item())  # follows torch.manual_seed
+    gen = torch.Generator(device=device).manual_seed(seed)
+    step_fn = torch.compile(decode_step, dynamic=True) if compile else decode_step
+    scanner = StopScanner(stop_ids, stop_strings, tokenizer)
+
+    cache, logits = prefill(model, prompts, max_new_tokens, pad_id)
+    cache, logits = cache.repeat_interleave(n), logits.repeat_interleave(n, dim=0)  # (B, V)
+    B = len(prompts) * n
+    out_tok = torch.zeros(B, max_new_tokens, dtype=torch.long, device=device)
+    out_lp = torch.zeros(B, max_new_tokens, dtype=torch.float32, device=device)
+    rows = torch.arange(B, device=device)   # original row of each live batch row
+    live = list(range(B))                   # the same, on the host
+    gen_ids = [[] for _ in range(B)]        # host copy of each row's tokens, for stop detection
+    ended = {}                              # row -> (length, finish_reason)
+    checked = 0                             # steps already read by the host
+
+    for t in range(max_new_tokens):
+        u = torch.rand(B, generator=gen, device=device, dtype=torch.float64)[rows]  # (B_live,) one draw per row
+        vocab_logits = logits if vocab_size is None else logits[:, :vocab_size]
+        token, lp = choose(vocab_logits, temperature, top_k, top_p, u)
+        out_tok[rows, t] = token
+        out_lp[rows, t] = lp
+        last = t == max_new_tokens - 1
+        if last or (t + 1 - checked) >= sync_every:
+            new = out_tok[rows, checked:t + 1].tolist()  # the one host sync every sync_every steps
+            for r, toks in zip(live, new):
+                if r in ended:  # done, waiting to be compacted away: its later tokens are discarded
+                    continue
+                start = len(gen_ids[r])
+                gen_ids[r] += toks
+                hit = scanner.scan(gen_ids[r], start)
+                if hit:
+                    ended[r] = hit
+            checked = t + 1
+            keep = [i for i, r in enumerate(live) if r not in ended]
+            if not keep or last:
+                break
+            if len(live) - len(keep) >= max(1, compact_fraction * len(live)):
+                idx = torch.tensor(keep, device=device)
+                cache, token, rows = cache.index_select(idx), token[idx], rows[idx]
+                live = [live[i] for i in keep]
+        logits = step_fn(model, token, cache)
+
+    logprobs = out_lp.cpu()
+    results = []
+    for r in range(B):
+        length, reason = ended.get(r, (max_new_tokens, "length"))
+        ids = gen_ids[r][:length]
+        text = None
+        if tokenizer is not None:
+            text = tokenizer.decode(ids[:-1] if reason == "eos" else ids)
+        results.append(Sample(r // n, ids, logprobs[r, :length].tolist(), reason, text))
+    return results

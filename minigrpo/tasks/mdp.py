@@ -1,0 +1,96 @@
+"""The verifier MDP as a task: the prompt is a process state, the answer one probe letter A-H, the reward its
+per-step oracle value (process reward). The environment, baselines and report live in minigrpo/mdp.py.
+
+Examples are the informative states (some letters are worth more than others) along trajectories of the split's
+records; `evaluate` plays whole games over the split's records at budgets 0..3, which is what the report shows.
+Controls: `scramble=True` shuffles the split summaries across the letters in every prompt (the model must then
+ignore them); `shuffle_rewards=True` permutes each state's letter values, so SFT targets, DPO pairs and GRPO
+rewards no longer follow the verifier (evaluation still plays the true game).
+"""
+import re
+
+import numpy as np
+
+from minigrpo import mdp
+
+_THINK = re.compile(r"^\s*<think>.*?</think>", re.S)
+_LETTER = re.compile(r"^[\s\"'*(\[]*([A-H])(?![A-Za-z])")
+
+
+def parse_letter(completion: str) -> str | None:
+    """The answer's letter: the first thing after an optional <think> block, one of A-H standing alone
+    ("C", "C.", "(C)", "**C**"); None if the answer starts any other way ("Because...", "c", "Probe C")."""
+    m = _LETTER.match(_THINK.sub("", completion, count=1))
+    return m.group(1) if m else None
+
+
+def messages_for(text: str) -> list[dict]:
+    """The chat messages for a rendered state: training and evaluation prompts go through here alike."""
+    return [{"role": "user", "content": text}]
+
+
+class MDPTask:
+    name = "mdp"
+    turns = 1
+    stop_strings: list[str] = []
+
+    def __init__(self, train_per_cell: int = 60, val_per_cell: int = 4, eval_per_cell: int = 16,
+                 states_per_record: int = 3, seed: int = 0, scramble: bool = False, shuffle_rewards: bool = False):
+        self.per_cell = {"train": train_per_cell, "val": val_per_cell, "eval": eval_per_cell}
+        self.states_per_record, self.seed = states_per_record, seed
+        self.scramble, self.shuffle_rewards = scramble, shuffle_rewards
+        self._records, self._examples = {}, {}
+
+    def records(self, split: str) -> list[dict]:
+        """The split's puzzles: per_cell records for every (regime, library size) cell."""
+        if split not in self._records:
+            if split not in self.per_cell:
+                raise ValueError(f"mdp task split {split!r}: expected train, val or eval")
+            self._records[split] = mdp.build_records(split, self.per_cell[split], self.seed)
+        return self._records[split]
+
+    def examples(self, split: str) -> list[dict]:
+        if split not in self._examples:
+            exs = mdp.build_states(self.records(split), self.states_per_record, seed=self.seed)
+            if self.shuffle_rewards:
+                for ex in exs:                    # the control: each state's values land on the wrong letters
+                    perm = mdp.seeded_rng("shuffle", ex["id"]).permutation(mdp.N_PROBES)
+                    ex["values"] = [ex["values"][k] for k in perm]
+                    ex["oracle"] = mdp.LETTERS[int(np.argmax(ex["values"]))]
+            self._examples[split] = exs
+        return self._examples[split]
+
+    def text(self, ex: dict) -> str:
+        return mdp.render(ex["view"], ex["id"] if self.scramble else None)
+
+    def messages(self, ex: dict) -> list[dict]:
+        return messages_for(self.text(ex))
+
+    def score(self, ex: dict, completion: str) -> float:
+        letter = parse_letter(completion)
+        return ex["values"][mdp.LETTERS.index(letter)] if letter else 0.0
+
+    def details(self, ex: dict, completion: str) -> dict:
+        letter = parse_letter(completion)
+        value = self.score(ex, completion)
+        return {"letter": letter or "", "valid": letter is not None, "oracle": ex["oracle"],
+                "is_oracle": letter == ex["oracle"], "regret": max(ex["values"]) - value, "regime": ex["regime"]}
+
+    def sft_target(self, ex: dict) -> str:
+        """The oracle's letter: the SFT completion."""
+        return ex["oracle"]
+
+    def dpo_pairs(self, ex: dict) -> list[tuple[str, str]]:
+        """(chosen, rejected) letters: the oracle's letter against every letter worth strictly less, worst first."""
+        chosen = ex["oracle"]
+        best = ex["values"][mdp.LETTERS.index(chosen)]
+        worse = sorted((v, c) for c, v in zip(mdp.LETTERS, ex["values"]) if v < best - 1e-9)
+        return [(chosen, c) for _, c in worse]
+
+    def evaluate(self, policy_fn, split: str = "eval", budgets=(0, 1, 2, 3), batched: bool = False) -> dict:
+        """Play the split's records with `policy_fn(text, state) -> letter` (or batched: (texts, states) -> letters);
+        the texts are scrambled when the task is. Returns mdp.evaluate's per-budget, per-regime metrics."""
+        return mdp.evaluate(policy_fn, self.records(split), budgets, scramble=self.scramble, batched=batched)
+
+    def baselines(self, split: str = "eval", budgets=(0, 1, 2, 3)) -> dict:
+        return mdp.baselines(self.records(split), budgets)

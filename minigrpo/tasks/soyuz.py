@@ -1,0 +1,148 @@
+"""The soyuz task: 44 tasks with criteria checklists, rolled out as answer -> critique -> revision.
+
+For every task and each of its G samples (shared/seeds/000_*.txt):
+
+    turn 0   the model answers the task                      -> judge -> s0
+    critique built from the judge's actual reasons: "scored N/10, problems: ... scrap it and rewrite" when the
+             answer is bad (s0 < 0.5), a lighter revision request when it is good
+    turn 1   the model revises, with the whole conversation as its prompt -> judge -> s1
+
+Rewards: turn 0 = s0; turn 1 = s1 + 0.5·(s1 − s0) (grpo.recovery_rewards). Advantages are group-relative per turn
+(the G turn-0 answers of a task form one group, their G revisions another); each turn's own tokens get that turn's
+advantage; the critique and the earlier turn are prompt, never trained. Zero-spread groups are found on raw scores.
+
+Judging runs in the judge's worker pool while the sampler generates the next chunk of tasks, so the sampler is not
+idle while the judge works; the turn-1 critique of a chunk waits only for that chunk's own verdicts.
+"""
+import json
+import os
+from collections import deque
+
+from minigrpo import grpo
+from minigrpo.judge import make_judge
+from minigrpo.tasks import Seq
+
+DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "soyuz_tasks.json")
+BAD = 0.5  # below this a turn-0 answer counts as bad: harsh critique, and it counts for "recovery"
+
+
+def load_tasks(path: str = DATA) -> list[dict]:
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: soyuz task file not found (pass --data FILE)")
+    with open(path) as f:
+        try:
+            tasks = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e}); fix the file or pass another --data") from None
+    return tasks["tasks"] if isinstance(tasks, dict) else tasks
+
+
+def critique(verdict, max_problems: int = 6) -> str:
+    """The user's second message, grounded in the judge's verdict."""
+    if verdict is None or verdict.score is None:
+        return "Review your answer against every requirement of the task and give an improved, complete answer."
+    failed = [r for r in verdict.results if r.passed is False]
+    n = round(10 * verdict.score)
+    problems = "; ".join(f"{r.reason or r.id}" for r in failed[:max_problems])
+    if verdict.score < BAD:
+        return (f"Your answer scored {n}/10 against the task's checklist. Problems: {problems}. "
+                "Scrap it and rewrite it from scratch, meeting every requirement.")
+    if failed:
+        return (f"Your answer scored {n}/10. Remaining problems: {problems}. "
+                "Revise it to fix these while keeping what already works; give the full revised answer.")
+    return ("Your answer scored 10/10. Check it once more for correctness and clarity and give the final, full "
+            "version.")
+
+
+class SoyuzTask:
+    name = "soyuz"
+    turns = 2
+    stop_strings: list[str] = []
+
+    def __init__(self, data: str | None = None, judge: str = "local", workers: int = 8, cache_path=None,
+                 coef: float = 0.5, chunk: int = 1, judge_obj=None):
+        self.tasks = load_tasks(data or DATA)
+        self.coef = coef
+        self.chunk = chunk        # tasks per sampler call: small chunks let judging overlap generation
+        self.judge = judge_obj or make_judge(judge, workers=workers, cache_path=cache_path)
+
+    def examples(self, split: str) -> list[dict]:
+        # The seed trains and reports on the same 44 tasks (its numbers are "on the trained distribution").
+        return list(self.tasks)
+
+    def messages(self, ex: dict) -> list[dict]:
+        return [{"role": "user", "content": ex["prompt"]}]
+
+    def score(self, ex: dict, completion: str):
+        v = self.judge.grade(ex, completion)
+        return None if v is None else v.score
+
+    # -- the two-turn rollout ----------------------------------------------------------------------------------
+
+    def rollout(self, generate, tok, examples, seeds, args):
+        """`generate(prompts, seeds, n)` -> per prompt a list of n samples. Returns the Seqs of both turns."""
+        chunks = [list(range(i, min(i + self.chunk, len(examples)))) for i in range(0, len(examples), self.chunk)]
+        waiting = deque()   # chunks whose turn-0 answers are being judged
+        out = []
+
+        def turn0(idx):
+            prompts = [tok.chat(self.messages(examples[i]), enable_thinking=args.enable_thinking) for i in idx]
+            groups = generate(prompts, [seeds[i] for i in idx], args.group_size)
+            items = [(i, p, s, self.judge.submit(examples[i], s.text)) for i, p, g in zip(idx, prompts, groups)
+                     for s in g]
+            waiting.append(items)
+
+        def turn1(items):
+            convs, first = [], []
+            for i, prompt, s, fut in items:
+                v = fut.result()
+                first.append((i, prompt, s, v))
+                convs.append(self.messages(examples[i]) + [{"role": "assistant", "content": s.text},
+                                                            {"role": "user", "content": critique(v)}])
+            prompts = [tok.chat(c, enable_thinking=args.enable_thinking) for c in convs]
+            revs = generate(prompts, [seeds[i] + 7919 * (k + 1) for k, (i, *_) in enumerate(first)], 1)
+            futs = [self.judge.submit(examples[i], r[0].text) for (i, *_), r in zip(first, revs)]
+            for (i, prompt0, s0, v0), prompt1, r, fut in zip(first, prompts, revs, futs):
+                v1 = fut.result()
+                out.extend(self._seqs(examples[i], prompt0, s0, v0, prompt1, r[0], v1))
+
+        for idx in chunks:
+            turn0(idx)
+            while len(waiting) > 1 or (waiting and all(f.done() for *_, f in waiting[0])):
+                turn1(waiting.popleft())
+        while waiting:
+            turn1(waiting.popleft())
+        return out
+
+    def _seqs(self, ex, prompt0, s0, v0, prompt1, s1, v1):
+        score0 = None if v0 is None else v0.score
+        score1 = None if v1 is None else v1.score
+        shaped = grpo.recovery_rewards(score0, score1, coef=self.coef)
+        mk = lambda turn, prompt, s, score, reward, v: Seq(
+            ex["id"], turn, prompt, list(s.completion_ids), list(s.logprobs), s.finish_reason, s.text, score,
+            reward, info={"judge": None if v is None else v.reason,
+                          "failed": [] if v is None else [r.id for r in v.results if r.passed is False]})
+        return [mk(0, prompt0, s0, score0, score0, v0), mk(1, prompt1, s1, score1, shaped, v1)]
+
+    # -- metrics as the seed reports them ------------------------------------------------------------------------
+
+    def step_metrics(self, seqs) -> dict:
+        return recovery_metrics(seqs)
+
+
+def recovery_metrics(seqs) -> dict:
+    """Per rollout (turn 0, turn 1) pairs, in the order the rollout emits them (turn 0 then its turn 1)."""
+    t0 = [s for s in seqs if s.turn == 0]
+    t1 = [s for s in seqs if s.turn == 1]
+    pairs = [(a.score, b.score) for a, b in zip(t0, t1) if a.score is not None and b.score is not None]
+    bad = [(a, b) for a, b in pairs if a < BAD]
+    good = [(a, b) for a, b in pairs if a >= BAD]
+    mean = lambda xs: sum(xs) / len(xs) if xs else None
+    return {
+        "turn0_score": mean([a for a, _ in pairs]),
+        "final_score": mean([b for _, b in pairs]),
+        "recovery": mean([b - a for a, b in bad]),
+        "bad_to_good": mean([float(b >= BAD) for _, b in bad]),
+        "good_to_bad": mean([float(b < BAD) for _, b in good]),
+        "bad_start_share": len(bad) / len(pairs) if pairs else None,
+    }

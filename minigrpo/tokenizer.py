@@ -1,0 +1,327 @@
+"""
+Tokenizer for Qwen checkpoints, and the chat templates rendered in plain Python.
+
+Two backends behind one class:
+- a checkpoint's `tokenizer.json` (byte-level BPE), run by the `tokenizers` library;
+- a byte tokenizer for the tiny random models: ids 0..255 are raw bytes, then the five
+  specials <|endoftext|>=256, <|im_start|>=257, <|im_end|>=258, <think>=259, </think>=260.
+
+chat() does not run the checkpoint's Jinja template: it renders the three Qwen templates
+(QWEN.md §9) in Python, so the library needs no jinja2 and the rules are readable here.
+tests/test_tokenizer.py checks the output against transformers' apply_chat_template on the
+official templates. The template text is still read and kept (`.chat_template`), for reference.
+
+Which template a checkpoint gets (its `family`), first rule that applies:
+1. config.json `model_type`: qwen3_5* -> "qwen3_5", qwen3* -> "qwen3", qwen2* -> "qwen2";
+   any other model_type is an error.
+2. the chat template text: renders `<think>` and trims contents (`|trim`) -> "qwen3_5";
+   renders `<think>` -> "qwen3"; otherwise a ChatML template -> "qwen2".
+3. the vocabulary: no `<think>` token -> "qwen2"; <|im_start|> at id >= 200000 (Qwen3.5's
+   248k vocabulary) -> "qwen3_5"; else "qwen3".
+Qwen3.5's generation prompt opens a think block by default; a template that instead thinks
+only when `enable_thinking is true` (seen in some small-model copies) flips that default.
+"""
+
+import codecs
+import json
+import os
+import re
+
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers.decoders import DecodeStream
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+CONTROL = SPECIALS[:3]  # what skip_special_tokens drops; <think> tags are plain added tokens in Qwen
+QWEN2_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+TINY = {"tiny": "qwen3", "tiny-qwen3.5": "qwen3_5"}
+HUB_FILES = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json",
+             "generation_config.json"]
+
+# -----------------------------------------------------------------------------
+# chat templates
+
+
+def _check_messages(messages):
+    for i, m in enumerate(messages):
+        if m.get("role") not in ("system", "user", "assistant"):
+            raise ValueError(f"messages[{i}]: role {m.get('role')!r} is not supported "
+                             "(minigrpo renders system/user/assistant only; no tool turns)")
+        if not isinstance(m.get("content"), str):
+            raise ValueError(f"messages[{i}]: content must be a str")
+
+
+def _split_think(content):
+    # "<think>\nR\n</think>\n\nA" -> ("R", "A"), exactly as the Qwen3 templates split it
+    if "</think>" not in content:
+        return "", content
+    reasoning = content.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
+    return reasoning, content.split("</think>")[-1].lstrip("\n")
+
+
+def _last_query_index(messages, strip=False):
+    # the last user turn that is a real query (not a wrapped tool result); earlier assistant
+    # turns lose their reasoning. -1 when there is none.
+    for i in range(len(messages) - 1, -1, -1):
+        c = messages[i]["content"].strip() if strip else messages[i]["content"]
+        if messages[i]["role"] == "user" and not (c.startswith("<tool_response>") and c.endswith("</tool_response>")):
+            return i
+    return -1
+
+
+def _turn(role, body):
+    return f"<|im_start|>{role}\n{body}<|im_end|>\n"
+
+
+def render_qwen2(messages, add_generation_prompt):
+    # Qwen2.5-Instruct: a default system prompt, then plain ChatML; <think> text is left as is
+    out = [] if messages and messages[0]["role"] == "system" else [_turn("system", QWEN2_SYSTEM)]
+    out += [_turn(m["role"], m["content"]) for m in messages]
+    return "".join(out) + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+
+def render_qwen3(messages, add_generation_prompt, enable_thinking):
+    # Qwen3 hybrid thinking (0.6B ... 32B)
+    last_query = _last_query_index(messages)
+    if last_query < 0:
+        last_query = len(messages) - 1  # the template's default: no assistant turn gets a think block
+    out = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            out.append(_turn(m["role"], m["content"]))
+            continue
+        reasoning, content = _split_think(m["content"])
+        if i > last_query and (i == len(messages) - 1 or reasoning):
+            # after the last query the reasoning is kept; a final turn gets a (maybe empty) block
+            reasoning, content = reasoning.strip("\n"), content.lstrip("\n")
+            body = f"<think>\n{reasoning}\n</think>\n\n{content}"
+        else:
+            body = content  # earlier turns: the thinking is dropped
+        out.append(_turn("assistant", body))
+    if add_generation_prompt:
+        out.append("<|im_start|>assistant\n")
+        if enable_thinking is False:
+            out.append("<think>\n\n</think>\n\n")  # an empty think block: answer right away
+    return "".join(out)
+
+
+def render_qwen3_5(messages, add_generation_prompt, enable_thinking):
+    # Qwen3.5: every content is trimmed; the generation prompt opens the think block itself
+    last_query = _last_query_index(messages, strip=True)
+    if last_query < 0:
+        raise ValueError("messages: the Qwen3.5 template needs at least one user message")
+    out = []
+    for i, m in enumerate(messages):
+        content = m["content"].strip()
+        if m["role"] == "system":
+            if i != 0:
+                raise ValueError(f"messages[{i}]: the Qwen3.5 template allows a system message only first")
+            out.append(_turn("system", content))
+        elif m["role"] == "user":
+            out.append(_turn("user", content))
+        else:
+            reasoning, content = _split_think(content)
+            if i > last_query:
+                content = f"<think>\n{reasoning.strip()}\n</think>\n\n{content}"
+            out.append(_turn("assistant", content))
+    if add_generation_prompt:
+        out.append("<|im_start|>assistant\n")
+        out.append("<think>\n" if enable_thinking else "<think>\n\n</think>\n\n")
+    return "".join(out)
+
+
+def detect_family(model_type=None, template=None, vocab=None):
+    """The family rule in the module docstring. vocab: {token: id} of the added tokens at least."""
+    if model_type is not None:
+        for prefix in ("qwen3_5", "qwen3", "qwen2"):
+            if model_type.startswith(prefix):
+                return prefix
+        raise ValueError(f"model_type {model_type!r} is not a Qwen2/Qwen3/Qwen3.5 model")
+    if template:
+        if "<think>" in template:
+            return "qwen3_5" if "|trim" in template else "qwen3"
+        if "<|im_start|>" in template:
+            return "qwen2"
+    if vocab is not None and "<|im_start|>" in vocab:
+        if "<think>" not in vocab:
+            return "qwen2"
+        return "qwen3_5" if vocab["<|im_start|>"] >= 200_000 else "qwen3"
+    raise ValueError("cannot tell the Qwen family: no config.json model_type, no ChatML chat "
+                     "template and no <|im_start|> token")
+
+
+# -----------------------------------------------------------------------------
+# the byte tokenizer of the tiny models
+
+
+class ByteCodec:
+    """ids 0..255 are bytes, 256..260 the SPECIALS; same encode/decode surface as `tokenizers`."""
+
+    def __init__(self):
+        self.special_ids = {s: 256 + i for i, s in enumerate(SPECIALS)}
+        self.split = re.compile("(" + "|".join(re.escape(s) for s in SPECIALS) + ")")
+
+    def encode(self, text):
+        ids = []
+        for piece in self.split.split(text):  # odd pieces are the special tokens
+            ids += [self.special_ids[piece]] if piece in self.special_ids else list(piece.encode("utf-8"))
+        return ids
+
+    def decode(self, ids, skip_special_tokens=False):
+        stream = ByteDecodeStream(skip_special_tokens)
+        return "".join(stream.step(i) for i in ids) + stream.flush()
+
+
+class ByteDecodeStream:
+    """Incremental byte decoding: a character split across tokens comes out once it is whole."""
+
+    def __init__(self, skip_special_tokens=False):
+        self.skip = skip_special_tokens
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def step(self, i):
+        if i < 256:
+            return self.utf8.decode(bytes([i]))
+        special = SPECIALS[i - 256]
+        # a special token ends any pending partial character (it becomes U+FFFD, as in a full decode)
+        text = self.utf8.decode(b"", final=True)
+        self.utf8.reset()
+        return text + ("" if self.skip and special in CONTROL else special)
+
+    def flush(self):
+        return self.utf8.decode(b"", final=True)
+
+
+class HFDecodeStream:
+    """The same for a `tokenizers` backend (its DecodeStream holds back partial byte sequences)."""
+
+    def __init__(self, hf, skip_special_tokens=False):
+        self.hf, self.stream = hf, DecodeStream(skip_special_tokens=skip_special_tokens)
+
+    def step(self, i):
+        return self.stream.step(self.hf, int(i)) or ""
+
+    def flush(self):
+        return ""
+
+
+# -----------------------------------------------------------------------------
+# the public Tokenizer
+
+
+class Tokenizer:
+    def __init__(self, family, hf=None, chat_template=None, name=""):
+        self.family, self.hf, self.chat_template, self.name = family, hf, chat_template, name
+        self.byte = ByteCodec() if hf is None else None
+        ids = {s: self.token_to_id(s) for s in SPECIALS}
+        for s in CONTROL:
+            if ids[s] is None:
+                raise ValueError(f"{name}: tokenizer has no {s} token; is this a Qwen tokenizer?")
+        self.pad_id = ids["<|endoftext|>"]
+        self.im_end_id = ids["<|im_end|>"]
+        self.eos_ids = [self.im_end_id, self.pad_id]  # stop on both, whatever the model (QWEN.md §9)
+        if hf is None:
+            self.vocab_size = 256 + len(SPECIALS)
+        else:  # real number of ids; the embedding usually has padding rows beyond it
+            self.vocab_size = max(hf.get_vocab(with_added_tokens=True).values()) + 1
+        # Qwen3.5 only: the generation prompt opens a think block unless the template makes thinking opt-in
+        self.thinking_default = not (chat_template and "enable_thinking is true" in chat_template)
+
+    @classmethod
+    def from_pretrained(cls, path_or_hub_id):
+        if path_or_hub_id in TINY:
+            return cls(TINY[path_or_hub_id], name=path_or_hub_id)
+        folder = _local_folder(path_or_hub_id)
+        tok_path = os.path.join(folder, "tokenizer.json")
+        if not os.path.isfile(tok_path):
+            raise FileNotFoundError(f"{tok_path}: not found (minigrpo needs the checkpoint's tokenizer.json)")
+        try:
+            hf = HFTokenizer.from_file(tok_path)
+        except Exception as e:
+            raise ValueError(f"{tok_path}: cannot read it as a tokenizers file ({_first_line(e)})") from None
+        template = _read_template(folder)
+        config = _read_json(os.path.join(folder, "config.json"))
+        model_type = config.get("model_type") if config else None
+        try:
+            family = detect_family(model_type, template, hf.get_vocab(with_added_tokens=True))
+        except ValueError as e:
+            where = "config.json" if model_type else "tokenizer.json"
+            raise ValueError(f"{os.path.join(folder, where)}: {e}") from None
+        return cls(family, hf=hf, chat_template=template, name=tok_path)
+
+    # --- ids <-> text
+
+    def token_to_id(self, token):
+        return self.byte.special_ids.get(token) if self.hf is None else self.hf.token_to_id(token)
+
+    def encode(self, text):
+        # special-token strings in the text map to their ids; no BOS (Qwen has none)
+        return self.byte.encode(text) if self.hf is None else self.hf.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids, skip_special_tokens=False):
+        ids = [int(i) for i in ids]
+        if self.hf is None:
+            return self.byte.decode(ids, skip_special_tokens)
+        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def decode_stream(self, skip_special_tokens=False):
+        """An object with .step(id) -> str giving only complete characters, for streaming output."""
+        if self.hf is None:
+            return ByteDecodeStream(skip_special_tokens)
+        return HFDecodeStream(self.hf, skip_special_tokens)
+
+    # --- chat
+
+    def render(self, messages, add_generation_prompt=True, enable_thinking=None):
+        """The prompt text, as the family's official template renders it. enable_thinking: None = unset."""
+        _check_messages(messages)
+        if self.family == "qwen2":
+            return render_qwen2(messages, add_generation_prompt)
+        if self.family == "qwen3":
+            return render_qwen3(messages, add_generation_prompt, enable_thinking)
+        thinking = self.thinking_default if enable_thinking is None else enable_thinking
+        return render_qwen3_5(messages, add_generation_prompt, thinking)
+
+    def chat(self, messages, add_generation_prompt=True, enable_thinking=None):
+        return self.encode(self.render(messages, add_generation_prompt, enable_thinking))
+
+    def __repr__(self):
+        return f"Tokenizer({self.name!r}, family={self.family}, vocab_size={self.vocab_size})"
+
+
+def _local_folder(path_or_hub_id):
+    if os.path.isdir(path_or_hub_id):
+        return path_or_hub_id
+    if os.path.exists(path_or_hub_id) or path_or_hub_id.count("/") != 1 or path_or_hub_id.startswith((".", "/")):
+        raise FileNotFoundError(f"{path_or_hub_id}: not a folder, a hub id (owner/name) or 'tiny'/'tiny-qwen3.5'")
+    from huggingface_hub import snapshot_download
+    try:
+        return snapshot_download(path_or_hub_id, allow_patterns=HUB_FILES)
+    except Exception as e:
+        raise OSError(f"{path_or_hub_id}: no such folder, and the hub download failed "
+                      f"({type(e).__name__}: {_first_line(e)})") from None
+
+
+def _first_line(e):
+    return (str(e).splitlines() or [""])[0]
+
+
+def _read_json(path):
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
+def _read_template(folder):
+    # transformers 5 writes chat_template.jinja; older checkpoints keep it in tokenizer_config.json
+    jinja = os.path.join(folder, "chat_template.jinja")
+    if os.path.isfile(jinja):
+        with open(jinja, encoding="utf-8") as f:
+            return f.read()
+    template = (_read_json(os.path.join(folder, "tokenizer_config.json")) or {}).get("chat_template")
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    return template
