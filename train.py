@@ -291,7 +291,7 @@ def generate(model, tok, args, prompts, seeds, n, stop_strings=()):
     with torch.no_grad():
         samples = sample(model, prompts, n=n, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                         stop_ids=tok.eos_ids, stop_strings=list(stop_strings), tokenizer=tok, seed=seeds[0],  # TEMP
+                         stop_ids=tok.eos_ids, stop_strings=list(stop_strings), tokenizer=tok, seed=list(seeds),
                          vocab_size=tok.vocab_size)
     return [samples[i * n:(i + 1) * n] for i in range(len(prompts))]
 
@@ -501,17 +501,20 @@ def trainer_state(step, data, opt, sched, nonfinite):
             "nonfinite": nonfinite}
 
 
-def train(args) -> dict:
+def train(args, policy=None, task=None) -> dict:
+    """The GRPO loop. `policy` = (model, tokenizer, trainable params, reference or None) to train a model built
+    elsewhere (the mdp pipeline starts GRPO from its SFT weights); default: build it from args.model. `task`: a
+    task object built elsewhere (the mdp pipeline's sizes and prompt style); default: get_task(args.task)."""
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     dist_info = init_distributed(device)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     np.random.seed(args.seed)
-    task = get_task(args.task, **task_options(args))
+    task = task or get_task(args.task, **task_options(args))
     train_set = task.examples("train")
     n_steps = total_steps(args, len(train_set))
-    model, tok, params, reference = build_policy(args, device, dtype)
+    model, tok, params, reference = policy or build_policy(args, device, dtype)
     opt, sched = build_optimizer(args, params, n_steps)
     run = RunFolder(args.runs_dir, args.run_name)
     data, step, nonfinite = DataState(), 0, 0
@@ -562,6 +565,9 @@ def train(args) -> dict:
             run.append("metrics.jsonl", m)
             for rec in sample_records(step, everyone, tok):
                 run.append("samples.jsonl", rec)
+        if step % args.save_every == 0 or step == n_steps:
+            assert_replicas_in_sync(params, dist_info)
+        if dist_info.main:
             if step % args.save_every == 0 or step == n_steps:
                 save_checkpoint(run, step, model, trainer_state(step, data, opt, sched, nonfinite),
                                 lora=args.lora_r > 0)
@@ -572,6 +578,16 @@ def train(args) -> dict:
         print(epoch_summary(run.file("metrics.jsonl")), file=sys.stderr)
         print(f"mean reward: first step {_fmt(first_reward)} -> last step {_fmt(last_reward)}", file=sys.stderr)
     return {"run": run.path, "first_reward": first_reward, "last_reward": last_reward, "model": model}
+
+
+def assert_replicas_in_sync(params, dist_info):
+    """Every rank must hold the same trainable weights (same gradients, same optimizer): check a checksum."""
+    if dist_info.world == 1:
+        return
+    total = sum(float(p.detach().double().sum()) for p in params)
+    sums = all_gather_objects(total, dist_info)
+    if any(s != sums[0] for s in sums):
+        raise RuntimeError(f"ranks' weights diverged (checksums {sums}); this is a bug in gradient all-reduce")
 
 
 def _fmt(x):

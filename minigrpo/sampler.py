@@ -20,9 +20,11 @@ What a Sample holds:
 - finish_reason: "eos" (emitted a stop id), "stop" (completed a stop string) or "length" (hit max_new_tokens).
 - text: tokenizer.decode(completion_ids) without a final EOS token; None without a tokenizer.
 
-Randomness: one torch.Generator on the model's device, seeded by `seed` (or drawn from torch's global RNG). Each
-step draws one uniform number per sample row (always for all rows, live or not) and inverts that row's CDF, so a
-sample depends only on the seed and its own row: not on sync_every, batch compaction, or when other rows stop.
+Randomness: counter-based. Sample j of prompt i draws its step-t uniform from a hash (splitmix64) of
+(seed_i, j, t), where seed_i is `seed[i]` when `seed` is a list (one per prompt) or `seed + i` for an int seed, and
+inverts its CDF with it. So a sample depends only on its prompt's seed, its index and the model: not on which other
+prompts share the batch, on sync_every, on batch compaction or on when other rows stop. That is what lets the
+trainer seed each prompt by (run seed, step, example) and get the same rollouts on 1 or N ranks, or after a resume.
 
 Shape letters: P prompts, B rows being decoded (P*n, fewer after compaction), L longest prompt, V vocab kept.
 """
@@ -64,6 +66,38 @@ def inverse_cdf(p, u):
     return torch.searchsorted(cdf, x, right=True).clamp_(max=p.shape[-1] - 1).squeeze(-1)  # (B,)
 
 
+def _signed(c):
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+_GOLDEN, _MIX1, _MIX2 = _signed(0x9E3779B97F4A7C15), _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB)
+
+
+def _shr(z, k):
+    """Logical right shift of int64 (torch's >> is arithmetic on negative values)."""
+    return (z >> k) & ((1 << (64 - k)) - 1)
+
+
+def splitmix64(x):
+    """The splitmix64 finaliser on an int64 tensor (arithmetic wraps mod 2^64): a well-mixed 64-bit hash."""
+    z = x + _GOLDEN
+    z = (z ^ _shr(z, 30)) * _MIX1
+    z = (z ^ _shr(z, 27)) * _MIX2
+    return z ^ _shr(z, 31)
+
+
+def sample_keys(seeds, n, device):
+    """One 64-bit key per sample row: hash(hash(seed of its prompt) + its index among the n)."""
+    s = torch.tensor([x % (1 << 63) for x in seeds], dtype=torch.long, device=device)
+    j = torch.arange(n, device=device)
+    return splitmix64(splitmix64(s)[:, None] + j).reshape(-1)       # (P*n,)
+
+
+def uniforms(keys, t):
+    """The step-t uniform in [0, 1) of each row: the top 53 bits of hash(key + t), in fp64."""
+    return _shr(splitmix64(keys + t), 11).double() / float(1 << 53)
+
+
 def choose(logits, temperature, top_k, top_p, u):
     """Next token and its log-prob (untruncated, at temperature T) for each row. logits (B, V) fp32."""
     if temperature == 0:
@@ -103,6 +137,18 @@ def decode_step(model, tokens, cache):
     """One new token per row: (B,) -> next-token logits (B, V) fp32. Positions continue from each row's count."""
     h = model.hidden(tokens[:, None], cache=cache)                  # (B, 1, H)
     return model.logits(h[:, -1]).float()
+
+
+_compiled = None
+
+
+def compiled_decode_step():
+    """decode_step under torch.compile, built once per process so that later calls reuse its graphs. Shapes are
+    dynamic: Cache.length grows by one each step and compaction changes the batch size."""
+    global _compiled
+    if _compiled is None:
+        _compiled = torch.compile(decode_step, dynamic=True)
+    return _compiled
 
 
 # ------------------------------------------------------------------------------------------------ stop detection
@@ -157,8 +203,9 @@ def sample(model, prompts, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=
     temperature 0 = greedy. top_k=0 / top_p=1.0 = no truncation; log-probs are before truncation (module doc).
     sync_every: decode steps between host checks for finished rows (default 8 on CUDA, 1 elsewhere).
     compact_fraction: drop finished rows from the batch once at least this fraction of it is done.
-    compile: torch.compile the decode step (GPU speed option; the cache length changes every step, so it
-      compiles with dynamic shapes).
+    compile: torch.compile the decode step (the GPU speed option, off by default; one dynamic-shape graph serves
+      every step, since Cache.length grows by one per step). CUDA-graph capture would need a static-shape cache
+      (attention over all max_len slots, length as a tensor) in model.py.
     """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("sampler.py: sample needs a non-empty list of non-empty prompts (token-id lists)")
@@ -175,8 +222,11 @@ def sample(model, prompts, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=
         sync_every = 8 if device.type == "cuda" else 1
     if seed is None:
         seed = int(torch.randint(0, 2**62, (1,)).item())  # follows torch.manual_seed
-    gen = torch.Generator(device=device).manual_seed(seed)
-    step_fn = torch.compile(decode_step, dynamic=True) if compile else decode_step
+    seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed + i for i in range(len(prompts))]
+    if len(seeds) != len(prompts):
+        raise ValueError(f"sampler.py: {len(seeds)} seeds for {len(prompts)} prompts; pass one per prompt or an int")
+    row_keys = sample_keys(seeds, n, device)                        # (B,) int64, one per sample row
+    step_fn = compiled_decode_step() if compile else decode_step
     scanner = StopScanner(stop_ids, stop_strings, tokenizer)
 
     cache, logits = prefill(model, prompts, max_new_tokens, pad_id)
@@ -191,7 +241,7 @@ def sample(model, prompts, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=
     checked = 0                             # steps already read by the host
 
     for t in range(max_new_tokens):
-        u = torch.rand(B, generator=gen, device=device, dtype=torch.float64)[rows]  # (B_live,) one draw per row
+        u = uniforms(row_keys[rows], t)                              # (B_live,) one draw per live row
         vocab_logits = logits if vocab_size is None else logits[:, :vocab_size]
         token, lp = choose(vocab_logits, temperature, top_k, top_p, u)
         out_tok[rows, t] = token

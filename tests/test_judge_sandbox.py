@@ -41,6 +41,8 @@ def test_infinite_loop_is_stopped():
     assert result.passed is False and "timed out" in result.reason and elapsed < 6
 
 
+@pytest.mark.skipif(bool(checks._isolation()[1]), reason="the process-count limit does not bind here (weaker "
+                    "sandbox): a fork bomb would load the whole machine")
 def test_fork_bomb_is_stopped():
     result, elapsed = grade("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
                             nproc=32)

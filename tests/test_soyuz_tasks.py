@@ -4,7 +4,8 @@ against a reference answer and a clearly bad one kept beside this file (tests/da
 Every machine check must pass on the reference answer (score 1.0 over the checked criteria) and the bad answer must
 score at most 0.5. Checks whose `requires` packages are not installed (pandas, sqlalchemy, requests, click, fastapi:
 not in requirements*.txt) come back unchecked (None) and leave the denominator, so they are skipped, not failed.
-All 88 answers are graded once, up front, through the judge's thread pool."""
+All 88 answers are graded once, up front, through the judge's thread pool (about 100 CPU-seconds of sandboxed
+unit tests: marked slow)."""
 
 import json
 import os
@@ -100,6 +101,7 @@ def _failures(v):
     return "; ".join(f"{r.id}: {r.reason}" for r in v.results if r.passed is False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task_id", IDS)
 def test_reference_answer_passes_every_check(verdicts, task_id):
     v = verdicts[(task_id, "good")]
@@ -107,6 +109,7 @@ def test_reference_answer_passes_every_check(verdicts, task_id):
     assert v.score == 1.0, _failures(v)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task_id", IDS)
 def test_bad_answer_scores_low(verdicts, task_id):
     v = verdicts[(task_id, "bad")]

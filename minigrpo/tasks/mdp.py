@@ -24,9 +24,41 @@ def parse_letter(completion: str) -> str | None:
     return m.group(1) if m else None
 
 
-def messages_for(text: str) -> list[dict]:
-    """The chat messages for a rendered state: training and evaluation prompts go through here alike."""
-    return [{"role": "user", "content": text}]
+_SPLIT_LINE = re.compile(r"^([A-H]) \[[0-9,]*\] ([0-9/]+)(?:\+([0-9]+))?$", re.M)
+_HEADER = re.compile(r"^N=([0-9]+) left=([0-9]+)$", re.M)
+_PROBED = re.compile(r" ([A-H])=")
+PROMPT_STYLES = ("full", "compact")
+
+
+def compact_text(text: str) -> str:
+    """The same state for a small byte-level model (one token per byte): the header, then per letter its split as
+    percent of the survivors, two digits, largest first, "--" for no group, then how many more groups:
+
+        left=2 N=000021 probed=C--             probes left, survivors, letters already probed
+        A 19/10/10/10+08                       = mdp.render's "A [2,7,9,9,7,5] 4/2/2/2+8"
+        ...
+        Probe?
+
+    Why: a from-scratch model learns to compare fixed-width two-digit columns in minutes, but not raw counts
+    from 1 to 10^5 of varying width; the probe lists (which the split already summarises) would triple the
+    length. Every field has a fixed width, so every prompt has the same length: batches need no padding. It is
+    computed from mdp.render's text, so a scrambled prompt stays scrambled."""
+    n, left = map(int, _HEADER.search(text).groups())
+    seen = text.split("\n", 1)[0]
+    probed = "".join(dict.fromkeys(_PROBED.findall(seen)))
+    lines = [f"left={left} N={min(n, 999999):06d} probed={probed[:mdp.MAX_BUDGET]:-<{mdp.MAX_BUDGET}}"]
+    for letter, groups, more in _SPLIT_LINE.findall(text):
+        pct = [f"{min(99, round(100 * int(g) / n)):02d}" for g in groups.split("/")]
+        lines.append(f"{letter} {'/'.join((pct + ['--'] * 4)[:4])}+{min(99, int(more or 0)):02d}")
+    return "\n".join(lines + ["Probe?"])
+
+
+def messages_for(text: str, style: str = "full") -> list[dict]:
+    """The chat messages for a rendered state: training and evaluation prompts go through here alike. style
+    "compact" rewrites the state with `compact_text` (the CPU quickstart's byte-level model reads that)."""
+    if style not in PROMPT_STYLES:
+        raise ValueError(f"mdp prompt style {style!r}: expected one of {', '.join(PROMPT_STYLES)}")
+    return [{"role": "user", "content": compact_text(text) if style == "compact" else text}]
 
 
 class MDPTask:
@@ -35,7 +67,11 @@ class MDPTask:
     stop_strings: list[str] = []
 
     def __init__(self, train_per_cell: int = 60, val_per_cell: int = 4, eval_per_cell: int = 16,
-                 states_per_record: int = 3, seed: int = 0, scramble: bool = False, shuffle_rewards: bool = False):
+                 states_per_record: int = 3, seed: int = 0, scramble: bool = False, shuffle_rewards: bool = False,
+                 prompt: str = "full"):
+        if prompt not in PROMPT_STYLES:
+            raise ValueError(f"mdp task prompt={prompt!r}: expected one of {', '.join(PROMPT_STYLES)}")
+        self.prompt = prompt
         self.per_cell = {"train": train_per_cell, "val": val_per_cell, "eval": eval_per_cell}
         self.states_per_record, self.seed = states_per_record, seed
         self.scramble, self.shuffle_rewards = scramble, shuffle_rewards
@@ -64,7 +100,7 @@ class MDPTask:
         return mdp.render(ex["view"], ex["id"] if self.scramble else None)
 
     def messages(self, ex: dict) -> list[dict]:
-        return messages_for(self.text(ex))
+        return messages_for(self.text(ex), self.prompt)
 
     def score(self, ex: dict, completion: str) -> float:
         letter = parse_letter(completion)

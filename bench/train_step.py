@@ -1,0 +1,325 @@
+"""Time and peak memory of one GRPO optimizer step: minigrpo vs transformers + peft, same model, same batch.
+
+    python bench/train_step.py                      # B=2, T=128 (prompt 64 + completion 64), fp32, 28 layers, CPU
+    python bench/train_step.py --batch 4 --seq 256 --prompt 128 --repeats 3    # GRPO-sized; ~25 min on 2 cores
+    python bench/train_step.py --device cuda --dtype bfloat16 --batch 8 --seq 1024 --prompt 512 --repeats 5
+
+The CPU default is small because a step of the full 28-layer model costs about 1 TFLOP per 256 tokens (three
+passes through the layers, and the 151936-row lm_head up to four times): on a shared 2-core box that is ~90 s a
+step, so B=2 x T=128 with 2 measured steps per stack takes ~10 minutes. All 28 layers are kept: with fewer, the
+lm_head's share of the work (and of the memory) would be larger than in the real model.
+
+One step, in both stacks: reference log-probs (no grad, LoRA switched off), policy log-probs with grad, the GRPO
+loss (on-policy clipped ratio, advantage per sequence, + beta * k3 KL, token-mean over the completion mask),
+backward, clip the gradient norm to 1, AdamW on LoRA r=32 over q, k, v, o, gate, up, down.
+
+- ours: minigrpo.model.Qwen + minigrpo.lora.inject_lora / adapters_disabled + grpo.token_logprobs(vocab_size=)
+  (chunked, checkpointed log-softmax over every position) + grpo.policy_loss.
+- hf: AutoModelForCausalLM (attn_implementation="sdpa", transformers' default) + peft get_peft_model, reference
+  under `model.disable_adapter()`, log-probs as TRL's GRPOTrainer computes them: `logits_to_keep` = completion
+  length + 1 (the lm_head runs on the completion only), logits / temperature, then TRL's selective_log_softmax
+  (fp32: gather minus a per-row logsumexp; bf16: per-row log_softmax). Both mask the embedding's padding rows
+  (ids >= --vocab-size) to -inf, as our trainer does; the cost is nil, and it keeps the two losses comparable.
+
+The model is Qwen3-0.6B-shaped with random weights: transformers builds it from a seeded config and saves it to
+a temp folder, and each stack loads that folder, so the weights are the same; the LoRA A matrices get the same
+seeded values in both (B = 0, PEFT's init), so every step computes the same function. The batch is GRPO-like:
+prompts left-padded to --prompt tokens, completions right-padded (pads masked in attention and in the loss).
+
+Each stack runs in its own subprocess. Peak memory on CPU: the process's peak resident set (VmHWM, reset through
+/proc/self/clear_refs after the warm-up step) minus its resident set after loading the model, adding LoRA and
+reading every weight once (safetensors files are mapped lazily), so it counts activations, logits, gradients and
+the AdamW state, not the weights. On CUDA: max_memory_allocated
+minus memory_allocated at the same point. Time: median over --repeats steps after one warm-up step. The parity
+lines compare the two stacks' loss and gradient norm at every step (same inputs, same weights).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+
+GB = 1024 ** 3
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the shared model and batch
+
+
+def save_random_model(folder, args):
+    """Qwen3-0.6B's shape with seeded random weights, saved as a transformers checkpoint both stacks load."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+    cfg = Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=args.layers,
+                      num_attention_heads=16, num_key_value_heads=8, head_dim=128, rope_theta=1e6,
+                      tie_word_embeddings=True, rms_norm_eps=1e-6, max_position_embeddings=40960)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(folder)
+
+
+def make_batch(args):
+    """ids (B, T), attention mask (B, T), completion mask (B, C), advantages (B,): prompts of varied length
+    left-padded to P, completions of varied length right-padded to C."""
+    g = torch.Generator().manual_seed(1)
+    B, P, C = args.batch, args.prompt, args.seq - args.prompt
+    ids = torch.randint(0, args.vocab_size, (B, P + C), generator=g)
+    prompt_len = [P - (i * P // (4 * B)) for i in range(B)]  # P, then up to a quarter shorter
+    comp_len = [C - (i * C // (2 * B)) for i in range(B)]    # C, then up to half shorter
+    attn = torch.zeros(B, P + C, dtype=torch.long)
+    comp_mask = torch.zeros(B, C, dtype=torch.bool)
+    for i in range(B):
+        attn[i, P - prompt_len[i]:P + comp_len[i]] = 1
+        comp_mask[i, :comp_len[i]] = True
+    ids = torch.where(attn.bool(), ids, 151643)  # pads hold <|endoftext|>, as a collate would
+    adv = torch.randn(B, generator=g)
+    dev = args.device
+    return ids.to(dev), attn.to(dev), comp_mask.to(dev), adv.to(dev)
+
+
+def init_lora_(pairs):
+    """Same LoRA start in both stacks: A uniform(±1/√in) seeded by the module path (PEFT's range), B = 0."""
+    with torch.no_grad():
+        for path, A, Bw in pairs:
+            g = torch.Generator().manual_seed(zlib.crc32(path.encode()))
+            bound = A.shape[1] ** -0.5
+            A.copy_((torch.rand(A.shape, generator=g) * 2 - 1) * bound)
+            Bw.zero_()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the two stacks: each returns (model, lora params, step_fn); step_fn(timer) -> (loss, grad_norm)
+
+
+def build_ours(folder, args, dtype):
+    from minigrpo import grpo
+    from minigrpo.lora import adapters_disabled, inject_lora, lora_layers
+    from minigrpo.model import Qwen
+    model = Qwen.from_pretrained(folder, dtype=dtype, device=args.device)
+    params = inject_lora(model, r=args.lora_r, alpha=2 * args.lora_r, targets=TARGETS)
+    init_lora_([(p, m.lora_A.weight, m.lora_B.weight) for p, m in lora_layers(model)])
+    ids, attn, comp_mask, adv = make_batch(args)
+    P, T = args.prompt, args.seq
+    loss_mask = torch.zeros(ids.shape[0], T - 1, dtype=torch.bool, device=ids.device)
+    loss_mask[:, P - 1:] = comp_mask  # column t scores ids[:, t+1]: the completion starts at column P-1
+
+    def logprobs():
+        return grpo.token_logprobs(model, ids, attn, temperature=args.temperature, vocab_size=args.vocab_size)
+
+    def step(timer):
+        model.eval()
+        with torch.no_grad(), adapters_disabled(model):
+            ref = logprobs()
+        timer("reference")
+        model.train()
+        logp = logprobs()
+        loss, _ = grpo.policy_loss(logp, None, adv, loss_mask, ref_logp=ref, beta=args.beta)
+        timer("policy fwd")
+        loss.backward()
+        timer("backward")
+        return loss, params
+
+    return model, params, step
+
+
+def selective_log_softmax(logits, index):
+    """TRL's (trl/trainer/utils.py): fp32 gathers and subtracts a per-row logsumexp; bf16 log_softmaxes per row."""
+    if logits.dtype in (torch.float32, torch.float64):
+        selected = torch.gather(logits, dim=-1, index=index.unsqueeze(-1)).squeeze(-1)
+        lse = torch.stack([torch.logsumexp(row, dim=-1) for row in logits])  # a loop to lower the peak
+        return selected - lse
+    rows = [torch.log_softmax(r, dim=-1).gather(-1, i.unsqueeze(-1)).squeeze(-1) for r, i in zip(logits, index)]
+    return torch.stack(rows)
+
+
+def build_hf(folder, args, dtype):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    base = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").to(args.device)
+    model = get_peft_model(base, LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0,
+                                            target_modules=TARGETS, task_type="CAUSAL_LM"))
+    params = [p for p in model.parameters() if p.requires_grad]
+    pre = "base_model.model."
+    init_lora_([(name[len(pre):], m.lora_A["default"].weight, m.lora_B["default"].weight)
+                for name, m in model.named_modules() if hasattr(m, "lora_A") and "default" in m.lora_A])
+    ids, attn, comp_mask, adv = make_batch(args)
+    C = args.seq - args.prompt
+    completion = ids[:, -C:]
+
+    def logprobs():
+        # TRL's _get_per_token_logps: logits of the last C + 1 positions, drop the last, / temperature
+        logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=C + 1).logits[:, :-1]  # (B, C, V)
+        logits = logits / args.temperature
+        logits[..., args.vocab_size:] = float("-inf")  # as ours: padding rows are never sampled
+        return selective_log_softmax(logits, completion)  # (B, C)
+
+    def step(timer):
+        model.eval()
+        with torch.no_grad(), model.disable_adapter():
+            ref = logprobs()
+        timer("reference")
+        model.train()
+        logp = logprobs()
+        # TRL's GRPO loss (loss_type "bnpo"/"dapo" on one process: token mean over the completion mask)
+        ratio = torch.exp(logp - logp.detach())
+        a = adv[:, None].to(logp.dtype)
+        pg = -torch.min(ratio * a, torch.clamp(ratio, 0.8, 1.2) * a)
+        kl = torch.exp(ref - logp) - (ref - logp) - 1
+        per_token = pg + args.beta * kl
+        loss = (per_token * comp_mask).sum() / comp_mask.sum().clamp(min=1.0)
+        timer("policy fwd")
+        loss.backward()
+        timer("backward")
+        return loss, params
+
+    return model, params, step
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# one stack in one process
+
+
+def rss_bytes(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024  # kB
+    raise RuntimeError(f"bench/train_step.py: no {field} in /proc/self/status (Linux only on CPU)")
+
+
+def reset_peak(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        return
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM, the peak resident set (Linux >= 4.0)
+
+
+def used(device, peak):
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated() if peak else torch.cuda.memory_allocated()
+    return rss_bytes("VmHWM" if peak else "VmRSS")
+
+
+def child(args):
+    import torch._dynamo  # noqa: F401  torch.utils.checkpoint imports it on first use; keep it out of the peak
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    model, params, step = (build_ours if args.impl == "ours" else build_hf)(args.folder, args, dtype)
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    with torch.no_grad():  # safetensors weights may be mapped lazily: page them all in before the baseline
+        for t in model.state_dict().values():
+            t.sum()
+    base = used(args.device, peak=False)
+    losses, norms, times, phases = [], [], [], []
+    for i in range(1 + args.repeats):
+        if i == 1:
+            reset_peak(args.device)  # the warm-up step's one-time costs stay out of the measurement
+        marks = {}
+        sync()
+        t0 = last = time.perf_counter()
+
+        def timer(name):
+            nonlocal last
+            sync()
+            now = time.perf_counter()
+            marks[name] = now - last
+            last = now
+
+        loss, _ = step(timer)
+        norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        timer("clip+adamw")
+        losses.append(loss.item())
+        norms.append(norm.item())
+        if i > 0:
+            times.append(time.perf_counter() - t0)
+            phases.append(marks)
+    peak = used(args.device, peak=True) - base
+    med = {k: statistics.median(p[k] for p in phases) for k in phases[0]}
+    print(json.dumps({"peak": peak, "base": base, "times": times, "phases": med, "losses": losses, "norms": norms}))
+
+
+def run_child(impl, folder, args):
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--impl", impl, "--folder", folder]
+    for k in ("batch", "seq", "prompt", "layers", "dtype", "device", "threads", "repeats", "lora_r", "beta",
+              "temperature", "lr", "vocab_size"):
+        cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"bench/train_step.py: the {impl} run failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the table
+
+
+def report(res, args):
+    o, h = res["ours"], res["hf"]
+    t_o, t_h = statistics.median(o["times"]), statistics.median(h["times"])
+    print(f"{'stack':<8}{'step s (median)':>16}{'best s':>9}{'peak GB':>9}   phases (median s)")
+    for name, r, t in (("ours", o, t_o), ("hf+peft", h, t_h)):
+        ph = "  ".join(f"{k} {v:.2f}" for k, v in r["phases"].items())
+        print(f"{name:<8}{t:>16.2f}{min(r['times']):>9.2f}{r['peak'] / GB:>9.2f}   {ph}")
+    time_ratio, mem_ratio = t_o / t_h, o["peak"] / max(h["peak"], 1)
+    print(f"{'ours/hf':<8}{time_ratio:>16.2f}{min(o['times']) / min(h['times']):>9.2f}{mem_ratio:>9.2f}")
+    dloss = max(abs(a - b) for a, b in zip(o["losses"], h["losses"]))
+    dnorm = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(o["norms"], h["norms"]))
+    print(f"parity over {len(o['losses'])} steps: loss step0 ours {o['losses'][0]:.6f} hf {h['losses'][0]:.6f}, "
+          f"max|dloss| {dloss:.2e}; grad-norm step0 ours {o['norms'][0]:.4e} hf {h['norms'][0]:.4e}, "
+          f"max rel diff {dnorm:.2e}")
+    print(f"target no slower (time ratio <= 1): {'yes' if time_ratio <= 1 else 'NO'}; "
+          f"peak <= 0.7x: {'yes' if mem_ratio <= 0.7 else 'NO'}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--seq", type=int, default=128, help="tokens per sequence, prompt + completion")
+    p.add_argument("--prompt", type=int, default=64, help="prompt width (left-padded); the rest is completion")
+    p.add_argument("--layers", type=int, default=28, help="decoder layers (Qwen3-0.6B: 28)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    p.add_argument("--repeats", type=int, default=2, help="measured steps after one warm-up step")
+    p.add_argument("--order", default="ours,hf", help="which stack runs first")
+    p.add_argument("--lora-r", type=int, default=32)
+    p.add_argument("--beta", type=float, default=0.04)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--vocab-size", type=int, default=151669, help="Qwen3's tokenizer size; rows past it are masked")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--impl", choices=["ours", "hf"], help=argparse.SUPPRESS)
+    p.add_argument("--folder", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if not 0 < args.prompt < args.seq:
+        p.error(f"--prompt {args.prompt} must be between 1 and --seq {args.seq} - 1")
+    if args.child:
+        return child(args)
+    import peft
+    import transformers
+    print(f"one GRPO step, Qwen3-0.6B shape ({args.layers} layers, V=151936), B={args.batch} T={args.seq} "
+          f"(prompt {args.prompt} + completion {args.seq - args.prompt}), {args.dtype} on {args.device}, "
+          f"LoRA r={args.lora_r} on {len(TARGETS)} projections, {args.threads} threads, median of {args.repeats} "
+          f"after 1 warm-up; torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}",
+          flush=True)
+    with tempfile.TemporaryDirectory(prefix="minigrpo-bench-") as folder:
+        save_random_model(folder, args)
+        res = {impl: run_child(impl, folder, args) for impl in args.order.split(",")}
+    report(res, args)
+
+
+if __name__ == "__main__":
+    main()

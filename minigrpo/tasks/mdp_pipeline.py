@@ -1,0 +1,418 @@
+"""The verifier-MDP experiment end to end: `python train.py --task mdp --model tiny` (shared/seeds/001).
+
+A policy reads a process state (candidates left, probes left, how each of the eight probes would split the
+survivors) and answers one letter; the verifier runs that probe (minigrpo/mdp.py). The recipe, as the seed ran it:
+
+    0. baselines        random, max-split, same-budget oracle on the eval records (no model)
+    1. base             the untrained policy. A real Qwen answers zero-shot. A from-scratch model first gets a
+                        short format-only pretraining: answer a letter not yet probed, chosen uniformly at random,
+                        then <|im_end|> -- it knows the rules of the game, never which probe is good.
+    2. SFT              cross-entropy on the oracle's letter (+ EOS): full-parameter for the from-scratch model,
+                        LoRA (then folded into the weights) for a real Qwen
+    3. process-DPO      LoRA on the SFT weights; pairs (oracle letter, each strictly worse letter); the reference
+                        is the SFT model itself, `adapters_disabled`
+    4. GRPO             LoRA on the SFT weights through train.py's loop: G letters per state, reward = the
+                        letter's process reward (its oracle value)
+    5. controls         process-DPO on shuffled rewards (MDPTask(shuffle_rewards=True)); the process-DPO policy
+                        evaluated on prompts whose split summaries are scrambled across letters
+    6. report           every policy plays the eval records greedily at budgets 0..3 (one batched sampler call
+                        per step over all records); mdp.write_report writes the seed's two tables (Markdown, CSV)
+                        and the plot into the run folder, with the SFT weights and the LoRA adapters
+
+Stage settings live in PIPELINES, picked by --model: "tiny" is the CPU quickstart (a from-scratch model, a little
+wider than QwenConfig.tiny, reading the compact prompt of tasks/mdp.compact_text), any other model id the seed's
+GPU recipe (Qwen/Qwen3.5-4B: SFT 360 steps, DPO 160, GRPO 120 with G = 8, batch 2 x grad-accum 2).
+
+Every stage trains on `answer` = one letter + <|im_end|>; a sequence's log-prob is the sum over those two tokens
+(grpo.token_logprobs, columns aligned as everywhere: column t scores ids[t + 1]).
+"""
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from minigrpo import grpo, mdp
+from minigrpo.lora import adapters_disabled, inject_lora, lora_layers, merge_lora, save_adapter
+from minigrpo.model import Qwen, QwenConfig
+from minigrpo.runs import full_weights
+from minigrpo.sampler import sample
+from minigrpo.tasks.mdp import MDPTask, messages_for, parse_letter
+from minigrpo.tokenizer import Tokenizer
+
+
+@dataclass
+class PipelineConfig:
+    prompt: str = "full"            # tasks/mdp.py prompt style: "full" (mdp.render) or "compact"
+    scratch: dict | None = None     # QwenConfig.tiny overrides of a from-scratch model; None = load --model
+    train_per_cell: int = 80        # train records per (regime, library size) cell; 3 states each at most
+    eval_per_cell: int = 16         # the seed: 16 -> 128 eval records
+    base_steps: int = 0             # format-only pretraining of a from-scratch model
+    sft_steps: int = 360
+    sft_lr: float = 1e-4
+    sft_lora: bool = True           # False: full-parameter SFT (fp32 weights)
+    batch: int = 2                  # sequences (DPO: pairs) per micro-batch
+    grad_accum: int = 2             # micro-batches per optimizer step
+    dpo_steps: int = 160
+    dpo_lr: float = 2e-5
+    dpo_beta: float = 0.1
+    lora_r: int = 32
+    lora_alpha: float = 32
+    grpo_steps: int = 120
+    grpo_lr: float = 1e-5
+    group_size: int = 8
+    grpo_tasks: int = 4             # states per GRPO step (batch 2 x grad-accum 2)
+    grpo_beta: float = 0.0
+    max_new_tokens: int = 4         # a letter and <|im_end|>; a little room for "(C)"
+    warmup: float = 0.05            # fraction of each stage's steps
+    notes: list = field(default_factory=list)
+
+
+# The quickstart model: QwenConfig.tiny's layout (Qwen3, byte vocabulary, tied embeddings) at twice the width.
+# At hidden 64 the model learns the format but reads the split columns far more slowly.
+TINY_MDP = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=32)
+
+PIPELINES = {
+    "tiny": PipelineConfig(prompt="compact", scratch=TINY_MDP, train_per_cell=80, eval_per_cell=16,
+                           base_steps=40, sft_steps=300, sft_lr=3e-3, sft_lora=False, batch=32, grad_accum=1,
+                           dpo_steps=60, dpo_lr=1e-3, dpo_beta=0.1, lora_r=16, lora_alpha=32,
+                           grpo_steps=30, grpo_lr=1e-3, group_size=8, grpo_tasks=8, max_new_tokens=2),
+    "Qwen/Qwen3.5-4B": PipelineConfig(),
+}
+
+
+def pipeline_config(model: str) -> PipelineConfig:
+    """The stage settings for --model: its own entry, else the seed's GPU recipe (any real Qwen checkpoint)."""
+    return PIPELINES.get(model, PIPELINES["Qwen/Qwen3.5-4B"])
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# Models
+
+def scratch_model(overrides: dict, seed: int, device, dtype) -> Qwen:
+    """A from-scratch Qwen3 for the byte tokenizer: QwenConfig.tiny with `overrides`, normal(0, 0.02) weights."""
+    raw = {**QwenConfig.tiny("tiny").raw, **overrides}
+    model = Qwen(QwenConfig.from_dict(raw, source="mdp_pipeline.TINY_MDP"))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():  # norms stay at 1
+            if p.ndim == 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+    return model.to(device=device, dtype=torch.float32 if dtype is None else dtype)
+
+
+def build_model(args, cfg: PipelineConfig, device, dtype):
+    if cfg.scratch is not None:
+        # trained in full: fp32 weights (bf16 cannot absorb small updates)
+        return scratch_model(cfg.scratch, args.seed, device, torch.float32), Tokenizer.from_pretrained("tiny")
+    return Qwen.from_pretrained(args.model, dtype=dtype, device=device), Tokenizer.from_pretrained(args.model)
+
+
+def strip_lora(model):
+    """Remove the LoRA wrappers, keeping each base layer as it is (unmerged adapters leave it untouched)."""
+    for path, layer in lora_layers(model):
+        parent, _, leaf = path.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, leaf, layer.base_layer)
+    model.__dict__.pop("lora_config", None)
+    return model
+
+
+def fold_lora(model):
+    """Merge the adapters into the weights, then drop them: the SFT model the next stages start from."""
+    merge_lora(model)
+    return strip_lora(model)
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# Sequences: prompt ids + answer ids, left-padded; the loss mask covers the answer positions
+
+def prompt_ids(tok, task, text: str) -> list:
+    return tok.chat(messages_for(text, task.prompt), enable_thinking=False)
+
+
+def answer_ids(tok, letter: str) -> list:
+    return tok.encode(letter) + [tok.im_end_id]
+
+
+def pad_batch(pairs, pad_id, device):
+    """[(prompt, answer)] -> ids (B, T) left-padded, attention mask (None when nothing is padded: the compact
+    prompts all have one length, and an unmasked forward takes the fast causal path), and the answer mask
+    (B, K) over the last K = longest answer positions, right-aligned."""
+    lens = [len(p) + len(a) for p, a in pairs]
+    T, K = max(lens), max(len(a) for _, a in pairs)
+    ids = torch.full((len(pairs), T), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(pairs), T), dtype=torch.long)
+    for i, ((p, a), n) in enumerate(zip(pairs, lens)):
+        ids[i, T - n:] = torch.tensor(p + a)
+        attn[i, T - n:] = 1
+    n_ans = torch.tensor([len(a) for _, a in pairs])[:, None]
+    mask = torch.arange(K)[None, :] >= K - n_ans                      # (B, K)
+    attn = None if min(lens) == T else attn.to(device)
+    return ids.to(device), attn, mask.to(device)
+
+
+def answer_logprobs(model, tok, batch):
+    """Sum of log p(answer token) per sequence (B,). Only the last K positions go through the LM head: hidden
+    position t predicts ids[t + 1], so the answer ids[:, T-K:] are scored by positions T-K-1 .. T-2."""
+    ids, attn, mask = batch
+    K = mask.shape[1]
+    h = model.hidden(ids, attention_mask=attn)[:, -K - 1:-1]               # (B, K, H)
+    logits = model.logits(h).float()[..., :tok.vocab_size]                 # (B, K, V): padding rows never count
+    logp = torch.log_softmax(logits, -1).gather(-1, ids[:, -K:, None]).squeeze(-1)   # (B, K)
+    return torch.where(mask, logp, 0.0).sum(-1)
+
+
+def optimizer(params, lr, steps, warmup):
+    """AdamW, linear warmup over warmup * steps, then cosine to zero."""
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
+    n_warm = max(1, int(warmup * steps))
+    factor = lambda s: (s + 1) / n_warm if s < n_warm else 0.5 * (1 + np.cos(np.pi * (s - n_warm) / max(1, steps - n_warm)))
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def batches(n_items, size, steps, seed):
+    """`steps` index lists of `size`, walking seeded permutations of the items epoch after epoch."""
+    rng, order, out = np.random.default_rng(seed), [], []
+    for _ in range(steps):
+        while len(order) < size:
+            order += rng.permutation(n_items).tolist()
+        out.append(order[:size])
+        order = order[size:]
+    return out
+
+
+def log(stage: str, step: int, steps: int, stats: dict, quiet: bool):
+    if not quiet and (step == 1 or step == steps or step % max(1, steps // 5) == 0):
+        print(f"  {stage} {step}/{steps} " + " ".join(f"{k}={v:.3f}" for k, v in stats.items()), file=sys.stderr)
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# Stages
+
+def supervised(model, tok, params, items, steps, lr, cfg, seed, stage, quiet):
+    """Cross-entropy on the answer tokens of `items` [(prompt ids, answer ids)]; the token mean is taken over the
+    whole optimizer step (all micro-batches), so grad-accum does not reweight."""
+    opt, sched = optimizer(params, lr, steps, cfg.warmup)
+    device = model.device
+    model.train()
+    for step, idx in enumerate(batches(len(items), cfg.batch * cfg.grad_accum, steps, seed), 1):
+        micro = [idx[i:i + cfg.batch] for i in range(0, len(idx), cfg.batch)]
+        n_tok = sum(len(items[i][1]) for i in idx)
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for mb in micro:
+            loss = -answer_logprobs(model, tok, pad_batch([items[i] for i in mb], tok.pad_id, device)).sum() / n_tok
+            loss.backward()
+            total += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        log(stage, step, steps, {"loss": total}, quiet)
+    model.eval()
+
+
+def format_items(tok, task, seed):
+    """Format-only pretraining data: each train state's prompt with a uniformly random letter not yet probed."""
+    items = []
+    for ex in task.examples("train"):
+        free = [c for c in mdp.LETTERS if c not in ex["probed"]]
+        letter = free[mdp.seeded_rng(seed, "format", ex["id"]).integers(len(free))]
+        items.append((prompt_ids(tok, task, task.text(ex)), answer_ids(tok, letter)))
+    return items
+
+
+def sft_items(tok, task):
+    return [(prompt_ids(tok, task, task.text(ex)), answer_ids(tok, task.sft_target(ex))) for ex in task.examples("train")]
+
+
+def dpo(model, tok, task, cfg, seed, stage, quiet):
+    """Process-DPO with fresh LoRA adapters; the reference is the same model with the adapters off."""
+    params = inject_lora(model, r=cfg.lora_r, alpha=cfg.lora_alpha)
+    pairs = []
+    for ex in task.examples("train"):
+        p = prompt_ids(tok, task, task.text(ex))
+        pairs += [(p, answer_ids(tok, c), answer_ids(tok, r)) for c, r in task.dpo_pairs(ex)]
+    opt, sched = optimizer(params, cfg.dpo_lr, cfg.dpo_steps, cfg.warmup)
+    device = model.device
+    for step, idx in enumerate(batches(len(pairs), cfg.batch * cfg.grad_accum, cfg.dpo_steps, seed), 1):
+        opt.zero_grad(set_to_none=True)
+        stats = {}
+        for k in range(0, len(idx), cfg.batch):
+            mb = [pairs[i] for i in idx[k:k + cfg.batch]]
+            batch = pad_batch([(p, c) for p, c, _ in mb] + [(p, r) for p, _, r in mb], tok.pad_id, device)
+            with torch.no_grad(), adapters_disabled(model):
+                ref = answer_logprobs(model, tok, batch)             # (2b,) chosen then rejected
+            model.train()
+            pol = answer_logprobs(model, tok, batch)
+            b = len(mb)
+            loss, st = grpo.dpo_loss(pol[:b], pol[b:], ref[:b], ref[b:], beta=cfg.dpo_beta, normalizer=len(idx))
+            loss.backward()
+            for key, v in st.items():
+                stats[key] = stats.get(key, 0.0) + float(v) * b / len(idx)
+            stats["loss"] = stats.get("loss", 0.0) + float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        log(stage, step, cfg.dpo_steps, stats, quiet)
+    model.eval()
+
+
+def grpo_stage(model, tok, args, cfg, task, run_dir):
+    """GRPO through train.py's loop, on LoRA adapters over the SFT weights (reference: adapters off)."""
+    import train as trainer   # the repo-root script; the pipeline is only ever started from it
+    params = inject_lora(model, r=cfg.lora_r, alpha=cfg.lora_alpha)
+    gargs = argparse.Namespace(**{
+        **vars(args), "algo": "grpo", "steps": cfg.grpo_steps, "epochs": 1, "lr": cfg.grpo_lr, "warmup": 0,
+        "schedule": "constant", "group_size": cfg.group_size, "tasks_per_step": cfg.grpo_tasks,
+        "micro_batch": cfg.batch * 2, "max_new_tokens": cfg.max_new_tokens, "temperature": 1.0, "top_p": 1.0,
+        "top_k": 0, "beta": cfg.grpo_beta, "mu": 1, "lora_r": cfg.lora_r, "lora_alpha": cfg.lora_alpha,
+        "runs_dir": run_dir, "run_name": "grpo", "save_every": cfg.grpo_steps, "keep_checkpoints": 1,
+        "resume": False, "enable_thinking": False, "quiet": True, "data": None})
+    trainer.train(gargs, policy=(model, tok, params, None), task=task)
+    model.eval()
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# Evaluation
+
+def greedy_policy(model, tok, task, max_new_tokens):
+    """A batched policy for mdp.evaluate: one greedy sampler call over all records' prompts per step. An answer
+    that is not a letter A-H becomes "?" (the probe is spent on nothing); `invalid` counts them."""
+    invalid = [0, 0]
+
+    def policy(texts, states):
+        prompts = [prompt_ids(tok, task, t) for t in texts]
+        out = sample(model, prompts, n=1, max_new_tokens=max_new_tokens, temperature=0.0, tokenizer=tok)
+        letters = [parse_letter(s.text) for s in out]
+        invalid[0] += sum(x is None for x in letters)
+        invalid[1] += len(letters)
+        return [x or "?" for x in letters]
+    policy.invalid = invalid
+    return policy
+
+
+def evaluate_model(model, tok, task, cfg, label, results, invalid):
+    model.eval()
+    policy = greedy_policy(model, tok, task, cfg.max_new_tokens)
+    with torch.no_grad():
+        results[label] = task.evaluate(policy, "eval", batched=True)
+    invalid[label] = policy.invalid
+    solved = [100 * results[label]["overall"][b]["solved"] for b in sorted(results[label]["overall"])]
+    print(f"  {label}: solved@0..3 " + " ".join(f"{x:.1f}%" for x in solved), file=sys.stderr)
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# The pipeline
+
+class Clock:
+    """Wall and CPU seconds per stage (the machine may be shared: CPU time is the steadier measure)."""
+
+    def __init__(self):
+        self.rows, self.t0, self.c0 = {}, time.perf_counter(), time.process_time()
+        self.last = (self.t0, self.c0)
+
+    def lap(self, stage):
+        now = (time.perf_counter(), time.process_time())
+        self.rows[stage] = {"wall_s": round(now[0] - self.last[0], 1), "cpu_s": round(now[1] - self.last[1], 1)}
+        self.last = now
+        print(f"[{stage}] {self.rows[stage]['wall_s']}s wall, {self.rows[stage]['cpu_s']}s cpu", file=sys.stderr)
+
+    def total(self):
+        return {"wall_s": round(time.perf_counter() - self.t0, 1), "cpu_s": round(time.process_time() - self.c0, 1)}
+
+
+def run_pipeline(args, cfg: PipelineConfig | None = None) -> dict:
+    """All stages in order; returns {"results": {policy: mdp.evaluate(...)}, "run": folder, "time": ...}."""
+    cfg = cfg or pipeline_config(args.model)
+    from train import pick_device, pick_dtype
+    device = pick_device(args.device)
+    dtype = pick_dtype(args.dtype, device)
+    torch.manual_seed(args.seed)
+    run_dir = os.path.join(args.runs_dir, args.run_name)
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "pipeline.json"), "w") as f:
+        json.dump({"model": args.model, "seed": args.seed, "device": str(device), **asdict(cfg)}, f, indent=2)
+    opts = dict(train_per_cell=cfg.train_per_cell, eval_per_cell=cfg.eval_per_cell, seed=args.seed,
+                prompt=cfg.prompt)
+    task, shuffled, scrambled = MDPTask(**opts), MDPTask(shuffle_rewards=True, **opts), MDPTask(scramble=True, **opts)
+    clock, results, invalid = Clock(), {}, {}
+    print(f"mdp pipeline: model={args.model} device={device} run={run_dir}\n"
+          f"  {len(task.records('train'))} train records -> {len(task.examples('train'))} states, "
+          f"{len(task.records('eval'))} eval records", file=sys.stderr)
+    base = task.baselines("eval")
+    clock.lap("data+baselines")
+
+    model, tok = build_model(args, cfg, device, dtype)
+    if cfg.scratch is not None:
+        supervised(model, tok, list(model.parameters()), format_items(tok, task, args.seed), cfg.base_steps,
+                   cfg.sft_lr, cfg, args.seed + 1, "format", args.quiet)
+    evaluate_model(model, tok, task, cfg, "base", results, invalid)
+    clock.lap("base")
+
+    params = list(model.parameters()) if not cfg.sft_lora else inject_lora(model, cfg.lora_r, cfg.lora_alpha)
+    supervised(model, tok, params, sft_items(tok, task), cfg.sft_steps, cfg.sft_lr, cfg, args.seed + 2, "sft",
+               args.quiet)
+    if cfg.sft_lora:
+        save_adapter(model, os.path.join(run_dir, "sft_adapter"), args.model)
+        fold_lora(model)
+    save_model(model, os.path.join(run_dir, "sft"))
+    evaluate_model(model, tok, task, cfg, "SFT", results, invalid)
+    clock.lap("sft")
+
+    model.requires_grad_(False)   # from here on only LoRA adapters train; the SFT weights are the reference
+    dpo(model, tok, task, cfg, args.seed + 3, "dpo", args.quiet)
+    save_adapter(model, os.path.join(run_dir, "dpo_adapter"), args.model)
+    evaluate_model(model, tok, task, cfg, "process-DPO", results, invalid)
+    evaluate_model(model, tok, scrambled, cfg, "scrambled-features DPO", results, invalid)
+    strip_lora(model)
+    clock.lap("dpo")
+
+    dpo(model, tok, shuffled, cfg, args.seed + 3, "dpo-shuffled", args.quiet)
+    save_adapter(model, os.path.join(run_dir, "dpo_shuffled_adapter"), args.model)
+    evaluate_model(model, tok, task, cfg, "shuffled-reward DPO", results, invalid)
+    strip_lora(model)
+    clock.lap("dpo-shuffled")
+
+    grpo_stage(model, tok, args, cfg, task, run_dir)
+    save_adapter(model, os.path.join(run_dir, "grpo_adapter"), args.model)
+    evaluate_model(model, tok, task, cfg, "GRPO", results, invalid)
+    strip_lora(model)
+    clock.lap("grpo")
+
+    results = {"random": base["random"], **results, "max-split": base["max-split"], "oracle": base["oracle"]}
+    return finish(results, invalid, clock, run_dir, args)
+
+
+def save_model(model, folder):
+    """model.safetensors + config.json: Qwen.from_pretrained(folder) loads it (the tokenizer is "tiny" or
+    --model's)."""
+    os.makedirs(folder, exist_ok=True)
+    save_file({k: v.cpu() for k, v in full_weights(model).items()}, os.path.join(folder, "model.safetensors"))
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(model.config.raw, f, indent=2)
+
+
+ORDER = ("random", "base", "SFT", "process-DPO", "shuffled-reward DPO", "scrambled-features DPO", "GRPO",
+         "max-split", "oracle")
+
+
+def finish(results, invalid, clock, run_dir, args) -> dict:
+    results = {k: results[k] for k in ORDER if k in results}
+    paths = mdp.write_report(results, run_dir)
+    total = clock.total()
+    with open(os.path.join(run_dir, "results.json"), "w") as f:
+        json.dump({"results": results, "invalid_answers": invalid, "time": {**clock.rows, "total": total}}, f,
+                  indent=2, default=str)
+    for name in ("overall_by_policy_budget", "regime_split"):
+        with open(paths[f"{name}.md"]) as f:
+            print("\n" + f.read().rstrip())
+    bad = ", ".join(f"{k} {n}/{m}" for k, (n, m) in invalid.items() if n)
+    print(f"\ninvalid answers: {bad or 'none'}")
+    print(f"total {total['wall_s']}s wall, {total['cpu_s']}s cpu; report and weights in {run_dir}")
+    return {"results": results, "run": run_dir, "time": total, "invalid": invalid}
