@@ -511,12 +511,13 @@ def train(args, policy=None, task=None) -> dict:
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     np.random.seed(args.seed)
+    run = RunFolder(args.runs_dir, args.run_name)
+    os.makedirs(run.path, exist_ok=True)                    # the judge's cache lives there
     task = task or get_task(args.task, **task_options(args))
     train_set = task.examples("train")
     n_steps = total_steps(args, len(train_set))
     model, tok, params, reference = policy or build_policy(args, device, dtype)
     opt, sched = build_optimizer(args, params, n_steps)
-    run = RunFolder(args.runs_dir, args.run_name)
     data, step, nonfinite = DataState(), 0, 0
     if args.resume and run.latest_checkpoint():
         state = load_checkpoint(run.latest_checkpoint(), model, lora=args.lora_r > 0)

@@ -35,21 +35,23 @@ def compact_text(text: str) -> str:
     percent of the survivors, two digits, largest first, "--" for no group, then how many more groups:
 
         left=2 N=000021 probed=C--             probes left, survivors, letters already probed
-        A 19/10/10/10+08                       = mdp.render's "A [2,7,9,9,7,5] 4/2/2/2+8"
+        19/10/10/10+08 A                       = mdp.render's "A [2,7,9,9,7,5] 4/2/2/2+8"
         ...
         Probe?
 
     Why: a from-scratch model learns to compare fixed-width two-digit columns in minutes, but not raw counts
     from 1 to 10^5 of varying width; the probe lists (which the split already summarises) would triple the
-    length. Every field has a fixed width, so every prompt has the same length: batches need no padding. It is
-    computed from mdp.render's text, so a scrambled prompt stays scrambled."""
+    length. The letter ends its line, after the numbers it stands for: a causal model can then gather a line's
+    numbers into its letter and copy the best letter out. Every field has a fixed width, so every prompt has the
+    same length: batches need no padding. It is computed from mdp.render's text, so a scrambled prompt stays
+    scrambled."""
     n, left = map(int, _HEADER.search(text).groups())
     seen = text.split("\n", 1)[0]
     probed = "".join(dict.fromkeys(_PROBED.findall(seen)))
     lines = [f"left={left} N={min(n, 999999):06d} probed={probed[:mdp.MAX_BUDGET]:-<{mdp.MAX_BUDGET}}"]
     for letter, groups, more in _SPLIT_LINE.findall(text):
         pct = [f"{min(99, round(100 * int(g) / n)):02d}" for g in groups.split("/")]
-        lines.append(f"{letter} {'/'.join((pct + ['--'] * 4)[:4])}+{min(99, int(more or 0)):02d}")
+        lines.append(f"{'/'.join((pct + ['--'] * 4)[:4])}+{min(99, int(more or 0)):02d} {letter}")
     return "\n".join(lines + ["Probe?"])
 
 

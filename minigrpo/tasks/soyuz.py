@@ -37,13 +37,18 @@ def load_tasks(path: str = DATA) -> list[dict]:
     return tasks["tasks"] if isinstance(tasks, dict) else tasks
 
 
-def critique(verdict, max_problems: int = 6) -> str:
-    """The user's second message, grounded in the judge's verdict."""
+def critique(verdict, task: dict | None = None, max_problems: int = 6) -> str:
+    """The user's second message, grounded in the judge's verdict: each failed criterion's text and the judge's
+    reason for failing it."""
     if verdict is None or verdict.score is None:
         return "Review your answer against every requirement of the task and give an improved, complete answer."
+    texts = {c["id"]: c["text"] for c in (task or {}).get("criteria", [])}
     failed = [r for r in verdict.results if r.passed is False]
+    problems = "; ".join(f"{texts.get(r.id, r.id)} ({r.reason})" if r.reason else texts.get(r.id, r.id)
+                         for r in failed[:max_problems])
+    if len(failed) > max_problems:
+        problems += f"; and {len(failed) - max_problems} more"
     n = round(10 * verdict.score)
-    problems = "; ".join(f"{r.reason or r.id}" for r in failed[:max_problems])
     if verdict.score < BAD:
         return (f"Your answer scored {n}/10 against the task's checklist. Problems: {problems}. "
                 "Scrap it and rewrite it from scratch, meeting every requirement.")
@@ -80,38 +85,41 @@ class SoyuzTask:
     # -- the two-turn rollout ----------------------------------------------------------------------------------
 
     def rollout(self, generate, tok, examples, seeds, args):
-        """`generate(prompts, seeds, n)` -> per prompt a list of n samples. Returns the Seqs of both turns."""
-        chunks = [list(range(i, min(i + self.chunk, len(examples)))) for i in range(0, len(examples), self.chunk)]
-        waiting = deque()   # chunks whose turn-0 answers are being judged
-        out = []
+        """`generate(prompts, seeds, n)` -> per prompt a list of n samples. Returns the Seqs of both turns, each
+        rollout's turn 0 followed by its turn 1.
 
-        def turn0(idx):
+        The pipeline, chunk by chunk: generate turn 0 of chunk k and hand its answers to the judge's pool; while
+        the judge works, generate turn 0 of chunk k+1; then write chunk k's critiques from its verdicts and
+        generate its revisions, whose verdicts are collected only at the very end."""
+        chunks = [range(i, min(i + self.chunk, len(examples))) for i in range(0, len(examples), self.chunk)]
+        judging, revised = deque(), []
+
+        def answer(idx):     # turn 0 of one chunk; verdicts arrive later
             prompts = [tok.chat(self.messages(examples[i]), enable_thinking=args.enable_thinking) for i in idx]
             groups = generate(prompts, [seeds[i] for i in idx], args.group_size)
-            items = [(i, p, s, self.judge.submit(examples[i], s.text)) for i, p, g in zip(idx, prompts, groups)
-                     for s in g]
-            waiting.append(items)
+            return [(i, p, s, self.judge.submit(examples[i], s.text)) for i, p, g in zip(idx, prompts, groups)
+                    for s in g]
 
-        def turn1(items):
-            convs, first = [], []
-            for i, prompt, s, fut in items:
-                v = fut.result()
-                first.append((i, prompt, s, v))
-                convs.append(self.messages(examples[i]) + [{"role": "assistant", "content": s.text},
-                                                            {"role": "user", "content": critique(v)}])
+        def revise(items):   # turn 1 of one chunk, once its turn-0 verdicts are in
+            firsts = [(i, p, s, fut.result()) for i, p, s, fut in items]
+            convs = [self.messages(examples[i]) + [{"role": "assistant", "content": s.text},
+                                                   {"role": "user", "content": critique(v, examples[i])}]
+                     for i, _, s, v in firsts]
             prompts = [tok.chat(c, enable_thinking=args.enable_thinking) for c in convs]
-            revs = generate(prompts, [seeds[i] + 7919 * (k + 1) for k, (i, *_) in enumerate(first)], 1)
-            futs = [self.judge.submit(examples[i], r[0].text) for (i, *_), r in zip(first, revs)]
-            for (i, prompt0, s0, v0), prompt1, r, fut in zip(first, prompts, revs, futs):
-                v1 = fut.result()
-                out.extend(self._seqs(examples[i], prompt0, s0, v0, prompt1, r[0], v1))
+            # each revision is its own prompt; its seed differs from every turn-0 seed of the step
+            revs = generate(prompts, [seeds[i] * 7919 + k + 1 for k, (i, *_) in enumerate(firsts)], 1)
+            return [(first, p1, r[0], self.judge.submit(examples[first[0]], r[0].text))
+                    for first, p1, r in zip(firsts, prompts, revs)]
 
         for idx in chunks:
-            turn0(idx)
-            while len(waiting) > 1 or (waiting and all(f.done() for *_, f in waiting[0])):
-                turn1(waiting.popleft())
-        while waiting:
-            turn1(waiting.popleft())
+            judging.append(answer(idx))
+            while len(judging) > 1 or (judging and all(f.done() for *_, f in judging[0])):
+                revised += revise(judging.popleft())
+        while judging:
+            revised += revise(judging.popleft())
+        out = []
+        for (i, prompt0, s0, v0), prompt1, s1, fut in revised:
+            out += self._seqs(examples[i], prompt0, s0, v0, prompt1, s1, fut.result())
         return out
 
     def _seqs(self, ex, prompt0, s0, v0, prompt1, s1, v1):
