@@ -16,7 +16,6 @@ its checkpoint, and sampling is seeded by (seed, step, example), so `--resume` a
 uninterrupted run bit for bit on the same machine.
 """
 import argparse
-import json
 import math
 import os
 import random
@@ -30,7 +29,9 @@ import torch
 from minigrpo import grpo
 from minigrpo.lora import adapters_disabled, inject_lora
 from minigrpo.model import Qwen
-from minigrpo.runs import RunFolder, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from minigrpo.dist import all_gather_objects, all_reduce_, assert_replicas_in_sync, init_distributed
+from minigrpo.runs import (RunFolder, epoch_summary, load_checkpoint, mean, rng_state, sample_records,
+                           save_checkpoint, set_rng_state, step_metrics)
 from minigrpo.sampler import sample
 from minigrpo.tasks import TASKS, Seq, get_task
 from minigrpo.tokenizer import Tokenizer
@@ -47,8 +48,9 @@ DEFAULTS = dict(
     beta=0.0, kl="k3", eps_low=0.2, eps_high=0.28, mu=1, agg="token", adv_scale="group",
     temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=256, enable_thinking=False,
     micro_batch=8, seed=0, dtype=None, device=None, grad_checkpoint=False,
-    runs_dir="runs", run_name=None, save_every=50, keep_checkpoints=2, eval_every=0, resume=False,
-    judge="local", judge_workers=8, data=None, mask_truncated=False, quiet=False,
+    runs_dir="runs", run_name=None, save_every=50, keep_checkpoints=2, eval_every=0, eval_limit=64, resume=False,
+    judge="local", judge_workers=8, judge_model=None, judge_max_turns=None, data=None, mask_truncated=False,
+    quiet=False,
 )
 
 # The reference runs' settings (DESIGN.md table, shared/seeds). Where a seed is silent, the README says why each
@@ -86,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--enable-thinking", action="store_true", help="let Qwen3/3.5 think (off by default)")
     p.add_argument("--judge", help="soyuz judge: local | claude | cmd:<command> | http(s)://server/v1")
     p.add_argument("--judge-workers", type=int)
+    p.add_argument("--judge-model", help="model name for the claude / http judge")
+    p.add_argument("--judge-max-turns", type=int, help="claude judge: --max-turns")
     # LoRA (--lora-r 0 = full fine-tune)
     p.add_argument("--lora-r", type=int)
     p.add_argument("--lora-alpha", type=float)
@@ -121,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-name")
     p.add_argument("--save-every", type=int)
     p.add_argument("--keep-checkpoints", type=int)
-    p.add_argument("--eval-every", type=int)
+    p.add_argument("--eval-every", type=int, help="greedy eval on the val split every N steps (0 = never)")
+    p.add_argument("--eval-limit", type=int, help="val examples per eval")
     p.add_argument("--resume", action="store_true", help="continue runs/<run-name> from its latest checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -159,44 +164,6 @@ def pick_dtype(name, device):
     if name:
         return getattr(torch, name)
     return torch.bfloat16 if device.type == "cuda" else torch.float32
-
-
-@dataclass
-class Dist:
-    rank: int = 0
-    world: int = 1
-
-    @property
-    def main(self):
-        return self.rank == 0
-
-
-def init_distributed(device) -> Dist:
-    """torchrun sets WORLD_SIZE; gloo on CPU, NCCL on CUDA."""
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    if world == 1:
-        return Dist()
-    import torch.distributed as dist
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    return Dist(dist.get_rank(), world)
-
-
-def all_reduce_(tensor, dist_info: Dist):
-    if dist_info.world > 1:
-        import torch.distributed as dist
-        dist.all_reduce(tensor)
-    return tensor
-
-
-def all_gather_objects(obj, dist_info: Dist) -> list:
-    if dist_info.world == 1:
-        return [obj]
-    import torch.distributed as dist
-    out = [None] * dist_info.world
-    dist.all_gather_object(out, obj)
-    return out
 
 
 # -----------------------------------------------------------------------------------------------------------------
@@ -422,68 +389,6 @@ def finish_gradients(params, args, dist_info) -> float:
 
 
 # -----------------------------------------------------------------------------------------------------------------
-# Metrics: DESIGN.md's list, one line per step in metrics.jsonl.
-
-def _mean(xs):
-    xs = [x for x in xs if x is not None]
-    return sum(xs) / len(xs) if xs else None
-
-
-def _std(xs):
-    xs = [x for x in xs if x is not None]
-    m = _mean(xs)
-    return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs)) if xs else None
-
-
-def step_metrics(step, epoch, seqs, adv_stats, loss_stats, grad_norm, lr, t_sample, t_train, extra):
-    """Summarise one step. `seqs` are every rank's Seqs (gathered); loss_stats this rank's micro-batch stats."""
-    tokens = sum(len(s.completion_ids) for s in seqs)
-    w = [st["tokens"] for st in loss_stats] or [1.0]
-    wmean = lambda key: sum(st.get(key, 0.0) * n for st, n in zip(loss_stats, w)) / max(sum(w), 1.0)
-    m = {
-        "step": step, "epoch": epoch,
-        "reward_mean": _mean([s.score for s in seqs if s.turn == max(x.turn for x in seqs)]),
-        "reward_std": _std([s.score for s in seqs]),
-        "shaped_reward_mean": _mean([s.reward for s in seqs]),
-        "shaped_reward_std": _std([s.reward for s in seqs]),
-        "loss": wmean("loss"), "pg": wmean("pg"), "kl": wmean("kl"), "entropy": wmean("entropy"),
-        "clip_low": wmean("clip_low"), "clip_high": wmean("clip_high"), "ratio_mean": wmean("ratio_mean"),
-        "sampler_logp_diff": wmean("sampler_logp_diff"),
-        "grad_norm": grad_norm, "lr": lr,
-        "completion_len": tokens / max(len(seqs), 1),
-        "truncated": sum(s.finish == "length" for s in seqs) / max(len(seqs), 1),
-        "zero_spread": adv_stats.get("zero_spread_frac", adv_stats.get("zero_spread", 0)),
-        "failed_scores": sum(s.score is None for s in seqs),
-        "sampler_tok_s": tokens / max(t_sample, 1e-9),
-        "trainer_tok_s": tokens * 1.0 / max(t_train, 1e-9),
-    }
-    for turn in sorted({s.turn for s in seqs}):
-        m[f"score_turn{turn}"] = _mean([s.score for s in seqs if s.turn == turn])
-    m.update(extra)
-    return m
-
-
-def sample_records(step, seqs, tok):
-    return [{"step": step, "example": s.example_id, "turn": s.turn, "prompt": tok.decode(s.prompt_ids),
-             "completion": s.text, "finish": s.finish, "score": s.score, "reward": s.reward,
-             "advantage": s.advantage, **({"info": s.info} if s.info else {})} for s in seqs]
-
-
-def epoch_summary(metrics_path) -> str:
-    """A small table: mean reward per epoch, first vs last."""
-    rows = {}
-    with open(metrics_path) as f:
-        for ln in f:
-            m = json.loads(ln)
-            if m.get("reward_mean") is not None:
-                rows.setdefault(m["epoch"], []).append(m["reward_mean"])
-    lines = ["| epoch | steps | reward (mean) | first step | last step |", "|---|---|---|---|---|"]
-    for e, rs in sorted(rows.items()):
-        lines.append(f"| {e} | {len(rs)} | {sum(rs) / len(rs):.3f} | {rs[0]:.3f} | {rs[-1]:.3f} |")
-    return "\n".join(lines)
-
-
-# -----------------------------------------------------------------------------------------------------------------
 # The loop.
 
 def rollout(model, tok, task, args, examples, step, index):
@@ -493,6 +398,15 @@ def rollout(model, tok, task, args, examples, step, index):
         return task.rollout(lambda prompts, ss, n: generate(model, tok, args, prompts, ss, n, task.stop_strings),
                             tok, examples, seeds, args)
     return rollout_single_turn(model, tok, task, args, examples, seeds)
+
+
+def validate(model, tok, task, args, step) -> dict:
+    """Greedy, one sample per val example: the mean raw score of the final turn, logged as val_reward."""
+    examples = task.examples("val")[:args.eval_limit]
+    greedy = argparse.Namespace(**{**vars(args), "group_size": 1, "temperature": 0.0})
+    seqs = rollout(model, tok, task, greedy, examples, step, list(range(len(examples))))
+    final = max(s.turn for s in seqs)
+    return {"val_reward": mean([s.score for s in seqs if s.turn == final]), "val_examples": len(examples)}
 
 
 def trainer_state(step, data, opt, sched, nonfinite):
@@ -560,6 +474,8 @@ def train(args, policy=None, task=None) -> dict:
         extra = task.step_metrics(everyone) if hasattr(task, "step_metrics") else {}
         m = step_metrics(step, data.epoch, everyone, adv_stats, loss_stats, grad_norm, sched.get_last_lr()[0],
                          t_sample, t_train, extra)
+        if args.eval_every and step % args.eval_every == 0 and dist_info.main:
+            m.update(validate(model, tok, task, args, step))
         first_reward = m["reward_mean"] if first_reward is None else first_reward
         last_reward = m["reward_mean"]
         if dist_info.main:
@@ -581,16 +497,6 @@ def train(args, policy=None, task=None) -> dict:
     return {"run": run.path, "first_reward": first_reward, "last_reward": last_reward, "model": model}
 
 
-def assert_replicas_in_sync(params, dist_info):
-    """Every rank must hold the same trainable weights (same gradients, same optimizer): check a checksum."""
-    if dist_info.world == 1:
-        return
-    total = sum(float(p.detach().double().sum()) for p in params)
-    sums = all_gather_objects(total, dist_info)
-    if any(s != sums[0] for s in sums):
-        raise RuntimeError(f"ranks' weights diverged (checksums {sums}); this is a bug in gradient all-reduce")
-
-
 def _fmt(x):
     return "n/a" if x is None else f"{x:.3f}"
 
@@ -602,6 +508,10 @@ def task_options(args) -> dict:
     if args.task == "soyuz":
         opts.update(judge=args.judge, workers=args.judge_workers,
                     cache_path=os.path.join(args.runs_dir, args.run_name, "judge_cache.sqlite"))
+        if args.judge_model:
+            opts["model"] = args.judge_model
+        if args.judge_max_turns:
+            opts["max_turns"] = args.judge_max_turns
     return opts
 
 

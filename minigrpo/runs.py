@@ -11,6 +11,7 @@ exists complete or not at all. The append-only logs are cut back to the checkpoi
 resumed run's logs equal an uninterrupted run's.
 """
 import json
+import math
 import os
 import random
 import shutil
@@ -96,6 +97,69 @@ def _jsonable(x):
     if isinstance(x, (np.floating, np.integer)):
         return x.item()
     return str(x)
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# What one step logs: DESIGN.md's list, one line per step in metrics.jsonl
+
+
+def mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def std(xs):
+    xs = [x for x in xs if x is not None]
+    m = mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs)) if xs else None
+
+
+def step_metrics(step, epoch, seqs, adv_stats, loss_stats, grad_norm, lr, t_sample, t_train, extra):
+    """Summarise one step. `seqs` are every rank's Seqs (gathered); loss_stats this rank's micro-batch stats."""
+    tokens = sum(len(s.completion_ids) for s in seqs)
+    w = [st["tokens"] for st in loss_stats] or [1.0]
+    wmean = lambda key: sum(st.get(key, 0.0) * n for st, n in zip(loss_stats, w)) / max(sum(w), 1.0)
+    m = {
+        "step": step, "epoch": epoch,
+        "reward_mean": mean([s.score for s in seqs if s.turn == max(x.turn for x in seqs)]),
+        "reward_std": std([s.score for s in seqs]),
+        "shaped_reward_mean": mean([s.reward for s in seqs]),
+        "shaped_reward_std": std([s.reward for s in seqs]),
+        "loss": wmean("loss"), "pg": wmean("pg"), "kl": wmean("kl"), "entropy": wmean("entropy"),
+        "clip_low": wmean("clip_low"), "clip_high": wmean("clip_high"), "ratio_mean": wmean("ratio_mean"),
+        "sampler_logp_diff": wmean("sampler_logp_diff"),
+        "grad_norm": grad_norm, "lr": lr,
+        "completion_len": tokens / max(len(seqs), 1),
+        "truncated": sum(s.finish == "length" for s in seqs) / max(len(seqs), 1),
+        "zero_spread": adv_stats.get("zero_spread_frac", adv_stats.get("zero_spread", 0)),
+        "failed_scores": sum(s.score is None for s in seqs),
+        "sampler_tok_s": tokens / max(t_sample, 1e-9),
+        "trainer_tok_s": tokens * 1.0 / max(t_train, 1e-9),
+    }
+    for turn in sorted({s.turn for s in seqs}):
+        m[f"score_turn{turn}"] = mean([s.score for s in seqs if s.turn == turn])
+    m.update(extra)
+    return m
+
+
+def sample_records(step, seqs, tok):
+    return [{"step": step, "example": s.example_id, "turn": s.turn, "prompt": tok.decode(s.prompt_ids),
+             "completion": s.text, "finish": s.finish, "score": s.score, "reward": s.reward,
+             "advantage": s.advantage, **({"info": s.info} if s.info else {})} for s in seqs]
+
+
+def epoch_summary(metrics_path) -> str:
+    """A small table: mean reward per epoch, first vs last."""
+    rows = {}
+    with open(metrics_path) as f:
+        for ln in f:
+            m = json.loads(ln)
+            if m.get("reward_mean") is not None:
+                rows.setdefault(m["epoch"], []).append(m["reward_mean"])
+    lines = ["| epoch | steps | reward (mean) | first step | last step |", "|---|---|---|---|---|"]
+    for e, rs in sorted(rows.items()):
+        lines.append(f"| {e} | {len(rs)} | {sum(rs) / len(rs):.3f} | {rs[0]:.3f} | {rs[-1]:.3f} |")
+    return "\n".join(lines)
 
 
 # -----------------------------------------------------------------------------------------------------------------

@@ -140,19 +140,21 @@ def answer_ids(tok, letter: str) -> list:
     return tok.encode(letter) + [tok.im_end_id]
 
 
-def pad_batch(pairs, pad_id, device):
-    """[(prompt, answer)] -> ids (B, T) left-padded, attention mask (None when nothing is padded: the compact
-    prompts all have one length, and an unmasked forward takes the fast causal path), and the answer mask
-    (B, K) over the last K = longest answer positions, right-aligned."""
+def pad_batch(pairs, pad_id, device, every_token=False):
+    """[(prompt, answer)] -> ids (B, T) left-padded; the attention mask (None when nothing is padded: the compact
+    prompts all have one length, and an unmasked forward takes the fast causal path); the loss mask (B, K) over
+    the last K positions, column k scoring ids[:, T-K+k], right-aligned: the answer tokens, or with every_token
+    all real tokens but each row's first (next-token prediction on the whole sequence)."""
     lens = [len(p) + len(a) for p, a in pairs]
-    T, K = max(lens), max(len(a) for _, a in pairs)
+    T = max(lens)
+    trained = torch.tensor([n - 1 if every_token else len(a) for (_, a), n in zip(pairs, lens)])[:, None]
+    K = T - 1 if every_token else int(trained.max())
     ids = torch.full((len(pairs), T), pad_id, dtype=torch.long)
     attn = torch.zeros((len(pairs), T), dtype=torch.long)
     for i, ((p, a), n) in enumerate(zip(pairs, lens)):
         ids[i, T - n:] = torch.tensor(p + a)
         attn[i, T - n:] = 1
-    n_ans = torch.tensor([len(a) for _, a in pairs])[:, None]
-    mask = torch.arange(K)[None, :] >= K - n_ans                      # (B, K)
+    mask = torch.arange(K)[None, :] >= K - trained                     # (B, K)
     attn = None if min(lens) == T else attn.to(device)
     return ids.to(device), attn, mask.to(device)
 
@@ -195,19 +197,21 @@ def log(stage: str, step: int, steps: int, stats: dict, quiet: bool):
 # -----------------------------------------------------------------------------------------------------------------
 # Stages
 
-def supervised(model, tok, params, items, steps, lr, cfg, seed, stage, quiet):
-    """Cross-entropy on the answer tokens of `items` [(prompt ids, answer ids)]; the token mean is taken over the
-    whole optimizer step (all micro-batches), so grad-accum does not reweight."""
+def supervised(model, tok, params, items, steps, lr, cfg, seed, stage, quiet, every_token=False):
+    """Cross-entropy on the answer tokens of `items` [(prompt ids, answer ids)] (every_token: on every token, as
+    in pretraining); the token mean is taken over the whole optimizer step (all micro-batches), so grad-accum
+    does not reweight."""
     opt, sched = optimizer(params, lr, steps, cfg.warmup)
     device = model.device
     model.train()
     for step, idx in enumerate(batches(len(items), cfg.batch * cfg.grad_accum, steps, seed), 1):
         micro = [idx[i:i + cfg.batch] for i in range(0, len(idx), cfg.batch)]
-        n_tok = sum(len(items[i][1]) for i in idx)
+        n_tok = sum(len(items[i][0]) + len(items[i][1]) - 1 if every_token else len(items[i][1]) for i in idx)
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for mb in micro:
-            loss = -answer_logprobs(model, tok, pad_batch([items[i] for i in mb], tok.pad_id, device)).sum() / n_tok
+            batch = pad_batch([items[i] for i in mb], tok.pad_id, device, every_token)
+            loss = -answer_logprobs(model, tok, batch).sum() / n_tok
             loss.backward()
             total += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -351,7 +355,7 @@ def run_pipeline(args, cfg: PipelineConfig | None = None) -> dict:
     model, tok = build_model(args, cfg, device, dtype)
     if cfg.scratch is not None:
         supervised(model, tok, list(model.parameters()), format_items(tok, task, args.seed), cfg.base_steps,
-                   cfg.sft_lr, cfg, args.seed + 1, "format", args.quiet)
+                   cfg.sft_lr, cfg, args.seed + 1, "pretrain", args.quiet, every_token=True)
     evaluate_model(model, tok, task, cfg, "base", results, invalid)
     clock.lap("base")
 

@@ -65,11 +65,12 @@ class SoyuzTask:
     stop_strings: list[str] = []
 
     def __init__(self, data: str | None = None, judge: str = "local", workers: int = 8, cache_path=None,
-                 coef: float = 0.5, chunk: int = 1, judge_obj=None):
+                 coef: float = 0.5, chunk: int = 1, judge_obj=None, **judge_opts):
         self.tasks = load_tasks(data or DATA)
         self.coef = coef
         self.chunk = chunk        # tasks per sampler call: small chunks let judging overlap generation
-        self.judge = judge_obj or make_judge(judge, workers=workers, cache_path=cache_path)
+        self.judge = judge_obj or make_judge(judge, workers=workers, cache_path=cache_path,
+                                                **judge_opts)
 
     def examples(self, split: str) -> list[dict]:
         # The seed trains and reports on the same 44 tasks (its numbers are "on the trained distribution").
