@@ -292,7 +292,18 @@ def assign_advantages(seqs, args):
 # The loss, over micro-batches. The normaliser is computed once for the whole optimizer step (all micro-batches, all
 # ranks), so the gradient does not depend on how the step is cut into micro-batches.
 
-def collate(seqs, pad_id, device, mask_truncated=False):
+@dataclass
+class Batch:
+    """One micro-batch, left-padded; every (B, T-1) tensor is aligned as grpo.token_logprobs is."""
+    ids: torch.Tensor          # (B, T) prompt + completion
+    attn: torch.Tensor         # (B, T) 1 = real token
+    mask: torch.Tensor         # (B, T-1) 1 = a completion token to train
+    adv: torch.Tensor          # (B,) advantage of each sequence
+    sampled: torch.Tensor      # (B, T-1) the sampler's log-probs of the completion tokens
+    start: int                 # first column any completion occupies: logits are needed only from there
+
+
+def collate(seqs, pad_id, device, mask_truncated=False) -> Batch:
     """Left-pad prompt+completion; the loss mask covers exactly each completion's positions (mask by position,
     never by token id: the EOS a model emitted is trained even when it equals the pad id)."""
     lens = [len(s.prompt_ids) + len(s.completion_ids) for s in seqs]
@@ -300,40 +311,41 @@ def collate(seqs, pad_id, device, mask_truncated=False):
     ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
     attn = torch.zeros((len(seqs), T), dtype=torch.long)
     loss_mask = torch.zeros((len(seqs), T - 1))
-    sampler_logp = torch.zeros((len(seqs), T - 1))
+    sampled = torch.zeros((len(seqs), T - 1))
     for i, (s, L) in enumerate(zip(seqs, lens)):
         c = len(s.completion_ids)
         ids[i, T - L:] = torch.tensor(s.prompt_ids + s.completion_ids)
         attn[i, T - L:] = 1
         if c and not (mask_truncated and s.finish == "length"):
             loss_mask[i, T - 1 - c:] = 1          # column t predicts ids[t + 1]
-        sampler_logp[i, T - 1 - c:] = torch.tensor(s.sampler_logps, dtype=torch.float32) if c else 0.0
+        if c:
+            sampled[i, T - 1 - c:] = torch.tensor(s.sampler_logps, dtype=torch.float32)
     adv = torch.tensor([s.advantage for s in seqs], dtype=torch.float32)
-    to = lambda t: t.to(device)
-    return to(ids), to(attn), to(loss_mask), to(adv), to(sampler_logp)
+    start = T - 1 - max(len(s.completion_ids) for s in seqs)
+    return Batch(ids.to(device), attn.to(device), loss_mask.to(device), adv.to(device), sampled.to(device), start)
 
 
 def step_normalizer(batches, args, dist_info) -> float:
     """The loss denominator of the whole optimizer step: over every micro-batch of every rank."""
-    local = grpo.loss_normalizer([mask for _, _, mask, *_ in batches], args.agg, max_tokens=args.max_new_tokens)
+    local = grpo.loss_normalizer([b.mask for b in batches], args.agg, max_tokens=args.max_new_tokens)
     return float(all_reduce_(torch.tensor([local], dtype=torch.float64), dist_info))
 
 
-def log_probs(model, ids, attn, args, vocab_size, entropy=False):
+def log_probs(model, b: Batch, args, vocab_size, entropy=False):
     """The trainer's log-probs: logits / T with the sampler's T, ids past the tokenizer's vocabulary masked, as
-    the sampler does, so that the two agree (PITFALLS 5, 6, 9)."""
-    return grpo.token_logprobs(model, ids, attn, temperature=args.temperature, return_entropy=entropy,
-                               vocab_size=vocab_size)
+    the sampler does, so that the two agree (PITFALLS 5, 6, 9); the lm_head runs only over completion columns."""
+    return grpo.token_logprobs(model, b.ids, b.attn, temperature=args.temperature, return_entropy=entropy,
+                               vocab_size=vocab_size, start=b.start)
 
 
-def reference_logprobs(model, reference, ids, attn, args, vocab_size):
+def reference_logprobs(model, reference, b: Batch, args, vocab_size):
     if args.beta == 0:
         return None
     with torch.no_grad():
         if reference is not None:
-            return log_probs(reference, ids, attn, args, vocab_size)
+            return log_probs(reference, b, args, vocab_size)
         with adapters_disabled(model):
-            return log_probs(model, ids, attn, args, vocab_size)
+            return log_probs(model, b, args, vocab_size)
 
 
 def micro_batches(seqs, size):
@@ -348,22 +360,23 @@ def policy_update(model, reference, params, opt, sched, seqs, args, dist_info, t
     norm = step_normalizer(batches, args, dist_info)
     model.eval()  # the fixed log-probs of this step: reference, and the behaviour policy when μ > 1
     with torch.no_grad():
-        refs = [reference_logprobs(model, reference, ids, attn, args, V) for ids, attn, *_ in batches]
-        olds = [log_probs(model, ids, attn, args, V) if args.mu > 1 else None for ids, attn, *_ in batches]
+        refs = [reference_logprobs(model, reference, b, args, V) for b in batches]
+        olds = [log_probs(model, b, args, V) if args.mu > 1 else None for b in batches]
     stats, grad_norm = [], 0.0
     for _ in range(args.mu):
         model.train()
         opt.zero_grad(set_to_none=True)
-        for (ids, attn, mask, adv, sampled), ref, old in zip(batches, refs, olds):
-            logp, ent = log_probs(model, ids, attn, args, V, entropy=True)
-            loss, st = grpo.policy_loss(logp, old, adv, mask, eps_low=args.eps_low, eps_high=args.eps_high,
+        for b, ref, old in zip(batches, refs, olds):
+            logp, ent = log_probs(model, b, args, V, entropy=True)
+            loss, st = grpo.policy_loss(logp, old, b.adv, b.mask, eps_low=args.eps_low, eps_high=args.eps_high,
                                         agg=args.agg, normalizer=norm, ref_logp=ref, beta=args.beta,
                                         kl_kind=args.kl, max_tokens=args.max_new_tokens)
             loss.backward()
+            mask = b.mask.bool()
             st = {k: float(v) for k, v in st.items()}
             st["loss"] = float(loss.detach())
-            st["entropy"] = float(grpo.masked_mean(ent.detach(), mask.bool()))
-            st["sampler_logp_diff"] = float(grpo.masked_mean((logp.detach() - sampled).abs(), mask.bool()))
+            st["entropy"] = float(grpo.masked_mean(ent.detach(), mask))
+            st["sampler_logp_diff"] = float(grpo.masked_mean((logp.detach() - b.sampled).abs(), mask))
             stats.append(st)
         grad_norm = finish_gradients(params, args, dist_info)
         if not math.isfinite(grad_norm):

@@ -160,21 +160,25 @@ def _fp32(x):
 
 
 def _chunk_logprobs(model, h, targets, temperature, vocab_size, with_entropy):
-    """Log-prob of targets (and entropy) for one chunk of positions; the fp32 (B, c, V) lives only in here."""
-    logits = _fp32(model.logits(h)) / temperature  # (B, c, V) fp32 at least: softmax needs it (PITFALLS 8)
+    """Log-prob of targets (and entropy) for one chunk of positions; the fp32 (B, c, V) lives only in here.
+    Written to keep one (B, c, V) buffer alive at a time: the logits are scaled and masked in place, and without
+    entropy the log-prob is gather - logsumexp, so no separate log-softmax tensor is stored for backward."""
+    logits = _fp32(model.logits(h))  # (B, c, V) fp32 at least: softmax needs it (PITFALLS 8); lm_head's own output
+    if temperature != 1.0:
+        logits = logits.div_(temperature)  # in place: a fresh tensor whose value no backward formula needs
     if vocab_size is not None and vocab_size < logits.size(-1):
         logits[..., vocab_size:] = float("-inf")  # embedding padding rows are never sampled (PITFALLS 9)
+    if not with_entropy:
+        return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (B, c)
     logp_all = torch.log_softmax(logits, dim=-1)  # (B, c, V)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, c)
-    if not with_entropy:
-        return logp
     p = logp_all.exp()
     ent = -(p * logp_all.masked_fill(p == 0, 0.0)).sum(-1)  # (B, c); 0 * -inf terms are 0
     return logp, ent
 
 
 def token_logprobs(model, input_ids, attention_mask=None, temperature=1.0, chunk=1024, return_entropy=False,
-                   vocab_size=None):
+                   vocab_size=None, start=0):
     """
     log p(ids[:, t+1] | ids[:, :t+1]) under softmax(logits / temperature), fp32, shape (B, T-1), aligned with
     ids[:, 1:] (column t scores the token at position t+1). With return_entropy, also the entropy (B, T-1) of each
@@ -182,23 +186,27 @@ def token_logprobs(model, input_ids, attention_mask=None, temperature=1.0, chunk
     from it. chunk: logit rows (batch x positions) materialised at once; chunk=None computes the full (B, T, V) in
     one go (the naive path). Gradients flow to the model; under autograd each chunk is checkpointed, so backward
     recomputes its logits instead of keeping (B, T, V) fp32 activations alive.
+    start: the first column whose log-prob is needed (the trainer passes the first completion column, like TRL's
+    logits_to_keep): the lm_head and the softmax run only from there; earlier columns are 0 (mask them out).
     """
     B, T = input_ids.shape
-    h = model.hidden(input_ids, attention_mask=attention_mask)[:, :-1]  # (B, T-1, H); the last position predicts nothing
-    targets = input_ids[:, 1:]  # (B, T-1)
-    step = T - 1 if chunk is None else max(1, chunk // B)  # positions per chunk
+    h = model.hidden(input_ids, attention_mask=attention_mask)[:, start:-1]  # (B, T-1-start, H)
+    targets = input_ids[:, start + 1:]  # (B, T-1-start)
+    n = T - 1 - start
+    step = max(n, 1) if chunk is None else max(1, chunk // B)  # positions per chunk
     use_ckpt = torch.is_grad_enabled() and chunk is not None  # a no-op when nothing requires grad
     outs = []
-    for s in range(0, T - 1, step):
+    for s in range(0, n, step):
         args = (model, h[:, s:s + step], targets[:, s:s + step], temperature, vocab_size, return_entropy)
         if use_ckpt:
             # no RNG inside a chunk, so no RNG state to save; the first call imports torch._dynamo (a few seconds)
             outs.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False, preserve_rng_state=False))
         else:
             outs.append(_chunk_logprobs(*args))
+    pad = torch.zeros(B, start, dtype=torch.promote_types(h.dtype, torch.float32), device=h.device)
     if not return_entropy:
-        return torch.cat(outs, dim=1)  # (B, T-1)
-    return torch.cat([o[0] for o in outs], dim=1), torch.cat([o[1] for o in outs], dim=1)
+        return torch.cat([pad] + outs, dim=1)  # (B, T-1)
+    return torch.cat([pad] + [o[0] for o in outs], dim=1), torch.cat([pad] + [o[1] for o in outs], dim=1)
 
 
 def entropy(logits, temperature=1.0):

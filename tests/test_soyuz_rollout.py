@@ -103,7 +103,8 @@ def test_rollout_rewards_advantages_masks_and_critique():
         got = [s.advantage for s in seqs if s.turn == turn]
         assert got == pytest.approx([(x - m) / (sd + 1e-6) for x in r], abs=1e-6)
     # loss masks: exactly each turn's own tokens; the prompt (with the earlier turn and the critique) is never trained
-    ids, attn, mask, adv, _ = train.collate(seqs, tok.pad_id, "cpu")
+    b = train.collate(seqs, tok.pad_id, "cpu")
+    ids, mask, adv = b.ids, b.mask, b.adv
     for row, s in enumerate(seqs):
         c, T = len(s.completion_ids), ids.shape[1]
         assert mask[row].sum() == c
