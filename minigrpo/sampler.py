@@ -11,8 +11,8 @@ How a call runs:
 
 What a Sample holds:
 - completion_ids: the generated tokens. An emitted EOS (any of stop_ids) stays in: it is an action and is trained.
-  A stop string keeps every token up to and including the one that completed it (so the text may run a few
-  characters past the stop string when that token is longer); nothing after it.
+  A stop string keeps every token up to and including the one that completed it; nothing after it. When that
+  token runs past the stop string, `text` still ends with the stop string (rewards read the text).
 - logprobs: per completion token, log p(token) under the *untruncated* sampling distribution at temperature T,
   log_softmax(logits / T) in fp32 with logits of ids >= vocab_size removed. That is BEFORE top-k / top-p
   truncation, exactly what grpo.token_logprobs(model, ids, mask, temperature=T, vocab_size=...) recomputes
@@ -189,6 +189,12 @@ class StopScanner:
         return (end, reason) if reason else None
 
 
+def cut_after_stop(text, stop_strings):
+    """The text up to the end of the first stop string in it (the token that completed it may run further)."""
+    ends = [text.find(s) + len(s) for s in stop_strings if s in text]
+    return text[:min(ends)] if ends else text
+
+
 # ------------------------------------------------------------------------------------------------ the sampler
 
 @torch.no_grad()
@@ -275,5 +281,7 @@ def sample(model, prompts, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=
         text = None
         if tokenizer is not None:
             text = tokenizer.decode(ids[:-1] if reason == "eos" else ids)
+            if reason == "stop":
+                text = cut_after_stop(text, stop_strings)
         results.append(Sample(r // n, ids, logprobs[r, :length].tolist(), reason, text))
     return results

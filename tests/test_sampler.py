@@ -6,7 +6,7 @@ import torch
 
 from minigrpo import grpo
 from minigrpo.model import Qwen, QwenConfig
-from minigrpo.sampler import sample
+from minigrpo.sampler import cut_after_stop, sample
 from minigrpo.tokenizer import Tokenizer
 
 KINDS = ["tiny", "tiny-qwen3.5"]
@@ -108,6 +108,9 @@ def test_stop_ids_and_strings_end_only_their_row(kind):
             assert torch.allclose(torch.tensor(s.logprobs), torch.tensor(f.logprobs[:length]), atol=1e-5, rtol=0)
             if reason == "eos":
                 assert s.completion_ids[-1] == stop_id and s.text == tok.decode(s.completion_ids[:-1])
+            elif reason == "stop":   # the text ends at the stop string even if its last token ran further
+                assert s.text == cut_after_stop(tok.decode(s.completion_ids), [stop_string])
+                assert s.text.endswith(stop_string)
             else:
                 assert s.text == tok.decode(s.completion_ids)
         reasons = {s.finish_reason for s in out}
