@@ -56,7 +56,7 @@ DEFAULTS = dict(
 # The reference runs' settings (DESIGN.md table, shared/seeds). Where a seed is silent, the README says why each
 # value was chosen.
 PRESETS = {
-    "synthetic": dict(model="tiny", lora_r=0, group_size=8, tasks_per_step=8, steps=100, lr=5e-3, warmup=2,
+    "synthetic": dict(model="tiny", lora_r=0, group_size=8, tasks_per_step=8, steps=120, lr=5e-3, warmup=2,
                       schedule="constant", max_new_tokens=8, temperature=1.0, micro_batch=64, save_every=20),
     "soyuz": dict(model="Qwen/Qwen3.5-4B", lora_r=32, lora_alpha=32, group_size=6, tasks_per_step=4, epochs=2,
                   lr=1e-5, warmup=2, beta=0.04, max_new_tokens=1024, temperature=1.0, micro_batch=4,
@@ -463,6 +463,7 @@ def train(args, policy=None, task=None) -> dict:
     bar = progress_bar(n_steps, step, args, dist_info)
     first_reward, last_reward = None, None
     while step < n_steps:
+        epoch = data.epoch                                     # the epoch this step's examples come from
         examples = next_examples(train_set, args.tasks_per_step, data, args.seed)
         index = list(range(dist_info.rank, len(examples), dist_info.world))   # this rank's share of the tasks
         t0 = time.perf_counter()
@@ -485,7 +486,7 @@ def train(args, policy=None, task=None) -> dict:
             raise SystemExit(f"stopping: 3 non-finite steps in a row; the last good checkpoint in {run.ckpt_dir} "
                              "is intact (lower --lr or check the data)")
         extra = task.step_metrics(everyone) if hasattr(task, "step_metrics") else {}
-        m = step_metrics(step, data.epoch, everyone, adv_stats, loss_stats, grad_norm, sched.get_last_lr()[0],
+        m = step_metrics(step, epoch, everyone, adv_stats, loss_stats, grad_norm, sched.get_last_lr()[0],
                          t_sample, t_train, extra)
         if args.eval_every and step % args.eval_every == 0 and dist_info.main:
             m.update(validate(model, tok, task, args, step))

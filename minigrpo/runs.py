@@ -148,17 +148,23 @@ def sample_records(step, seqs, tok):
              "advantage": s.advantage, **({"info": s.info} if s.info else {})} for s in seqs]
 
 
-def epoch_summary(metrics_path) -> str:
-    """A small table: mean reward per epoch, first vs last."""
-    rows = {}
+def epoch_summary(metrics_path, max_rows: int = 10) -> str:
+    """Mean reward per epoch (first and last step of each too); runs of many short epochs are merged into at most
+    `max_rows` contiguous blocks."""
+    epochs = {}
     with open(metrics_path) as f:
         for ln in f:
             m = json.loads(ln)
             if m.get("reward_mean") is not None:
-                rows.setdefault(m["epoch"], []).append(m["reward_mean"])
+                epochs.setdefault(m["epoch"], []).append(m["reward_mean"])
+    keys = sorted(epochs)
+    size = max(1, math.ceil(len(keys) / max_rows))
     lines = ["| epoch | steps | reward (mean) | first step | last step |", "|---|---|---|---|---|"]
-    for e, rs in sorted(rows.items()):
-        lines.append(f"| {e} | {len(rs)} | {sum(rs) / len(rs):.3f} | {rs[0]:.3f} | {rs[-1]:.3f} |")
+    for i in range(0, len(keys), size):
+        block = keys[i:i + size]
+        rs = [r for k in block for r in epochs[k]]
+        label = f"{block[0]}" if len(block) == 1 else f"{block[0]}-{block[-1]}"
+        lines.append(f"| {label} | {len(rs)} | {sum(rs) / len(rs):.3f} | {rs[0]:.3f} | {rs[-1]:.3f} |")
     return "\n".join(lines)
 
 

@@ -4,6 +4,10 @@ The prompt names a character; the reward is the share of the first `length` comp
 it. A random byte-level model almost never writes it (1 chance in ~260 per byte), so the reward starts near 0;
 GRPO only has to raise the probability of one byte after the chat template's `assistant\\n`, which is the
 smallest real credit-assignment problem there is. It proves the loop learns, not that the model reasons.
+
+The train split holds each letter once, so a step of 8 tasks sees all eight: the pushes every group gives to "its"
+letter's unconditional probability cancel out, and what is left to learn is reading the prompt. With a random
+draw of letters per step one letter wins early and the policy collapses to it (mean reward stuck near 1/8).
 """
 import string
 
@@ -15,9 +19,9 @@ class RepeatCharTask:
     turns = 1
     stop_strings: list[str] = []
 
-    def __init__(self, length: int = 8, copies: int = 16):
+    def __init__(self, length: int = 8, copies: int = 1):
         self.length = length      # how many completion characters are scored
-        self.copies = copies      # examples per character per split (they differ only in id)
+        self.copies = copies      # examples per letter per split (they differ only in id)
 
     def examples(self, split: str) -> list[dict]:
         if split not in ("train", "val", "eval"):
