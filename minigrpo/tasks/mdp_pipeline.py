@@ -75,8 +75,8 @@ class PipelineConfig:
 
 # The quickstart model: QwenConfig.tiny's layout (Qwen3, byte vocabulary, tied embeddings) at twice the width.
 # At hidden 64 the model learns the format but reads the split columns far more slowly.
-TINY_MDP = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=32)
+TINY_MDP = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, rope_theta=10000.0)
 
 PIPELINES = {
     "tiny": PipelineConfig(prompt="compact", scratch=TINY_MDP, train_per_cell=80, eval_per_cell=16,
@@ -96,14 +96,17 @@ def pipeline_config(model: str) -> PipelineConfig:
 # Models
 
 def scratch_model(overrides: dict, seed: int, device, dtype) -> Qwen:
-    """A from-scratch Qwen3 for the byte tokenizer: QwenConfig.tiny with `overrides`, normal(0, 0.02) weights."""
+    """A from-scratch Qwen3 for the byte tokenizer: QwenConfig.tiny with `overrides`. Every matrix starts at
+    normal(0, 1/fan_in): at width 64 HF's normal(0, 0.02) shrinks each layer's output ~6x, the attention
+    branches start near silent, and the model sits at the letter marginal for thousands of steps before it finds
+    the read-the-column circuit (measured: stuck at 3000 steps, vs learnt by ~1300 with this init)."""
     raw = {**QwenConfig.tiny("tiny").raw, **overrides}
     model = Qwen(QwenConfig.from_dict(raw, source="mdp_pipeline.TINY_MDP"))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for p in model.parameters():  # norms stay at 1
+        for p in model.parameters():  # norms stay at 1; the tied embedding (V, H) gets std 1/sqrt(H)
             if p.ndim == 2:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5)
     return model.to(device=device, dtype=torch.float32 if dtype is None else dtype)
 
 
