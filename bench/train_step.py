@@ -119,7 +119,8 @@ def build_ours(folder, args, dtype):
     loss_mask[:, P - 1:] = comp_mask  # column t scores ids[:, t+1]: the completion starts at column P-1
 
     def logprobs():
-        return grpo.token_logprobs(model, ids, attn, temperature=args.temperature, vocab_size=args.vocab_size)
+        return grpo.token_logprobs(model, ids, attn, temperature=args.temperature, vocab_size=args.vocab_size,
+                                   start=P - 1)  # as train.py: logits only from the first completion column
 
     def step(timer):
         model.eval()

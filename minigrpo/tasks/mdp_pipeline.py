@@ -80,8 +80,8 @@ TINY_MDP = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_
 
 PIPELINES = {
     "tiny": PipelineConfig(prompt="compact", scratch=TINY_MDP, train_per_cell=80, eval_per_cell=16,
-                           base_steps=40, sft_steps=300, sft_lr=3e-3, sft_lora=False, batch=32, grad_accum=1,
-                           dpo_steps=60, dpo_lr=1e-3, dpo_beta=0.1, lora_r=16, lora_alpha=32,
+                           base_steps=200, sft_steps=3000, sft_lr=3e-3, sft_lora=False, batch=8, grad_accum=1,
+                           dpo_steps=100, dpo_lr=1e-3, dpo_beta=0.1, lora_r=16, lora_alpha=32,
                            grpo_steps=30, grpo_lr=1e-3, group_size=8, grpo_tasks=8, max_new_tokens=2),
     "Qwen/Qwen3.5-4B": PipelineConfig(),
 }
