@@ -278,7 +278,8 @@ def rollout_single_turn(model, tok, task, args, examples, seeds) -> list:
 
 def assign_advantages(seqs, args):
     """Group-relative advantages per (example, turn) group, on each Seq's reward. Zero spread is judged on the raw
-    score, so shaping alone never creates a gradient inside a group whose answers all scored the same."""
+    score, so shaping alone never creates a gradient inside a group whose answers all scored the same. An example
+    drawn twice in one step (across an epoch boundary) forms one larger group: same prompt, same baseline."""
     keys = [(s.example_id, s.turn) for s in seqs]
     ids = {k: i for i, k in enumerate(dict.fromkeys(keys))}
     adv, stats = grpo.group_advantages([s.reward for s in seqs], group_ids=[ids[k] for k in keys],
