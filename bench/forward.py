@@ -10,12 +10,15 @@ shared machine), all measured in this run. transformers runs with its default at
 """
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
 
-from minigrpo.model import Qwen, QwenConfig
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+from minigrpo.model import Qwen, QwenConfig  # noqa: E402
 
 
 def qwen3_0_6b_config(layers):
