@@ -1,37 +1,44 @@
 """The verifier-MDP experiment end to end: `python train.py --task mdp --model tiny` (shared/seeds/001).
 
-A policy reads a process state (candidates left, probes left, how each of the eight probes would split the
-survivors) and answers one letter; the verifier runs that probe (minigrpo/mdp.py). The recipe, as the seed ran it:
+A policy reads a process state (probes left, how each of the eight probes would split the surviving candidate
+programs) and answers one letter; the verifier runs that probe (minigrpo/mdp.py). The recipe, as the seed ran it:
 
     0. baselines        random, max-split, same-budget oracle on the eval records (no model)
     1. base             the untrained policy. A real Qwen answers zero-shot. A from-scratch model first gets a
-                        short format-only pretraining: answer a letter not yet probed, chosen uniformly at random,
-                        then <|im_end|> -- it knows the rules of the game, never which probe is good.
+                        short pretraining: next-byte prediction on state prompts whose answer is a uniformly
+                        random letter not yet probed -- it learns the format, never which probe is good. (It has
+                        no prior either: greedily it repeats its favourite letter, so it plays below random.)
     2. SFT              cross-entropy on the oracle's letter (+ EOS): full-parameter for the from-scratch model,
                         LoRA (then folded into the weights) for a real Qwen
-    3. process-DPO      LoRA on the SFT weights; pairs (oracle letter, each strictly worse letter); the reference
-                        is the SFT model itself, `adapters_disabled`
-    4. GRPO             LoRA on the SFT weights through train.py's loop: G letters per state, reward = the
-                        letter's process reward (its oracle value)
+    3. process-DPO      LoRA on the SFT weights; pairs (oracle letter, one of the k worst letters); reference = the
+                        SFT model itself under `adapters_disabled`; optionally + NLL of the chosen letter (RPO)
+    4. GRPO             LoRA on the SFT weights through train.py's loop (`train(args, policy=..., task=...)`): G
+                        letters per state, reward = the letter's process reward (its oracle value)
     5. controls         process-DPO on shuffled rewards (MDPTask(shuffle_rewards=True)); the process-DPO policy
                         evaluated on prompts whose split summaries are scrambled across letters
     6. report           every policy plays the eval records greedily at budgets 0..3 (one batched sampler call
                         per step over all records); mdp.write_report writes the seed's two tables (Markdown, CSV)
                         and the plot into the run folder, with the SFT weights and the LoRA adapters
 
-Stage settings live in PIPELINES, picked by --model: "tiny" is the CPU quickstart (a from-scratch model, a little
-wider than QwenConfig.tiny, reading the compact prompt of tasks/mdp.compact_text), any other model id the seed's
+Stage settings live in PIPELINES, picked by --model: "tiny" is the CPU quickstart, any other model id the seed's
 GPU recipe (Qwen/Qwen3.5-4B: SFT 360 steps, DPO 160, GRPO 120 with G = 8, batch 2 x grad-accum 2).
 
-Every stage trains on `answer` = one letter + <|im_end|>; a sequence's log-prob is the sum over those two tokens
-(grpo.token_logprobs, columns aligned as everywhere: column t scores ids[t + 1]).
+What it took for a from-scratch byte-level model to learn the task in CPU minutes (each measured; the default
+HF-style setup sat at the letter marginal for thousands of steps):
+- the compact prompt (tasks/mdp.compact_text): per letter the largest group's share of the survivors, two
+  digits, just before the letter; ~90 tokens with the chat template instead of ~330, all of one length;
+- init normal(0, 1/fan_in) instead of normal(0, 0.02), rope_theta 1e4 (see scratch_model);
+- small batches, many steps: the read-the-column circuit appears after ~1000-1500 steps of batch 8;
+- DPO with the NLL term: plain DPO lowered the chosen letter too and made the policy worse than SFT.
+
+Every stage trains on `answer` = one letter + <|im_end|>; a sequence's log-prob is the sum over those tokens.
 """
 import argparse
 import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -52,7 +59,8 @@ class PipelineConfig:
     scratch: dict | None = None     # QwenConfig.tiny overrides of a from-scratch model; None = load --model
     train_per_cell: int = 80        # train records per (regime, library size) cell; 3 states each at most
     eval_per_cell: int = 16         # the seed: 16 -> 128 eval records
-    base_steps: int = 0             # format-only pretraining of a from-scratch model
+    eval_split: str = "eval"        # the records the report plays ("train" only in the shrunken test run)
+    base_steps: int = 0             # format-only pretraining of a from-scratch model (next-byte, batch)
     sft_steps: int = 360
     sft_lr: float = 1e-4
     sft_lora: bool = True           # False: full-parameter SFT (fp32 weights)
@@ -61,6 +69,8 @@ class PipelineConfig:
     dpo_steps: int = 160
     dpo_lr: float = 2e-5
     dpo_beta: float = 0.1
+    dpo_rejected: int = 7           # pairs per state: the oracle's letter against the k worst letters
+    dpo_nll: float = 0.0            # + this x the chosen answer's NLL per token (RPO); 0 = plain DPO
     lora_r: int = 32
     lora_alpha: float = 32
     grpo_steps: int = 120
@@ -70,19 +80,19 @@ class PipelineConfig:
     grpo_beta: float = 0.0
     max_new_tokens: int = 4         # a letter and <|im_end|>; a little room for "(C)"
     warmup: float = 0.05            # fraction of each stage's steps
-    notes: list = field(default_factory=list)
 
 
-# The quickstart model: QwenConfig.tiny's layout (Qwen3, byte vocabulary, tied embeddings) at twice the width.
-# At hidden 64 the model learns the format but reads the split columns far more slowly.
+# The quickstart model: QwenConfig.tiny's size and layout (Qwen3, byte vocabulary, tied embeddings, 166k
+# parameters) with rope_theta 1e4 instead of 1e6: over a 90-token prompt the slow 1e6 frequencies barely rotate.
 TINY_MDP = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=16, rope_theta=10000.0)
 
 PIPELINES = {
     "tiny": PipelineConfig(prompt="compact", scratch=TINY_MDP, train_per_cell=80, eval_per_cell=16,
                            base_steps=200, sft_steps=3000, sft_lr=3e-3, sft_lora=False, batch=8, grad_accum=1,
-                           dpo_steps=100, dpo_lr=1e-3, dpo_beta=0.1, lora_r=16, lora_alpha=32,
-                           grpo_steps=30, grpo_lr=1e-3, group_size=8, grpo_tasks=8, max_new_tokens=2),
+                           dpo_steps=150, dpo_lr=2e-3, dpo_beta=0.1, dpo_rejected=2, dpo_nll=1.0, lora_r=16,
+                           lora_alpha=32, grpo_steps=30, grpo_lr=1e-3, group_size=8, grpo_tasks=8,
+                           max_new_tokens=2),
     "Qwen/Qwen3.5-4B": PipelineConfig(),
 }
 
@@ -244,7 +254,9 @@ def dpo(model, tok, task, cfg, seed, stage, quiet):
     pairs = []
     for ex in task.examples("train"):
         p = prompt_ids(tok, task, task.text(ex))
-        pairs += [(p, answer_ids(tok, c), answer_ids(tok, r)) for c, r in task.dpo_pairs(ex)]
+        # worst first: the widest value gaps. Near-ties (0.99 vs 1.0) are mostly target-dependent detail the
+        # policy cannot see; pushing them down as hard as a useless probe made DPO worse than SFT
+        pairs += [(p, answer_ids(tok, c), answer_ids(tok, r)) for c, r in task.dpo_pairs(ex)[:cfg.dpo_rejected]]
     opt, sched = optimizer(params, cfg.dpo_lr, cfg.dpo_steps, cfg.warmup)
     device = model.device
     for step, idx in enumerate(batches(len(pairs), cfg.batch * cfg.grad_accum, cfg.dpo_steps, seed), 1):
@@ -259,6 +271,11 @@ def dpo(model, tok, task, cfg, seed, stage, quiet):
             pol = answer_logprobs(model, tok, batch)
             b = len(mb)
             loss, st = grpo.dpo_loss(pol[:b], pol[b:], ref[:b], ref[b:], beta=cfg.dpo_beta, normalizer=len(idx))
+            if cfg.dpo_nll:
+                # plain DPO on a small model lowers the chosen letter too and hands the mass to letters in no
+                # pair; the NLL term holds the chosen letter up (the mean is over the step's chosen tokens)
+                n_tok = sum(len(pairs[i][1]) for i in idx)
+                loss = loss - cfg.dpo_nll * pol[:b].sum() / n_tok
             loss.backward()
             for key, v in st.items():
                 stats[key] = stats.get(key, 0.0) + float(v) * b / len(idx)
@@ -308,7 +325,7 @@ def evaluate_model(model, tok, task, cfg, label, results, invalid):
     model.eval()
     policy = greedy_policy(model, tok, task, cfg.max_new_tokens)
     with torch.no_grad():
-        results[label] = task.evaluate(policy, "eval", batched=True)
+        results[label] = task.evaluate(policy, cfg.eval_split, batched=True)
     invalid[label] = policy.invalid
     solved = [100 * results[label]["overall"][b]["solved"] for b in sorted(results[label]["overall"])]
     print(f"  {label}: solved@0..3 " + " ".join(f"{x:.1f}%" for x in solved), file=sys.stderr)
@@ -351,8 +368,8 @@ def run_pipeline(args, cfg: PipelineConfig | None = None) -> dict:
     clock, results, invalid = Clock(), {}, {}
     print(f"mdp pipeline: model={args.model} device={device} run={run_dir}\n"
           f"  {len(task.records('train'))} train records -> {len(task.examples('train'))} states, "
-          f"{len(task.records('eval'))} eval records", file=sys.stderr)
-    base = task.baselines("eval")
+          f"{len(task.records(cfg.eval_split))} {cfg.eval_split} records played", file=sys.stderr)
+    base = task.baselines(cfg.eval_split)
     clock.lap("data+baselines")
 
     model, tok = build_model(args, cfg, device, dtype)
@@ -365,10 +382,11 @@ def run_pipeline(args, cfg: PipelineConfig | None = None) -> dict:
     params = list(model.parameters()) if not cfg.sft_lora else inject_lora(model, cfg.lora_r, cfg.lora_alpha)
     supervised(model, tok, params, sft_items(tok, task), cfg.sft_steps, cfg.sft_lr, cfg, args.seed + 2, "sft",
                args.quiet)
-    if cfg.sft_lora:
+    if cfg.sft_lora:   # a real Qwen: keep the adapter (not a second copy of the weights), then fold it in
         save_adapter(model, os.path.join(run_dir, "sft_adapter"), args.model)
         fold_lora(model)
-    save_model(model, os.path.join(run_dir, "sft"))
+    else:
+        save_model(model, os.path.join(run_dir, "sft"))
     evaluate_model(model, tok, task, cfg, "SFT", results, invalid)
     clock.lap("sft")
 
