@@ -101,3 +101,24 @@ def test_torchrun_two_ranks_match_one_process(tmp_path):
         assert torch.allclose(w1[k], w2[k], atol=1e-5, rtol=0), (k, (w1[k] - w2[k]).abs().max())
     m1, m2 = metrics(tmp_path / "one"), metrics(tmp_path / "two")
     assert [m["reward_mean"] for m in m1] == [m["reward_mean"] for m in m2]
+
+
+def test_three_non_finite_steps_stop_with_the_last_good_checkpoint(tmp_path, monkeypatch):
+    """A non-finite gradient skips its step (weights untouched); three in a row stop the run with a clear error."""
+    import train
+    args = train.resolve_args([*SMALL, "--runs-dir", str(tmp_path), "--run-name", "nan", "--steps", "6",
+                               "--save-every", "1", "--keep-checkpoints", "5"])
+    real, calls = train.finish_gradients, []
+
+    def poisoned(params, args, dist_info):
+        calls.append(real(params, args, dist_info))
+        return calls[-1] if len(calls) == 1 else float("nan")     # step 1 is fine, then every gradient is NaN
+
+    monkeypatch.setattr(train, "finish_gradients", poisoned)
+    with pytest.raises(SystemExit, match="3 non-finite steps in a row"):
+        train.train(args)
+    run = tmp_path / "nan"
+    assert sorted(os.listdir(run / "checkpoints")) == ["step-1", "step-2", "step-3"]
+    good = load_file(str(run / "checkpoints" / "step-1" / "model.safetensors"))
+    last = load_file(str(run / "checkpoints" / "step-3" / "model.safetensors"))
+    assert all(torch.equal(good[k], last[k]) for k in good)      # skipped steps changed nothing
