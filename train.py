@@ -456,7 +456,7 @@ def train(args, policy=None, task=None) -> dict:
         if dist_info.main:
             run.truncate_logs(step)
     elif dist_info.main:
-        run.create(vars(args))
+        run.create(vars(args), fresh=not args.resume)   # --resume before any checkpoint: start over, logs cut
     if dist_info.main:
         print(f"minigrpo: task={args.task} model={args.model} device={device} dtype={str(dtype)[6:]} "
               f"ranks={dist_info.world} steps={n_steps} trainable={sum(p.numel() for p in params):,} "

@@ -38,8 +38,13 @@ class RunFolder:
         cfg.pop("resume", None)
         return cfg
 
-    def create(self, config: dict):
+    def create(self, config: dict, fresh: bool = True):
+        """Start the run folder. A fresh run refuses a folder that already holds a run's logs, so that two runs
+        never interleave their metrics; --resume of a run killed before its first checkpoint starts it over."""
+        if fresh and os.path.exists(self.file("metrics.jsonl")):
+            raise SystemExit(f"{self.path} already holds a run: pass --resume to continue it, or another --run-name")
         os.makedirs(self.ckpt_dir, exist_ok=True)
+        self.truncate_logs(0)
         write_atomic(os.path.join(self.path, "config.json"), json.dumps(config, indent=2, default=str) + "\n")
 
     def file(self, name):

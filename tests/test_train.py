@@ -122,3 +122,9 @@ def test_three_non_finite_steps_stop_with_the_last_good_checkpoint(tmp_path, mon
     good = load_file(str(run / "checkpoints" / "step-1" / "model.safetensors"))
     last = load_file(str(run / "checkpoints" / "step-3" / "model.safetensors"))
     assert all(torch.equal(good[k], last[k]) for k in good)      # skipped steps changed nothing
+
+
+def test_a_fresh_run_refuses_a_used_run_folder(tmp_path):
+    run_train(["--steps", "1"], tmp_path, "used")
+    out = run_train(["--steps", "1"], tmp_path, "used", check=False)
+    assert out.returncode != 0 and "--resume" in out.stderr and "already holds a run" in out.stderr
