@@ -135,7 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
 def resolve_args(argv=None) -> argparse.Namespace:
     given = vars(build_parser().parse_args(argv))
     cfg = dict(DEFAULTS)
-    cfg.update(PRESETS.get(given.get("preset") or given["task"], {}))
+    preset = given.get("preset") or given["task"]
+    if preset not in PRESETS:
+        raise SystemExit(f"--preset {preset!r} is not a preset: choose one of {', '.join(PRESETS)}")
+    cfg.update(PRESETS[preset])
     if given.get("resume"):
         saved = RunFolder.saved_config(cfg["runs_dir"] if "runs_dir" not in given else given["runs_dir"],
                                        given.get("run_name"))
