@@ -554,7 +554,13 @@ class progress_bar:
 
 
 def main(argv=None):
-    args = resolve_args(argv)
+    try:
+        args = resolve_args(argv)
+    except SystemExit as e:   # a usage error with its one-line message: exit code 2, as argparse's own
+        if isinstance(e.code, str):
+            print(f"train.py: error: {e.code}", file=sys.stderr)
+            raise SystemExit(2) from None
+        raise
     if args.task == "mdp":
         from minigrpo.tasks.mdp_pipeline import run_pipeline
         return run_pipeline(args)
