@@ -113,6 +113,9 @@ def build_ours(folder, args, dtype):
     model = Qwen.from_pretrained(folder, dtype=dtype, device=args.device)
     params = inject_lora(model, r=args.lora_r, alpha=2 * args.lora_r, targets=TARGETS)
     init_lora_([(p, m.lora_A.weight, m.lora_B.weight) for p, m in lora_layers(model)])
+    if args.grad_checkpoint:
+        from train import enable_activation_checkpointing
+        enable_activation_checkpointing(model)  # train.py --grad-checkpoint
     ids, attn, comp_mask, adv = make_batch(args)
     P, T = args.prompt, args.seq
     loss_mask = torch.zeros(ids.shape[0], T - 1, dtype=torch.bool, device=ids.device)
@@ -152,6 +155,8 @@ def build_hf(folder, args, dtype):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
     base = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").to(args.device)
+    if args.grad_checkpoint:  # TRL's gradient_checkpointing=True (applies in train mode: the policy pass)
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = get_peft_model(base, LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0,
                                             target_modules=TARGETS, task_type="CAUSAL_LM"))
     params = [p for p in model.parameters() if p.requires_grad]
@@ -264,6 +269,7 @@ def run_child(impl, folder, args):
     for k in ("batch", "seq", "prompt", "layers", "dtype", "device", "threads", "repeats", "lora_r", "beta",
               "temperature", "lr", "vocab_size"):
         cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
+    cmd += ["--grad-checkpoint"] if args.grad_checkpoint else []
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"bench/train_step.py: the {impl} run failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
@@ -308,6 +314,9 @@ def main():
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--vocab-size", type=int, default=151669, help="Qwen3's tokenizer size; rows past it are masked")
+    p.add_argument("--grad-checkpoint", action="store_true",
+                   help="per-layer activation checkpointing in both stacks (train.py --grad-checkpoint; TRL's "
+                        "gradient_checkpointing=True)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--impl", choices=["ours", "hf"], help=argparse.SUPPRESS)
     p.add_argument("--folder", help=argparse.SUPPRESS)
@@ -321,6 +330,7 @@ def main():
     print(f"one GRPO step, Qwen3-0.6B shape ({args.layers} layers, V=151936), B={args.batch} T={args.seq} "
           f"(prompt {args.prompt} + completion {args.seq - args.prompt}), {args.dtype} on {args.device}, "
           f"LoRA r={args.lora_r} on {len(TARGETS)} projections, {args.threads} threads, median of {args.repeats} "
+          f"{'(activation checkpointing in both) ' if args.grad_checkpoint else ''}"
           f"after 1 warm-up; torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}",
           flush=True)
     with tempfile.TemporaryDirectory(prefix="minigrpo-bench-") as folder:

@@ -66,3 +66,72 @@ def test_vocab_size_masks_embedding_padding_rows(model):
         expected = torch.log_softmax(logits[..., :261], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
     assert model.config.vocab_size == 272
     assert torch.allclose(lp, expected, atol=1e-5)
+
+
+# The fused lm_head + log-softmax (grpo._LinearLogprob) serves every plain-headed model above; these pin its
+# frozen-head path (LoRA: d logp / d h is formed in forward), its entropy, bf16, and what it keeps for backward.
+
+def naive_entropy(logits, temperature, vocab_size):
+    return grpo.entropy(logits[:, :-1].float()[..., :vocab_size], temperature)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("start", [0, 4])
+def test_fused_frozen_head_values_entropy_and_gradients_equal_naive(kind, start):
+    torch.manual_seed(0)
+    model = Qwen.from_pretrained(kind)
+    with torch.no_grad():  # peaked enough for log-probs to differ, flat enough for a non-zero entropy
+        model.lm_head.weight.mul_(5.0)
+    ids = torch.randint(0, 261, (3, 10), generator=torch.Generator().manual_seed(6))
+    attn = torch.ones_like(ids)
+    attn[2, :2] = 0
+    w = torch.randn(3, 9, generator=torch.Generator().manual_seed(7)) * grpo.span_mask(start + 1, 9, 10)
+    model.lm_head.weight.requires_grad_(False)  # as under LoRA: the head (tied embedding) is frozen
+    try:
+        params = [p for p in model.parameters() if p.requires_grad]
+        lp, ent = grpo.token_logprobs(model, ids, attn, 0.8, chunk=5, return_entropy=True, vocab_size=261,
+                                      start=start)
+        g1 = torch.autograd.grad((lp * w).sum(), params)
+        logits = model(ids, attention_mask=attn)[..., :261]
+        g2 = torch.autograd.grad((gathered(logits, ids, 0.8) * w).sum(), params)
+    finally:
+        model.lm_head.weight.requires_grad_(True)
+    assert torch.allclose(lp[:, start:], gathered(logits, ids, 0.8).detach()[:, start:], atol=1e-5)
+    assert not ent.requires_grad  # logged, not trained
+    assert torch.allclose(ent[:, start:], naive_entropy(logits.detach(), 0.8, 261)[:, start:], atol=1e-4)
+    assert ent[:, start:].max() > 0.1  # the check has teeth: not all one-hot
+    for a, b in zip(g1, g2):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_fused_saves_no_vocabulary_sized_tensor(model):
+    """Under LoRA the log-probs keep (N, H) for backward, never (N, V); the naive path keeps (B, T, V)."""
+    ids = torch.randint(0, 261, (2, 40), generator=torch.Generator().manual_seed(8))
+    V = model.config.vocab_size
+    saved = []
+    model.lm_head.weight.requires_grad_(False)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+            grpo.token_logprobs(model, ids, start=20)
+    finally:
+        model.lm_head.weight.requires_grad_(True)
+    assert saved and all(V not in shape for shape in saved), [s for s in saved if V in s]
+
+
+def test_fused_bf16_equals_autograd_through_lm_head():
+    """bf16 logits cast to fp32, gradient cast back before the product with W: what autograd does on the naive
+    path, so values agree to fp32 rounding and gradients to bf16 rounding."""
+    torch.manual_seed(0)
+    model = Qwen.from_pretrained("tiny", dtype=torch.bfloat16)
+    ids = torch.randint(0, 261, (2, 12), generator=torch.Generator().manual_seed(9))
+    w = torch.randn(2, 11, generator=torch.Generator().manual_seed(10))
+    model.lm_head.weight.requires_grad_(False)
+    params = [p for p in model.parameters() if p.requires_grad]
+    lp = grpo.token_logprobs(model, ids, temperature=0.7, vocab_size=261)
+    g1 = torch.autograd.grad((lp * w).sum(), params)
+    expected = gathered(model(ids)[..., :261], ids, 0.7)
+    g2 = torch.autograd.grad((expected * w).sum(), params)
+    assert lp.dtype == torch.float32
+    assert torch.allclose(lp, expected.detach(), atol=1e-5)
+    for a, b in zip(g1, g2):
+        assert torch.allclose(a.float(), b.float(), atol=2e-2 * b.float().abs().max().item() + 1e-6)
