@@ -1,4 +1,4 @@
-"""Peak memory and time of grpo.token_logprobs (chunked, checkpointed) vs the naive full-logits log-softmax.
+"""Peak memory and time of grpo.token_logprobs (chunked, fused lm_head) vs the naive full-logits log-softmax.
 
     python bench/logprobs.py                       # B=8, T=1024, V=151936, forward and forward+backward
     python bench/logprobs.py --seq 256 --chunk 256 # a smaller run
@@ -12,9 +12,10 @@ peaks never mix; on CPU the peak is the growth of the process's maximum resident
 after building the model and a small warm-up run. A naive run whose estimated need exceeds the free memory is
 skipped (use a smaller --seq).
 
-Measured on the shared 2-core CPU box (2 threads, other jobs running; ~9 minutes for the four processes):
-    forward           naive 9.14 GB  chunked 1.03 GB  8.8x lower   time 0.90x of naive
-    forward+backward  naive 13.76 GB chunked 1.64 GB  8.4x lower   time 0.85x of naive (despite recomputing logits)
+Measured on the shared 2-core CPU box (2 threads, other jobs running; ~10 minutes for the four processes), with the
+fused lm_head (trainable head: backward recomputes each chunk's logits):
+    forward           naive 9.14 GB  chunked 0.44 GB  20.6x lower   time 0.93x of naive
+    forward+backward  naive 13.76 GB chunked 0.64 GB  21.5x lower   time 1.02x of naive
 """
 
 import argparse
@@ -70,7 +71,8 @@ def child(args):
     if args.impl == "naive":
         fn = lambda x: naive_logprobs(model, x, args.temperature)
     else:
-        fn = lambda x: grpo.token_logprobs(model, x, temperature=args.temperature, chunk=args.chunk)
+        chunk = args.chunk if args.chunk == "auto" else int(args.chunk)
+        fn = lambda x: grpo.token_logprobs(model, x, temperature=args.temperature, chunk=chunk)
     run(lambda: fn(ids[:, :16]), args)
     model.zero_grad(set_to_none=True)
     if args.device == "cuda":
@@ -115,7 +117,7 @@ def main():
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=1)
-    p.add_argument("--chunk", type=int, default=1024, help="logit rows per chunk, as grpo.token_logprobs(chunk=)")
+    p.add_argument("--chunk", default="auto", help="logit rows per chunk, as grpo.token_logprobs(chunk=)")
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))

@@ -1,11 +1,12 @@
 """Time and peak memory of one GRPO optimizer step: minigrpo vs transformers + peft, same model, same batch.
 
     python bench/train_step.py                      # B=2, T=128 (prompt 64 + completion 64), fp32, 28 layers, CPU
+    python bench/train_step.py --seq 256 --prompt 64 --grad-checkpoint   # checkpointing in both stacks
     python bench/train_step.py --batch 4 --seq 256 --prompt 128 --repeats 3    # GRPO-sized; ~25 min on 2 cores
-    python bench/train_step.py --device cuda --dtype bfloat16 --batch 8 --seq 1024 --prompt 512 --repeats 5
+    python bench/train_step.py --device cuda --dtype bfloat16 --batch 8 --seq 1024 --prompt 512 --grad-checkpoint
 
 The CPU default is small because a step of the full 28-layer model costs about 1 TFLOP per 256 tokens (three
-passes through the layers, and the 151936-row lm_head up to four times): on a shared 2-core box that is ~90 s a
+passes through the layers, and the 151936-row lm_head three times): on a shared 2-core box that is ~90 s a
 step, so B=2 x T=128 with 2 measured steps per stack takes ~10 minutes. All 28 layers are kept: with fewer, the
 lm_head's share of the work (and of the memory) would be larger than in the real model.
 
@@ -13,8 +14,8 @@ One step, in both stacks: reference log-probs (no grad, LoRA switched off), poli
 loss (on-policy clipped ratio, advantage per sequence, + beta * k3 KL, token-mean over the completion mask),
 backward, clip the gradient norm to 1, AdamW on LoRA r=32 over q, k, v, o, gate, up, down.
 
-- ours: minigrpo.model.Qwen + minigrpo.lora.inject_lora / adapters_disabled + grpo.token_logprobs(vocab_size=)
-  (chunked, checkpointed log-softmax over every position) + grpo.policy_loss.
+- ours: minigrpo.model.Qwen + minigrpo.lora.inject_lora / adapters_disabled + grpo.token_logprobs(vocab_size=,
+  start=) (the fused chunked lm_head + log-softmax over the completion columns, as train.py) + grpo.policy_loss.
 - hf: AutoModelForCausalLM (attn_implementation="sdpa", transformers' default) + peft get_peft_model, reference
   under `model.disable_adapter()`, log-probs as TRL's GRPOTrainer computes them: `logits_to_keep` = completion
   length + 1 (the lm_head runs on the completion only), logits / temperature, then TRL's selective_log_softmax
@@ -29,16 +30,26 @@ prompts left-padded to --prompt tokens, completions right-padded (pads masked in
 Each stack runs in its own subprocess. Peak memory on CPU: the process's peak resident set (VmHWM, reset through
 /proc/self/clear_refs after the warm-up step) minus its resident set after loading the model, adding LoRA and
 reading every weight once (safetensors files are mapped lazily), so it counts activations, logits, gradients and
-the AdamW state, not the weights. On CUDA: max_memory_allocated
-minus memory_allocated at the same point. Time: median over --repeats steps after one warm-up step. The parity
-lines compare the two stacks' loss and gradient norm at every step (same inputs, same weights).
+the AdamW state, not the weights. The children run with glibc's MALLOC_MMAP_THRESHOLD_=1 MiB (unless you set it):
+by default glibc raises its mmap threshold to 32 MiB after the first large free, and from then on freed tensors
+below that stay in the heap, so peak RSS measured the allocator's history (+0.4-0.8 GB on either stack) more than
+the tensors alive at once. With the threshold fixed, peak RSS tracks live tensors, as CUDA's max_memory_allocated
+does. On CUDA: max_memory_allocated minus memory_allocated at the same point. Time: median over --repeats steps
+after one warm-up step. The parity lines compare the two stacks' loss and gradient norm at every step (same
+inputs, same weights).
 
-Measured with the defaults on the shared 2-core CPU box (load average ~7 from other jobs; 17.7 minutes):
-    ours     158.27 s (best 135.18)  peak 2.39 GB   hf+peft 154.40 s (best 128.84)  peak 2.13 GB
-    ours/hf  1.03x time (best 1.05x), 1.12x peak; parity: max|dloss| 6e-8, grad-norm rel diff 8e-8
-The decoder layers' saved activations (~100 KB per token per layer in fp32) are the same graph in both stacks and
-dominate at this size; ours spends more on the log-probs: token_logprobs computes logits for every position (TRL's
-logits_to_keep only for the completion), and its chunk holds several (B, T, V) fp32 buffers at once.
+Measured on the 2-core CPU box (fp32, 28 layers, --repeats 1; other jobs shared the CPU, so the times carry noise,
+the peaks do not):
+    python bench/train_step.py --seq 256 --prompt 64 --grad-checkpoint     (B=2, 192 completion tokens)
+        ours 30.1 s, peak 0.54 GB   hf+peft 31.9 s, peak 0.97 GB   ->  0.94x time, 0.55x peak
+    python bench/train_step.py                                              (B=2, T=128, no checkpointing)
+        peak 1.04 GB vs 1.22 GB -> 0.85x
+Without activation checkpointing the decoder layers' saved activations are the larger part, and they are the same
+graph in both stacks (101.5 KB per token per layer in fp32, counted with saved_tensors_hooks on either model): no
+log-prob trick brings that case to 0.7x. With checkpointing in both (how GRPO runs at length; TRL's
+gradient_checkpointing=True) the layers keep only their inputs, and what is left is the log-prob pass, where
+token_logprobs' fused lm_head keeps one chunk of logits and never saves one for backward, while the TRL-style
+path holds the (B, C, V) logits, their scaled copy and the softmax for backward.
 """
 
 import argparse
@@ -270,7 +281,10 @@ def run_child(impl, folder, args):
               "temperature", "lr", "vocab_size"):
         cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
     cmd += ["--grad-checkpoint"] if args.grad_checkpoint else []
-    out = subprocess.run(cmd, capture_output=True, text=True)
+    env = dict(os.environ)
+    if args.device == "cpu":  # see the module docstring: peak RSS should follow live tensors, not malloc's history
+        env.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode != 0:
         sys.exit(f"bench/train_step.py: the {impl} run failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
