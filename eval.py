@@ -82,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--judge", help="soyuz judge: local (default) | claude | cmd:<command> | http(s)://server/v1")
     p.add_argument("--judge-workers", type=int, default=8)
     p.add_argument("--group-size", type=int, help="soyuz: rollouts per task (default 1; >1 needs --temperature)")
+    # mdp
+    p.add_argument("--mdp-prompt", choices=["full", "compact"],
+                   help="mdp: prompt style (default: the one in pipeline.json next to --model or --adapter, from "
+                        "the mdp pipeline run that trained it; else full)")
     # machine
     p.add_argument("--device", help="cuda | mps | cpu (default: the best available)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
@@ -100,7 +104,8 @@ def check_args(args):
         raise UsageError(f"--hint-probe {args.hint_probe}: must be 0 (off) or a number of problems")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         raise UsageError("--temperature must be >= 0 (0 = greedy) and --top-p in (0, 1]")
-    only = {"gsm8k": ("svamp", "math", "no_stop", "hint_probe"), "soyuz": ("judge", "group_size")}
+    only = {"gsm8k": ("svamp", "math", "no_stop", "hint_probe"), "soyuz": ("judge", "group_size"),
+            "mdp": ("mdp_prompt",)}
     for task, flags in only.items():
         for flag in flags:
             if args.task != task and getattr(args, flag):
@@ -140,13 +145,14 @@ def resolve_adapter(path: str) -> str:
 # -----------------------------------------------------------------------------------------------------------------
 # The model, its columns, and batched generation
 
-def load_model(args):
-    """(model, tokenizer, columns): columns are (label, context manager factory) pairs, one per report column."""
+def load_model(args, tokenizer=None):
+    """(model, tokenizer, columns): columns are (label, context manager factory) pairs, one per report column.
+    `tokenizer`: load it from there instead of --model (a from-scratch model's folder has no tokenizer.json)."""
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     try:
         model = Qwen.from_pretrained(args.model, dtype=dtype, device=device)
-        tok = Tokenizer.from_pretrained(args.model)
+        tok = Tokenizer.from_pretrained(tokenizer or args.model)
     except (OSError, ValueError) as e:
         raise UsageError(f"--model {args.model}: {first_line(e)}") from None
     if args.adapter is None:
@@ -447,11 +453,27 @@ def eval_synthetic(args, out):
     return {"results": results}
 
 
+def mdp_pipeline_run(args) -> dict:
+    """pipeline.json of the mdp pipeline run that --model or --adapter was saved by (runs/<name>/sft,
+    .../dpo_adapter: the file sits in the folder above), else {}. It names the prompt style the model was trained
+    on and its tokenizer: a from-scratch model's folder has no tokenizer.json."""
+    for path in (args.model, args.adapter):
+        if path and os.path.isdir(path):
+            for folder in (path, os.path.dirname(os.path.abspath(path))):
+                if os.path.exists(os.path.join(folder, "pipeline.json")):
+                    with open(os.path.join(folder, "pipeline.json")) as f:
+                        return json.load(f)
+    return {}
+
+
 def eval_mdp(args, out):
     from minigrpo import mdp
     from minigrpo.tasks.mdp import MDPTask, messages_for, parse_letter
-    task = MDPTask(eval_per_cell=args.limit or 16, seed=args.seed)
-    model, tok, columns = load_model(args)
+    run = mdp_pipeline_run(args)
+    # a model reads the prompt style it was trained on: the tiny pipeline's is "compact", a real Qwen's "full"
+    prompt = args.mdp_prompt or run.get("prompt", "full")
+    task = MDPTask(eval_per_cell=args.limit or 16, seed=args.seed, prompt=prompt)
+    model, tok, columns = load_model(args, tokenizer=run.get("tokenizer"))
     results, invalid = {}, {}
     for label, ctx in columns:
         invalid[label] = [0, 0]
@@ -470,9 +492,11 @@ def eval_mdp(args, out):
     for name in ("overall_by_policy_budget", "regime_split"):
         with open(paths[f"{name}.md"]) as f:
             tables.append((name.replace("_", " "), f.read()))
-    notes = [f"- {label}: {n}/{total} answers were not a single letter A-H (spent on nothing)"
-             for label, (n, total) in invalid.items()]
-    write_outputs(args, out, {"results": results, "invalid_answers": invalid}, tables,
+    source = "--mdp-prompt" if args.mdp_prompt else "pipeline.json" if "prompt" in run else "default"
+    notes = [f"- prompt style: {prompt} ({source})"]
+    notes += [f"- {label}: {n}/{total} answers were not a single letter A-H (spent on nothing)"
+              for label, (n, total) in invalid.items()]
+    write_outputs(args, out, {"results": results, "invalid_answers": invalid, "prompt": prompt}, tables,
                   [paths["solve_rate_vs_budget.png"]] + run_curves(args, out), notes)
     return {"results": results}
 

@@ -134,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolve_args(argv=None) -> argparse.Namespace:
     given = vars(build_parser().parse_args(argv))
+    if given["task"] == "mdp":   # the pipeline's stages take their settings from its own table, not from flags
+        from minigrpo.tasks.mdp_pipeline import FLAGS
+        unused = [f"--{k.replace('_', '-')}" for k in given if k not in FLAGS]
+        if unused:
+            raise SystemExit(f"{', '.join(unused)}: not used by --task mdp; its stage settings live in "
+                             "minigrpo/tasks/mdp_pipeline.py PIPELINES (edit them there)")
     cfg = dict(DEFAULTS)
     preset = given.get("preset") or given["task"]
     if preset not in PRESETS:

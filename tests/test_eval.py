@@ -181,6 +181,8 @@ def test_synthetic_mean_score(tmp_path):
     (["--task", "synthetic", "--model", "./no-such-folder"], "--model ./no-such-folder"),
     (["--task", "nope"], "--task"),
     (["--task", "gsm8k", "--limit", "many"], "--limit"),
+    (["--task", "gsm8k", "--mdp-prompt", "compact"], "--mdp-prompt"),
+    (["--task", "mdp", "--mdp-prompt", "short"], "--mdp-prompt"),
 ])
 def test_bad_flags_exit_2_with_one_line(argv, names, capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
@@ -197,3 +199,46 @@ def test_adapter_may_be_a_checkpoint_or_run_folder(tmp_path, adapter):
     want = str(tmp_path / "run" / "checkpoints" / "step-10" / "adapter")
     assert ev.resolve_adapter(str(tmp_path / "run")) == want
     assert ev.resolve_adapter(os.path.dirname(want)) == want and ev.resolve_adapter(want) == want
+
+# ----------------------------------------------------------------------------------------------------------------
+# mdp: a model saved by the mdp pipeline is evaluated on the prompt style and tokenizer it was trained with
+
+
+@pytest.fixture(scope="module")
+def mdp_run(tmp_path_factory):
+    """A run folder as the tiny mdp pipeline leaves it: pipeline.json and the from-scratch SFT model in sft/
+    (config.json + weights, no tokenizer.json)."""
+    from minigrpo.tasks import mdp_pipeline as P
+    run = tmp_path_factory.mktemp("mdp") / "run"
+    small = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "head_dim": 8}
+    P.save_model(P.scratch_model(small, 0, "cpu", torch.float32), str(run / "sft"))
+    (run / "pipeline.json").write_text(json.dumps({"model": "tiny", "tokenizer": "tiny", "prompt": "compact"}))
+    return run
+
+
+def mdp_prompts(monkeypatch):
+    """The user messages eval_mdp sends (the real completions still run)."""
+    seen, real = [], ev.complete
+    def spy(model, tok, args, conversations, *a, **k):
+        seen.extend(c[-1]["content"] for c in conversations)
+        return real(model, tok, args, conversations, *a, **k)
+    monkeypatch.setattr(ev, "complete", spy)
+    return seen
+
+
+@pytest.mark.parametrize("flag, style", [([], "compact"), (["--mdp-prompt", "full"], "full")])
+def test_mdp_takes_the_prompt_style_from_the_pipeline_run(tmp_path, mdp_run, monkeypatch, flag, style):
+    seen = mdp_prompts(monkeypatch)
+    res = ev.main(["--task", "mdp", "--model", str(mdp_run / "sft"), "--limit", "1", "--max-new-tokens", "2",
+                   "--out", str(tmp_path / "out"), "--quiet", *flag])
+    start = {"compact": "left=", "full": "Find the hidden program."}[style]
+    assert len(seen) == 6 * 8 and all(s.startswith(start) for s in seen)   # budgets 0..3: 6 steps, 8 records
+    assert set(res["results"]) == {"model", "random", "max-split", "oracle"}
+    assert f"prompt style: {style}" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_mdp_without_a_pipeline_run_uses_the_full_prompt(tmp_path, monkeypatch):
+    seen = mdp_prompts(monkeypatch)
+    ev.main(["--task", "mdp", "--model", "tiny", "--limit", "1", "--max-new-tokens", "2", "--out",
+             str(tmp_path / "out"), "--quiet"])
+    assert seen and all(s.startswith("Find the hidden program.") for s in seen)

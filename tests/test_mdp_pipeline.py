@@ -9,7 +9,7 @@ import torch
 from minigrpo import grpo
 from minigrpo.lora import inject_lora, lora_layers
 from minigrpo.tasks import mdp_pipeline as P
-from minigrpo.tasks.mdp import MDPTask, compact_text, messages_for
+from minigrpo.tasks.mdp import MDPTask, compact_text, messages_for, relabel
 from minigrpo.tokenizer import Tokenizer
 from train import resolve_args
 
@@ -36,14 +36,13 @@ def test_answer_logprobs_match_token_logprobs():
     tok = Tokenizer.from_pretrained("tiny")
     model = P.scratch_model(SMALL, 0, "cpu", torch.float32)
     items = [([256, 5, 6, 7, 8], [65, tok.im_end_id]), ([9, 10], [66, 67, tok.im_end_id])]   # padded batch
-    for every in (False, True):
-        ids, attn, mask = P.pad_batch(items, tok.pad_id, "cpu", every_token=every)
-        ours = P.answer_logprobs(model, tok, (ids, attn, mask))
-        T, K = ids.shape[1], mask.shape[1]
-        full = grpo.token_logprobs(model, ids, attn, vocab_size=tok.vocab_size)              # (B, T-1)
-        ref = torch.where(mask, full[:, T - 1 - K:], 0.0).sum(-1)
-        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
-    assert mask.sum().item() == sum(len(p) + len(a) - 1 for p, a in items)
+    ids, attn, mask = P.pad_batch(items, tok.pad_id, "cpu")
+    ours = P.answer_logprobs(model, tok, (ids, attn, mask))
+    T, K = ids.shape[1], mask.shape[1]
+    full = grpo.token_logprobs(model, ids, attn, vocab_size=tok.vocab_size)              # (B, T-1)
+    ref = torch.where(mask, full[:, T - 1 - K:], 0.0).sum(-1)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+    assert mask.sum(-1).tolist() == [len(a) for _, a in items]
 
 
 def test_strip_lora_restores_the_model():
@@ -77,3 +76,49 @@ def test_shrunken_pipeline_sft_beats_random(tmp_path):
                  "grpo_adapter/adapter_model.safetensors"):
         assert os.path.exists(tmp_path / "mdp" / name), name
     assert json.load(open(tmp_path / "mdp" / "results.json"))["time"]["total"]["wall_s"] > 0
+
+
+@pytest.mark.parametrize("flags", [["--lr", "1e-3"], ["--steps", "5", "--group-size", "4"], ["--resume"]])
+def test_stage_flags_are_refused_not_ignored(flags, capsys):
+    """The pipeline takes its stage settings from PIPELINES: a flag that would set them is a usage error."""
+    import train
+    with pytest.raises(SystemExit) as e:
+        train.main(["--task", "mdp", "--model", "tiny", *flags])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("train.py: error:") and "PIPELINES" in err[0]
+    assert all(f in err[0] for f in flags if f.startswith("--"))
+    assert vars(resolve_args(["--task", "mdp", "--seed", "3", "--quiet"]))["seed"] == 3   # the flags it reads
+
+
+def test_format_pretraining_answers_the_first_free_letter():
+    """The from-scratch base learns the answer format and not to repeat a probe, nothing about which probe is
+    good: its answer is the first letter not yet probed, whatever the probes' values (shuffled or not)."""
+    tok = Tokenizer.from_pretrained("tiny")
+    task = MDPTask(train_per_cell=2, prompt="compact")
+    items = P.format_items(tok, task, copies=2)
+    exs = P.train_states(task, copies=2)                  # the states and two renamed copies of each
+    assert len(items) == len(exs) == 3 * len(task.examples("train")) and any(ex["probed"] for ex in exs)
+    for ex, (_, answer) in zip(exs, items):
+        letter = tok.decode(answer[:1])
+        assert answer[1:] == [tok.im_end_id] and letter not in ex["probed"]
+        assert all(c in ex["probed"] for c in "ABCDEFGH"[:"ABCDEFGH".index(letter)])
+    assert P.format_items(tok, MDPTask(train_per_cell=2, prompt="compact", shuffle_rewards=True), copies=2) == items
+
+
+def test_relabelled_states_are_the_same_game():
+    """A renamed copy shows each probe's split and value under its new letter, and the oracle follows it."""
+    task = MDPTask(train_per_cell=2)
+    ex = next(e for e in task.examples("train") if e["probed"])
+    perm = [3, 0, 7, 1, 6, 2, 5, 4]                  # probe k is shown as letter perm[k]
+    new = relabel(ex, perm)
+    for k in range(8):
+        j = perm[k]
+        assert new["view"]["splits"][j] == ex["view"]["splits"][k] and new["values"][j] == ex["values"][k]
+        assert new["view"]["probes"][j] == ex["view"]["probes"][k]
+    old_to_new = {"ABCDEFGH"[k]: "ABCDEFGH"[perm[k]] for k in range(8)}
+    assert new["probed"] == "".join(old_to_new[c] for c in ex["probed"]) and new["oracle"] == old_to_new[ex["oracle"]]
+    assert f" {new['probed'][0]}=" in task.text(new) and new["id"] != ex["id"]
+    assert compact_text(task.text(new)).splitlines()[0] == f"left={ex['left']} probed={new['probed']:-<3}"
+    tok = Tokenizer.from_pretrained("tiny")
+    assert len(P.sft_items(tok, task, copies=2)) == 3 * len(task.examples("train"))
