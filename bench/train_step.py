@@ -38,11 +38,10 @@ does. On CUDA: max_memory_allocated minus memory_allocated at the same point. Ti
 after one warm-up step. The parity lines compare the two stacks' loss and gradient norm at every step (same
 inputs, same weights).
 
-Measured on the 2-core CPU box (fp32, 28 layers, --repeats 1; other jobs shared the CPU, so the times carry noise,
-the peaks do not):
-    python bench/train_step.py --seq 256 --prompt 64 --grad-checkpoint     (B=2, 192 completion tokens)
-        ours 30.1 s, peak 0.54 GB   hf+peft 31.9 s, peak 0.97 GB   ->  0.94x time, 0.55x peak
-    python bench/train_step.py                                              (B=2, T=128, no checkpointing)
+Measured on the 2-core CPU box (fp32, 28 layers):
+    python bench/train_step.py --seq 256 --prompt 64 --grad-checkpoint     (B=2, 192 completion tokens; idle box)
+        ours 38.8 s (best 37.1), peak 0.53 GB   hf+peft 41.3 s (best 40.6), peak 0.97 GB  ->  0.94x time, 0.55x peak
+    python bench/train_step.py --repeats 1              (B=2, T=128, no checkpointing; shared box, times noisy)
         peak 1.04 GB vs 1.22 GB -> 0.85x
 Without activation checkpointing the decoder layers' saved activations are the larger part, and they are the same
 graph in both stacks (101.5 KB per token per layer in fp32, counted with saved_tensors_hooks on either model): no
