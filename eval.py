@@ -35,7 +35,7 @@ import time
 import torch
 
 from minigrpo import report
-from minigrpo.lora import adapters_disabled, load_adapter
+from minigrpo.lora import adapters_disabled, fold_lora, load_adapter
 from minigrpo.model import Qwen
 from minigrpo.sampler import sample
 from minigrpo.tasks import TASKS
@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="task data: gsm8k JSONL file / folder / 'hub' (default hub); soyuz tasks JSON")
     p.add_argument("--svamp", help="gsm8k: SVAMP eval set, 'hub' or a local file in its schema")
     p.add_argument("--math", help="gsm8k: MATH algebra eval set, 'hub' or a local file in its schema")
-    p.add_argument("--limit", type=int, help="examples per eval set (soyuz: tasks; mdp: records per cell)")
+    p.add_argument("--limit", type=int, help="examples per eval set (soyuz: tasks; mdp: records per cell, default "
+                   "the pipeline run's eval_per_cell, else 16)")
     p.add_argument("--hint-probe", type=int, default=0, metavar="N",
                    help="gsm8k: hint probe on the first N problems of the eval split (the seed used 200)")
     p.add_argument("--probe-scoring", choices=["strict", "lenient"], default="strict",
@@ -89,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     # machine
     p.add_argument("--device", help="cuda | mps | cpu (default: the best available)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, help="sampling seed (default 0); mdp: also the records' seed (default: the "
+                   "pipeline run's, so a saved model plays the eval records of its run's table)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 
@@ -145,9 +147,10 @@ def resolve_adapter(path: str) -> str:
 # -----------------------------------------------------------------------------------------------------------------
 # The model, its columns, and batched generation
 
-def load_model(args, tokenizer=None):
+def load_model(args, tokenizer=None, fold=None):
     """(model, tokenizer, columns): columns are (label, context manager factory) pairs, one per report column.
-    `tokenizer`: load it from there instead of --model (a from-scratch model's folder has no tokenizer.json)."""
+    `tokenizer`: load it from there instead of --model (a from-scratch model's folder has no tokenizer.json).
+    `fold`: a LoRA adapter folded into the weights before --adapter goes on (see mdp_stage_base)."""
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     try:
@@ -155,6 +158,12 @@ def load_model(args, tokenizer=None):
         tok = Tokenizer.from_pretrained(tokenizer or args.model)
     except (OSError, ValueError) as e:
         raise UsageError(f"--model {args.model}: {first_line(e)}") from None
+    if fold is not None:
+        try:
+            load_adapter(model, fold, dropout=0.0)
+            fold_lora(model)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--adapter {args.adapter} sits on {fold}: {first_line(e)}") from None
     if args.adapter is None:
         return model.eval(), tok, [("model", contextlib.nullcontext)]
     try:
@@ -455,15 +464,32 @@ def eval_synthetic(args, out):
 
 def mdp_pipeline_run(args) -> dict:
     """pipeline.json of the mdp pipeline run that --model or --adapter was saved by (runs/<name>/sft,
-    .../dpo_adapter: the file sits in the folder above), else {}. It names the prompt style the model was trained
-    on and its tokenizer: a from-scratch model's folder has no tokenizer.json."""
+    .../dpo_adapter: the file sits in the folder above) and "folder", the run's; else {}. It names the prompt style
+    the model was trained on, its tokenizer (a from-scratch model's folder has no tokenizer.json) and the eval
+    records (seed, eval_per_cell)."""
     for path in (args.model, args.adapter):
         if path and os.path.isdir(path):
             for folder in (path, os.path.dirname(os.path.abspath(path))):
                 if os.path.exists(os.path.join(folder, "pipeline.json")):
                     with open(os.path.join(folder, "pipeline.json")) as f:
-                        return json.load(f)
+                        return {**json.load(f), "folder": folder}
     return {}
+
+
+def mdp_stage_base(args, run: dict) -> str | None:
+    """The SFT adapter under a pipeline stage's adapter. A real-Qwen run (sft_lora) trains SFT as a LoRA adapter,
+    folds it into the weights and trains its DPO and GRPO adapters on those: they mean nothing on the bare --model,
+    so the run's sft_adapter is folded in first. None for a from-scratch run (--model is its sft/ folder, the
+    weights themselves) and for sft_adapter itself."""
+    if not (run.get("sft_lora") and args.adapter):
+        return None
+    sft = os.path.join(run["folder"], "sft_adapter")
+    if os.path.abspath(args.adapter) == os.path.abspath(sft):
+        return None
+    if not os.path.exists(os.path.join(sft, "adapter_config.json")):
+        raise UsageError(f"--adapter {args.adapter}: trained on the SFT weights of its run, but {sft} is missing "
+                         "(restore it, or evaluate the run's sft_adapter alone)")
+    return sft
 
 
 def eval_mdp(args, out):
@@ -472,8 +498,10 @@ def eval_mdp(args, out):
     run = mdp_pipeline_run(args)
     # a model reads the prompt style it was trained on: the tiny pipeline's is "compact", a real Qwen's "full"
     prompt = args.mdp_prompt or run.get("prompt", "full")
-    task = MDPTask(eval_per_cell=args.limit or 16, seed=args.seed, prompt=prompt)
-    model, tok, columns = load_model(args, tokenizer=run.get("tokenizer"))
+    # the run's eval records by default: its seed (resolve_defaults) and records per cell
+    task = MDPTask(eval_per_cell=args.limit or run.get("eval_per_cell", 16), seed=args.seed, prompt=prompt)
+    fold = mdp_stage_base(args, run)
+    model, tok, columns = load_model(args, tokenizer=run.get("tokenizer"), fold=fold)
     results, invalid = {}, {}
     for label, ctx in columns:
         invalid[label] = [0, 0]
@@ -493,7 +521,10 @@ def eval_mdp(args, out):
         with open(paths[f"{name}.md"]) as f:
             tables.append((name.replace("_", " "), f.read()))
     source = "--mdp-prompt" if args.mdp_prompt else "pipeline.json" if "prompt" in run else "default"
-    notes = [f"- prompt style: {prompt} ({source})"]
+    notes = [f"- prompt style: {prompt} ({source}); {len(task.records('eval'))} eval records, seed {args.seed}"]
+    if fold:
+        notes.append(f"- the adapter sits on its run's SFT weights: {fold} was folded into --model first, so "
+                     "\"base\" is the SFT policy")
     notes += [f"- {label}: {n}/{total} answers were not a single letter A-H (spent on nothing)"
               for label, (n, total) in invalid.items()]
     write_outputs(args, out, {"results": results, "invalid_answers": invalid, "prompt": prompt}, tables,
@@ -532,6 +563,8 @@ def resolve_defaults(args):
     args.model = args.model or preset.get("model", "tiny")
     args.max_new_tokens = args.max_new_tokens or preset.get("max_new_tokens", 8)
     args.group_size = args.group_size or 1
+    if args.seed is None:
+        args.seed = mdp_pipeline_run(args).get("seed", 0) if args.task == "mdp" else 0
     if args.out is None:
         args.out = os.path.join(args.run, "eval") if args.run else \
             os.path.join("runs", f"eval-{args.task}-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -140,6 +140,22 @@ def unmerge_lora(model):
             m.merged = False
 
 
+def strip_lora(model):
+    """Remove the LoRA wrappers, keeping each base layer as it is (unmerged adapters leave it untouched)."""
+    for path, layer in lora_layers(model):
+        parent, _, leaf = path.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, leaf, layer.base_layer)
+    model.__dict__.pop("lora_config", None)
+    return model
+
+
+def fold_lora(model):
+    """Merge the adapters into the weights, then drop them: a plain model again, with the adapters' function (the
+    mdp pipeline's SFT weights, which its DPO and GRPO adapters then sit on)."""
+    merge_lora(model)
+    return strip_lora(model)
+
+
 # ---------------------------------------------------------------------------------------------- PEFT-layout files
 
 def _atomic_write(path, write):

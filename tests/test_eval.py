@@ -212,7 +212,8 @@ def mdp_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("mdp") / "run"
     small = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "head_dim": 8}
     P.save_model(P.scratch_model(small, 0, "cpu", torch.float32), str(run / "sft"))
-    (run / "pipeline.json").write_text(json.dumps({"model": "tiny", "tokenizer": "tiny", "prompt": "compact"}))
+    (run / "pipeline.json").write_text(json.dumps({"model": "tiny", "tokenizer": "tiny", "prompt": "compact",
+                                                    "seed": 3, "eval_per_cell": 2}))
     return run
 
 
@@ -237,8 +238,64 @@ def test_mdp_takes_the_prompt_style_from_the_pipeline_run(tmp_path, mdp_run, mon
     assert f"prompt style: {style}" in (tmp_path / "out" / "report.md").read_text()
 
 
+def test_mdp_plays_the_pipeline_runs_eval_records(tmp_path, mdp_run, monkeypatch):
+    """Without --limit / --seed a saved model plays its run's eval records (pipeline.json's eval_per_cell, seed),
+    the records of the run's own table; the flags still override."""
+    from minigrpo import mdp
+    from minigrpo.tasks.mdp import MDPTask, compact_text
+    seen = mdp_prompts(monkeypatch)
+    ev.main(["--task", "mdp", "--model", str(mdp_run / "sft"), "--max-new-tokens", "2", "--out",
+             str(tmp_path / "a"), "--quiet"])
+    assert len(seen) == 6 * 16                                   # 2 records per cell, 8 cells, 6 steps
+    assert "16 eval records, seed 3" in (tmp_path / "a" / "report.md").read_text()
+    records = MDPTask(eval_per_cell=2, seed=3).records("eval")
+    assert seen[:16] == [compact_text(mdp.state_text(mdp.new_state(r, 1))) for r in records]   # budget 1 starts
+    seen.clear()
+    ev.main(["--task", "mdp", "--model", str(mdp_run / "sft"), "--max-new-tokens", "2", "--limit", "1",
+             "--seed", "0", "--out", str(tmp_path / "b"), "--quiet"])
+    assert len(seen) == 6 * 8 and "8 eval records, seed 0" in (tmp_path / "b" / "report.md").read_text()
+
+
 def test_mdp_without_a_pipeline_run_uses_the_full_prompt(tmp_path, monkeypatch):
     seen = mdp_prompts(monkeypatch)
     ev.main(["--task", "mdp", "--model", "tiny", "--limit", "1", "--max-new-tokens", "2", "--out",
              str(tmp_path / "out"), "--quiet"])
     assert seen and all(s.startswith("Find the hidden program.") for s in seen)
+
+
+def test_mdp_stage_adapter_of_a_lora_sft_run_goes_on_the_sft_weights(tmp_path, monkeypatch):
+    """A real-Qwen pipeline run (sft_lora) keeps SFT as sft_adapter and trains DPO / GRPO adapters on the folded
+    SFT weights: eval.py folds sft_adapter into --model before the stage adapter goes on, so "base" is SFT."""
+    from dataclasses import replace
+    from minigrpo.lora import fold_lora, load_adapter
+    from minigrpo.tasks import mdp_pipeline as P
+    from train import resolve_args
+    cfg = replace(P.PIPELINES["tiny"], scratch=None, sft_lora=True, train_per_cell=1, eval_per_cell=1,
+                  sft_steps=4, dpo_steps=2, grpo_steps=1, grpo_tasks=2, group_size=2, lora_r=4, lora_alpha=8)
+    P.run_pipeline(resolve_args(["--task", "mdp", "--model", "tiny", "--device", "cpu", "--runs-dir",
+                                 str(tmp_path), "--run-name", "run", "--quiet"]), cfg)
+    run = tmp_path / "run"
+    loaded, real = [], ev.load_model
+    monkeypatch.setattr(ev, "load_model", lambda *a, **k: loaded.append(real(*a, **k)) or loaded[-1])
+    ev.main(["--task", "mdp", "--model", "tiny", "--adapter", str(run / "dpo_adapter"), "--max-new-tokens", "2",
+             "--out", str(tmp_path / "out"), "--quiet"])
+    assert "folded into --model first" in (tmp_path / "out" / "report.md").read_text()
+    ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(0))
+    expected = Qwen.from_pretrained("tiny")
+    load_adapter(expected, str(run / "sft_adapter"))
+    fold_lora(expected)
+    load_adapter(expected, str(run / "dpo_adapter"))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded[0][0](ids), expected(ids))
+        bare = Qwen.from_pretrained("tiny")                 # the DPO adapter on the bare model: another function
+        load_adapter(bare, str(run / "dpo_adapter"))
+        assert not torch.allclose(bare(ids), expected(ids), atol=1e-4)
+    ev.main(["--task", "mdp", "--model", "tiny", "--adapter", str(run / "sft_adapter"), "--max-new-tokens", "2",
+             "--out", str(tmp_path / "sft"), "--quiet"])            # the SFT adapter itself goes on the bare model
+    assert "folded" not in (tmp_path / "sft" / "report.md").read_text()
+    import shutil
+    shutil.rmtree(run / "sft_adapter")
+    with pytest.raises(SystemExit) as e:
+        ev.main(["--task", "mdp", "--model", "tiny", "--adapter", str(run / "grpo_adapter"), "--out",
+                 str(tmp_path / "x"), "--quiet"])
+    assert e.value.code == 2

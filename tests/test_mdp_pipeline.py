@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from minigrpo import grpo
-from minigrpo.lora import inject_lora, lora_layers
+from minigrpo.lora import inject_lora, lora_layers, strip_lora
 from minigrpo.tasks import mdp_pipeline as P
 from minigrpo.tasks.mdp import MDPTask, compact_text, messages_for, relabel
 from minigrpo.tokenizer import Tokenizer
@@ -52,7 +52,7 @@ def test_strip_lora_restores_the_model():
     for p in inject_lora(model, r=4, alpha=8):
         torch.nn.init.normal_(p)
     assert not torch.allclose(model(ids), before)
-    P.strip_lora(model)
+    strip_lora(model)
     assert not lora_layers(model)
     torch.testing.assert_close(model(ids), before)
 
@@ -93,16 +93,21 @@ def test_stage_flags_are_refused_not_ignored(flags, capsys):
 
 def test_format_pretraining_answers_the_first_free_letter():
     """The from-scratch base learns the answer format and not to repeat a probe, nothing about which probe is
-    good: its answer is the first letter not yet probed, whatever the probes' values (shuffled or not)."""
+    good: its answer is the first letter not yet probed, whatever the probes' values (shuffled or not). Its data
+    holds the states it will meet playing that rule (probed "", "A", "AB" on every train record)."""
     tok = Tokenizer.from_pretrained("tiny")
     task = MDPTask(train_per_cell=2, prompt="compact")
     items = P.format_items(tok, task, copies=2)
     exs = P.train_states(task, copies=2)                  # the states and two renamed copies of each
-    assert len(items) == len(exs) == 3 * len(task.examples("train")) and any(ex["probed"] for ex in exs)
-    for ex, (_, answer) in zip(exs, items):
+    n_rec = len(task.records("train"))
+    assert len(items) == len(exs) + 3 * n_rec and len(exs) == 3 * len(task.examples("train"))
+    probed = [ex["probed"] for ex in exs] + [st["probed"] for st in P.rule_states(task)]
+    assert probed[len(exs):] == ["", "A", "AB"] * n_rec and any(probed[:len(exs)])
+    for p, (prompt, answer) in zip(probed, items):
         letter = tok.decode(answer[:1])
-        assert answer[1:] == [tok.im_end_id] and letter not in ex["probed"]
-        assert all(c in ex["probed"] for c in "ABCDEFGH"[:"ABCDEFGH".index(letter)])
+        assert answer[1:] == [tok.im_end_id] and letter not in p
+        assert all(c in p for c in "ABCDEFGH"[:"ABCDEFGH".index(letter)])
+        assert f"probed={p:-<3}" in tok.decode(prompt)
     assert P.format_items(tok, MDPTask(train_per_cell=2, prompt="compact", shuffle_rewards=True), copies=2) == items
 
 
