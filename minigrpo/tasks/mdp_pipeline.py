@@ -32,7 +32,7 @@ HF-style setup sat at the letter marginal for thousands of steps):
 - init normal(0, 1/fan_in) instead of normal(0, 0.02), rope_theta 1e4 (see scratch_model);
 - many steps: the read-the-column circuit appears after ~1000-1500 steps; batches of 16 rather than 8 (a step
   costs about the same on a CPU, and the oracle's letters are noisy labels): held-out SFT went from 35.4% to 40.4%
-  solved at seed 0, 39.8% to 40.2% at seed 1, picking the smallest largest-group share in ~72% of states;
+  solved at seed 0, 39.8% to 40.2% at seed 1, picking the smallest largest-group share in 70-77% of states;
 - base and SFT on renamed copies of the states too (tasks/mdp.relabel): on its 1460 states alone SFT memorises
   them, and the base meets states unlike most of its training (see format_items);
 - DPO with the NLL term: plain DPO lowered the chosen letter too and made the policy worse than SFT.
