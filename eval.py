@@ -463,16 +463,18 @@ def eval_synthetic(args, out):
 
 
 def mdp_pipeline_run(args) -> dict:
-    """pipeline.json of the mdp pipeline run that --model or --adapter was saved by (runs/<name>/sft,
-    .../dpo_adapter: the file sits in the folder above) and "folder", the run's; else {}. It names the prompt style
-    the model was trained on, its tokenizer (a from-scratch model's folder has no tokenizer.json) and the eval
-    records (seed, eval_per_cell)."""
+    """pipeline.json of the mdp pipeline run that --model or --adapter was saved by, and "folder", the run's; else
+    {}. The file sits in the run folder: above runs/<name>/sft or .../dpo_adapter, four levels above the GRPO stage's
+    checkpoints (runs/<name>/grpo/checkpoints/step-N/adapter). It names the prompt style the model was trained on,
+    its tokenizer (a from-scratch model's folder has no tokenizer.json) and the eval records (seed, eval_per_cell)."""
     for path in (args.model, args.adapter):
         if path and os.path.isdir(path):
-            for folder in (path, os.path.dirname(os.path.abspath(path))):
+            folder = os.path.abspath(path)
+            for _ in range(5):
                 if os.path.exists(os.path.join(folder, "pipeline.json")):
                     with open(os.path.join(folder, "pipeline.json")) as f:
                         return {**json.load(f), "folder": folder}
+                folder = os.path.dirname(folder)
     return {}
 
 

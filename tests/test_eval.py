@@ -290,6 +290,9 @@ def test_mdp_stage_adapter_of_a_lora_sft_run_goes_on_the_sft_weights(tmp_path, m
         bare = Qwen.from_pretrained("tiny")                 # the DPO adapter on the bare model: another function
         load_adapter(bare, str(run / "dpo_adapter"))
         assert not torch.allclose(bare(ids), expected(ids), atol=1e-4)
+    ev.main(["--task", "mdp", "--model", "tiny", "--adapter", str(run / "grpo"), "--max-new-tokens", "2",
+             "--out", str(tmp_path / "grpo"), "--quiet"])     # the GRPO stage's run folder: its last checkpoint
+    assert "folded into --model first" in (tmp_path / "grpo" / "report.md").read_text()
     ev.main(["--task", "mdp", "--model", "tiny", "--adapter", str(run / "sft_adapter"), "--max-new-tokens", "2",
              "--out", str(tmp_path / "sft"), "--quiet"])            # the SFT adapter itself goes on the bare model
     assert "folded" not in (tmp_path / "sft" / "report.md").read_text()
