@@ -5,6 +5,7 @@ numbers flowing into the report."""
 import json
 import os
 import re
+import shutil
 
 import pytest
 import torch
@@ -296,7 +297,6 @@ def test_mdp_stage_adapter_of_a_lora_sft_run_goes_on_the_sft_weights(tmp_path, m
     ev.main(["--task", "mdp", "--model", "tiny", "--adapter", str(run / "sft_adapter"), "--max-new-tokens", "2",
              "--out", str(tmp_path / "sft"), "--quiet"])            # the SFT adapter itself goes on the bare model
     assert "folded" not in (tmp_path / "sft" / "report.md").read_text()
-    import shutil
     shutil.rmtree(run / "sft_adapter")
     with pytest.raises(SystemExit) as e:
         ev.main(["--task", "mdp", "--model", "tiny", "--adapter", str(run / "grpo_adapter"), "--out",
