@@ -275,8 +275,8 @@ def format_items(tok, task, copies=0, seed=0):
       re-probed 8% of the time after 2500 steps of it (its favourite letter every time after 200), where this
       rule is learnt in a few hundred.
     - skipping also the probes the prompt shows to split nothing is sense a reader might have, but in this game
-      it is most of the random-to-oracle gap: that rule alone solves 39.5% (random 31.2, oracle 46.9), as much as
-      SFT, so the "base" would not be an untrained policy any more."""
+      it is most of the random-to-oracle gap: that rule alone solves 39.5% on seed 0's 128-record eval set
+      (random 31.2, oracle 46.9), about as much as SFT, so the "base" would not be an untrained policy any more."""
     texts = [(task.text(ex), ex["probed"]) for ex in train_states(task, copies, seed)]
     texts += [(mdp.state_text(st, task.scramble), st["probed"]) for st in rule_states(task)]
     return [(prompt_ids(tok, task, text), answer_ids(tok, first_free_letter(probed))) for text, probed in texts]
