@@ -1,6 +1,6 @@
 """The oracle-process verifier MDP from the command line (the library is minigrpo/mdp.py).
 
-    python mdp.py baselines                    # random / max-split / oracle on the eval ladder, in seconds
+    python mdp.py baselines                    # random / minimax / max-split / oracle on the eval records, in seconds
     python mdp.py baselines --out runs/mdp     # ... and write the report tables (Markdown, CSV) and the plot
     python mdp.py show --split train -n 2      # print a few state prompts with their letter values
     python mdp.py stats                        # records and informative states per split
@@ -48,7 +48,7 @@ def cmd_stats(args):
 def main(argv=None):
     ap = argparse.ArgumentParser(description="verifier MDP: baselines, example states, dataset stats")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("baselines", help="random / max-split / oracle at budgets 0-3")
+    b = sub.add_parser("baselines", help="random / minimax / max-split / oracle at budgets 0-3")
     b.add_argument("--split", default="eval", choices=["train", "val", "eval"])
     b.add_argument("--per-cell", type=int, default=16, help="records per (regime, library size) cell")
     b.add_argument("--out", default=None, help="folder for the report tables and plot")

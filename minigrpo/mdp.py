@@ -29,11 +29,12 @@ V_{r-1}(T + a). The same-budget oracle plays its argmax (ties: larger q(T + a), 
 The process reward of a letter is 0.9 * V_{r-1}(T + a) + 0.1 * q(T + a): with budget to spare the optimal
 continuation makes many first probes equally good, and the tenth for progress made now keeps those states
 informative (it reorders letters only where oracle values nearly tie: in ~1 state in 1000 the oracle's letter is
-not the top-reward one). Max-split plays the probe with the
-fewest expected survivors, sum(b^2) / n over its groups b (deployable: it never sees the target); random picks a
-letter uniformly (re-probing is allowed and wasted). All of it runs on 256-entry tables per record: a candidate's
-agreement with the target on the eight probes is an 8-bit code, and n(T), bad(T) are superset sums of the code
-histograms, so the oracle's exhaustive search is a few array maxima.
+not the top-reward one). Max-split plays the probe with the fewest expected survivors, sum(b^2) / n over its
+groups b (deployable: it never sees the target); minimax the probe with the fewest in the worst case, its largest
+group (the number the tiny model's compact prompt shows); random picks a letter uniformly (re-probing is allowed
+and wasted). All of it runs on 256-entry tables per record: a candidate's agreement with the target on the eight
+probes is an 8-bit code, and n(T), bad(T) are superset sums of the code histograms, so the oracle's exhaustive
+search is a few array maxima.
 
 The prompt (`render`, ~280 bytes; the tiny model's byte tokenizer spends one token per byte):
 
@@ -326,6 +327,16 @@ def max_split_policy(text: str, state: dict) -> str:
     return LETTERS[int(np.argmin(expected))]
 
 
+def minimax_policy(text: str, state: dict) -> str:
+    """The probe whose largest group is smallest: the fewest survivors in the worst case (Knuth's Mastermind rule;
+    target-blind). Ties go to fewer expected survivors (max-split's sum(b^2)), then to the first letter. It is the
+    ranking the compact prompt shows (tasks/mdp.compact_text: each probe's largest-group share), so it measures
+    how far a policy reading only that prompt can get with one-step play."""
+    w = world(state["record"])
+    key = [(g[0], sum(b * b for b in g)) for g in w.splits(mask_of(state["probed"]))]
+    return LETTERS[min(range(N_PROBES), key=key.__getitem__)]
+
+
 def oracle_action(state: dict) -> str:
     """The same-budget oracle's letter: best action value; ties go to the better set now, then a seeded
     random letter (a fixed order would teach a letter bias)."""
@@ -413,11 +424,12 @@ def evaluate(policy_fn, records: list, budgets=(0, 1, 2, 3), scramble: bool = Fa
     return out
 
 
-BASELINES = {"random": random_policy(0), "max-split": max_split_policy, "oracle": oracle_policy}
+BASELINES = {"random": random_policy(0), "minimax": minimax_policy, "max-split": max_split_policy,
+             "oracle": oracle_policy}
 
 
 def baselines(records: list, budgets=(0, 1, 2, 3)) -> dict:
-    """The three non-model policies on `records`: {name: evaluate(...)}."""
+    """The non-model policies on `records`: {name: evaluate(...)}."""
     return {name: evaluate(fn, records, budgets) for name, fn in BASELINES.items()}
 
 

@@ -11,6 +11,8 @@ import pytest
 import torch
 
 import eval as ev
+from minigrpo import evals
+from minigrpo.evals.common import resolve_adapter
 from minigrpo.lora import inject_lora, lora_layers, save_adapter
 from minigrpo.model import Qwen
 
@@ -131,7 +133,7 @@ def test_gsm8k_numbers_reach_the_report(tmp_path, monkeypatch):
             value = hint.group(1) if hint else str(int(re.search(r"what is (\d+) \+", user).group(1)) + 1000)
             out.append(f"<reasoning>add</reasoning>\n<answer>{value}</answer>")
         return out
-    monkeypatch.setattr(ev, "complete", scripted)
+    monkeypatch.setattr(evals.gsm8k, "complete", scripted)
     res = ev.main(gsm8k_args(tmp_path, "out", "--hint-probe", "3"))
     m = res["results"]["model"]["gsm8k"]
     assert m["strict_accuracy"] == m["lenient_accuracy"] == m["format_compliance"] == 1.0
@@ -198,8 +200,8 @@ def test_adapter_may_be_a_checkpoint_or_run_folder(tmp_path, adapter):
     for step in (2, 10):
         shutil.copytree(adapter, tmp_path / "run" / "checkpoints" / f"step-{step}" / "adapter")
     want = str(tmp_path / "run" / "checkpoints" / "step-10" / "adapter")
-    assert ev.resolve_adapter(str(tmp_path / "run")) == want
-    assert ev.resolve_adapter(os.path.dirname(want)) == want and ev.resolve_adapter(want) == want
+    assert resolve_adapter(str(tmp_path / "run")) == want
+    assert resolve_adapter(os.path.dirname(want)) == want and resolve_adapter(want) == want
 
 # ----------------------------------------------------------------------------------------------------------------
 # mdp: a model saved by the mdp pipeline is evaluated on the prompt style and tokenizer it was trained with
@@ -220,11 +222,11 @@ def mdp_run(tmp_path_factory):
 
 def mdp_prompts(monkeypatch):
     """The user messages eval_mdp sends (the real completions still run)."""
-    seen, real = [], ev.complete
+    seen, real = [], evals.mdp.complete
     def spy(model, tok, args, conversations, *a, **k):
         seen.extend(c[-1]["content"] for c in conversations)
         return real(model, tok, args, conversations, *a, **k)
-    monkeypatch.setattr(ev, "complete", spy)
+    monkeypatch.setattr(evals.mdp, "complete", spy)
     return seen
 
 
@@ -235,7 +237,7 @@ def test_mdp_takes_the_prompt_style_from_the_pipeline_run(tmp_path, mdp_run, mon
                    "--out", str(tmp_path / "out"), "--quiet", *flag])
     start = {"compact": "left=", "full": "Find the hidden program."}[style]
     assert len(seen) == 6 * 8 and all(s.startswith(start) for s in seen)   # budgets 0..3: 6 steps, 8 records
-    assert set(res["results"]) == {"model", "random", "max-split", "oracle"}
+    assert set(res["results"]) == {"model", "random", "minimax", "max-split", "oracle"}
     assert f"prompt style: {style}" in (tmp_path / "out" / "report.md").read_text()
 
 
@@ -276,8 +278,8 @@ def test_mdp_stage_adapter_of_a_lora_sft_run_goes_on_the_sft_weights(tmp_path, m
     P.run_pipeline(resolve_args(["--task", "mdp", "--model", "tiny", "--device", "cpu", "--runs-dir",
                                  str(tmp_path), "--run-name", "run", "--quiet"]), cfg)
     run = tmp_path / "run"
-    loaded, real = [], ev.load_model
-    monkeypatch.setattr(ev, "load_model", lambda *a, **k: loaded.append(real(*a, **k)) or loaded[-1])
+    loaded, real = [], evals.mdp.load_model
+    monkeypatch.setattr(evals.mdp, "load_model", lambda *a, **k: loaded.append(real(*a, **k)) or loaded[-1])
     ev.main(["--task", "mdp", "--model", "tiny", "--adapter", str(run / "dpo_adapter"), "--max-new-tokens", "2",
              "--out", str(tmp_path / "out"), "--quiet"])
     assert "folded into --model first" in (tmp_path / "out" / "report.md").read_text()

@@ -82,12 +82,29 @@ def test_oracle_value_is_the_exhaustive_optimum(eval_records):
 def test_oracle_is_never_beaten(eval_records):
     for budget in range(mdp.MAX_BUDGET + 1):
         oracle = mdp.play(mdp.oracle_policy, eval_records, budget)
-        for policy in (mdp.random_policy(0), mdp.random_policy(1), mdp.max_split_policy):
+        for policy in (mdp.random_policy(0), mdp.random_policy(1), mdp.max_split_policy, mdp.minimax_policy):
             for o, s in zip(oracle, mdp.play(policy, eval_records, budget)):
                 w = mdp.world(o["record"])
                 qo, qs = w.quality[mdp.mask_of(o["probed"])], w.quality[mdp.mask_of(s["probed"])]
                 assert qo >= qs - 1e-12
                 assert w.metrics(mdp.mask_of(o["probed"]))["solved"] >= w.metrics(mdp.mask_of(s["probed"]))["solved"]
+
+
+def test_target_blind_baselines_rank_probes_by_their_split(eval_records):
+    """max-split: fewest expected survivors (sum of squared group sizes); minimax: smallest largest group, ties to
+    the max-split criterion. Checked against each state's splits by brute force over the eight letters."""
+    for rec in eval_records[::4]:
+        state = mdp.new_state(rec, mdp.MAX_BUDGET)
+        for _ in range(mdp.MAX_BUDGET):
+            splits = mdp.world(rec).splits(mdp.mask_of(state["probed"]))
+            expected = [sum(b * b for b in g) for g in splits]
+            worst = [max(g) for g in splits]
+            ms = mdp.LETTERS.index(mdp.max_split_policy("", state))
+            mm = mdp.LETTERS.index(mdp.minimax_policy("", state))
+            assert expected[ms] == min(expected)
+            assert worst[mm] == min(worst)
+            assert expected[mm] == min(e for e, w in zip(expected, worst) if w == worst[mm])
+            state = mdp.advance(state, mdp.LETTERS[mm])
 
 
 def test_budget_zero_solves_only_what_the_visible_runs_identify(eval_records):
@@ -141,7 +158,7 @@ def test_report_files(tmp_path, eval_records):
     paths = mdp.write_report(results, str(tmp_path / "report"))
     for name in ("overall_by_policy_budget", "regime_split"):
         rows = list(csv.reader(open(paths[f"{name}.csv"])))
-        assert [r[0] for r in rows[1:]] == ["random", "max-split", "oracle"]
+        assert [r[0] for r in rows[1:]] == ["random", "minimax", "max-split", "oracle"]
         assert open(paths[f"{name}.md"]).read().startswith("| policy |")
     assert open(paths["solve_rate_vs_budget.png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 

@@ -4,7 +4,6 @@ Every checkpoint here is a tiny random-weight model written by transformers' sav
 randomised (norm weights, biases, A_log, dt_bias included) so that no term is trivially identity or zero.
 """
 
-import json
 import math
 
 import pytest

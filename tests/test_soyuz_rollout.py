@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 from argparse import Namespace
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest

@@ -3,7 +3,7 @@
 A policy reads a process state (probes left, how each of the eight probes would split the surviving candidate
 programs) and answers one letter; the verifier runs that probe (minigrpo/mdp.py). The recipe, as the seed ran it:
 
-    0. baselines        random, max-split, same-budget oracle on the eval records (no model)
+    0. baselines        random, minimax, max-split, same-budget oracle on the eval records (no model)
     1. base             the untrained policy. A real Qwen answers zero-shot: it knows the format and, reading the
                         prompt, not to ask the same thing twice, but not which probe is good; the seed's barely beat
                         random. A from-scratch model gets that much from a format pretraining: each train state's
@@ -452,7 +452,7 @@ def run_pipeline(args, cfg: PipelineConfig | None = None) -> dict:
     strip_lora(model)
     clock.lap("grpo")
 
-    results = {"random": base["random"], **results, "max-split": base["max-split"], "oracle": base["oracle"]}
+    results = {**base, **results}                 # finish puts the rows in ORDER
     return finish(results, invalid, clock, run_dir, args)
 
 
@@ -466,7 +466,7 @@ def save_model(model, folder):
 
 
 ORDER = ("random", "base", "SFT", "process-DPO", "shuffled-reward DPO", "scrambled-features DPO", "GRPO",
-         "max-split", "oracle")
+         "minimax", "max-split", "oracle")
 
 
 def finish(results, invalid, clock, run_dir, args) -> dict:

@@ -1,0 +1,159 @@
+"""What every task's evaluation shares: the model and its report columns, batched greedy generation, and the
+report files (results.json, report.md, examples.jsonl, plots). eval.py is the command line; minigrpo/evals/<task>.py
+hold each task's metrics and tables. Why one model serves both the "base" and the "adapter" column: eval.py's
+docstring.
+"""
+import contextlib
+import json
+import os
+import shlex
+import sys
+import time
+
+from minigrpo import report
+from minigrpo.lora import adapters_disabled, fold_lora, load_adapter
+from minigrpo.model import Qwen
+from minigrpo.sampler import sample
+from minigrpo.tokenizer import Tokenizer
+
+
+class UsageError(Exception):
+    """A flag or file the user can fix: printed as one line, exit code 2."""
+
+
+def first_line(e: Exception) -> str:
+    """Library errors are one line already; hub/network errors are paragraphs: keep their first line."""
+    return next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+
+
+def resolve_adapter(path: str) -> str:
+    """An adapter folder; a checkpoint folder (train.py's checkpoints/step-N holds adapter/); or a run folder
+    (its latest checkpoint)."""
+    ckpts = os.path.join(path, "checkpoints")
+    if os.path.isdir(ckpts):
+        steps = sorted((int(d.split("-")[1]), d) for d in os.listdir(ckpts)
+                       if d.startswith("step-") and d.split("-")[1].isdigit())
+        if not steps:
+            raise UsageError(f"--adapter {path}: the run has no checkpoints yet")
+        path = os.path.join(ckpts, steps[-1][1])
+    for folder in (path, os.path.join(path, "adapter")):
+        if os.path.exists(os.path.join(folder, "adapter_config.json")):
+            return folder
+    raise UsageError(f"--adapter {path}: no adapter_config.json there (pass a LoRA adapter folder, a checkpoint "
+                     "folder, or a run folder; a full fine-tune is evaluated with --model)")
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# The model, its columns, and batched generation
+
+def load_model(args, tokenizer=None, fold=None):
+    """(model, tokenizer, columns): columns are (label, context manager factory) pairs, one per report column.
+    `tokenizer`: load it from there instead of --model (a from-scratch model's folder has no tokenizer.json).
+    `fold`: a LoRA adapter folded into the weights before --adapter goes on (see evals/mdp.mdp_stage_base)."""
+    from train import pick_device, pick_dtype   # the repo-root script: evaluations only ever start from eval.py
+    device = pick_device(args.device)
+    dtype = pick_dtype(args.dtype, device)
+    try:
+        model = Qwen.from_pretrained(args.model, dtype=dtype, device=device)
+        tok = Tokenizer.from_pretrained(tokenizer or args.model)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--model {args.model}: {first_line(e)}") from None
+    if fold is not None:
+        try:
+            load_adapter(model, fold, dropout=0.0)
+            fold_lora(model)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--adapter {args.adapter} sits on {fold}: {first_line(e)}") from None
+    if args.adapter is None:
+        return model.eval(), tok, [("model", contextlib.nullcontext)]
+    try:
+        load_adapter(model, args.adapter, dropout=0.0)  # no dropout at eval, whatever the adapter trained with
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--adapter {args.adapter}: {first_line(e)}") from None
+    return model.eval(), tok, [("base", lambda: adapters_disabled(model)), ("adapter", contextlib.nullcontext)]
+
+
+def progress(items, desc, args, total=None):
+    from tqdm import tqdm
+    total = len(items) if total is None else total
+    return tqdm(items, desc=desc, total=total, disable=args.quiet or total < 2, dynamic_ncols=True, file=sys.stderr)
+
+
+def complete(model, tok, args, conversations, stop_strings=(), desc="generate") -> list:
+    """One completion (text) per chat conversation, in the given order. Prompts are sorted longest first so each
+    batch holds similar lengths (less left padding); pads are masked, so a greedy answer does not depend on its
+    batch (up to float rounding)."""
+    prompts = [tok.chat(c, enable_thinking=args.enable_thinking) for c in conversations]
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+    batches = [order[i:i + args.batch_size] for i in range(0, len(order), args.batch_size)]
+    texts = [None] * len(prompts)
+    for k, rows in enumerate(progress(batches, desc, args)):
+        samples = sample(model, [prompts[i] for i in rows], n=1, max_new_tokens=args.max_new_tokens,
+                         temperature=args.temperature, top_p=args.top_p, stop_strings=list(stop_strings),
+                         tokenizer=tok, seed=args.seed * 1_000_003 + k, compile=args.compile)
+        for i, s in zip(rows, samples):
+            texts[i] = s.text
+    return texts
+
+
+def write_jsonl(rows, path):
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, default=float) + "\n")
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# Report files
+
+def run_curves(args, out) -> list:
+    """Training curves of --run: reward from metrics.jsonl, and for gsm8k the per-step accuracy and format
+    compliance of the training samples (samples.jsonl's reward details), which metrics.jsonl does not hold."""
+    if args.run is None:
+        return []
+    rows = report.read_metrics(os.path.join(args.run, "metrics.jsonl"))
+    samples = os.path.join(args.run, "samples.jsonl")
+    if os.path.exists(samples):
+        by_step = per_step_accuracy(report.read_metrics(samples))
+        rows = [{**r, **by_step.get(r.get("step"), {})} for r in rows]
+    keys = [k for k in ("reward_mean", "train_accuracy", "train_lenient_accuracy", "train_format_compliance",
+                        "score_turn0", "recovery", "bad_start_share", "kl", "completion_len")
+            if any(r.get(k) is not None for r in rows)]
+    path = report.plot_curves(rows, os.path.join(out, "training_curves.png"), keys, smooth=max(1, len(rows) // 50))
+    return [path] if path else []
+
+
+def per_step_accuracy(samples: list) -> dict:
+    """{step: {train_accuracy, train_lenient_accuracy, train_format_compliance}} from gsm8k sample details."""
+    steps = {}
+    for s in samples:
+        info = s.get("info") or {}
+        if "correct" in info:
+            steps.setdefault(s["step"], []).append(info)
+    mean = lambda xs: sum(map(float, xs)) / len(xs)  # noqa: E731
+    return {step: {"train_accuracy": mean([i["correct"] for i in infos]),
+                   "train_lenient_accuracy": mean([i.get("lenient_correct", False) for i in infos]),
+                   "train_format_compliance": mean([i.get("format_kind") == "well" for i in infos])}
+            for step, infos in steps.items()}
+
+
+def write_outputs(args, out, payload: dict, tables: list, plots: list, notes: list):
+    settings = {k: v for k, v in vars(args).items() if k != "argv"}
+    report.write_json({"task": args.task, "command": command(args), "settings": settings, **payload},
+                      os.path.join(out, "results.json"))
+    decoding = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, top-p {args.top_p}"
+    lines = [f"# Evaluation: {args.task}", "",
+             f"- model: `{args.model}`" + (f", adapter: `{args.adapter}` (base = the same weights with the "
+                                           "adapter disabled)" if args.adapter else ""),
+             f"- decoding: {decoding}, max {args.max_new_tokens} new tokens; seed {args.seed}",
+             f"- command: `{command(args)}`", f"- date: {time.strftime('%Y-%m-%d %H:%M:%S')}", ""]
+    for title, table in tables:
+        lines += [f"## {title}", "", table.rstrip(), ""]
+    lines += [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in plots if p] + [""]
+    if notes:
+        lines += ["## Notes", ""] + notes + [""]
+    with open(os.path.join(out, "report.md"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+
+
+def command(args) -> str:
+    return "python eval.py " + " ".join(shlex.quote(a) for a in args.argv)
