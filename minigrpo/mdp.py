@@ -182,22 +182,29 @@ def _superset_sum(h: np.ndarray) -> np.ndarray:
     return f
 
 
+def candidates(record: dict) -> tuple:
+    """The pairs that agree with the target on the visible lists, and what every one of them outputs:
+    (cp, cq) (S,) their operators, out (S, 24) on the probe then the hidden lists, the target's (24,), and the
+    visible outputs (2,)."""
+    regime = record["regime"]
+    _, ops = library(record["lib_size"])
+    i, j = record["target"]
+    lists = record["visible"] + record["probes"] + record["hidden"]
+    ops = ops[:, lists].astype(np.int32)                              # (L, 26) outputs on this record's lists
+    vis = np.arange(N_VISIBLE)
+    ov = combine(regime, ops[:, None, vis], ops[None, :, vis])        # (L, L, 2) every pair on the visible lists
+    tv = combine(regime, ops[i, vis], ops[j, vis])                    # (2,)
+    cp, cq = np.nonzero((ov == tv).all(-1))                           # (S,) surviving pairs (p, q)
+    rest = ops[:, N_VISIBLE:]                                         # (L, 24) probe and hidden lists
+    out = combine(regime, rest.take(cp, 0), rest.take(cq, 0)).astype(np.int8)  # (S, 24) outputs fit a byte
+    return cp, cq, out, combine(regime, rest[i], rest[j]).astype(np.int8), tv
+
+
 class World:
     """A record compiled to arrays. A state is (T, r): T = 8-bit mask of probed letters, r = probes left."""
 
     def __init__(self, record: dict):
-        regime = record["regime"]
-        _, ops = library(record["lib_size"])
-        i, j = record["target"]
-        lists = record["visible"] + record["probes"] + record["hidden"]
-        ops = ops[:, lists].astype(np.int32)                              # (L, 26) outputs on this record's lists
-        vis = np.arange(N_VISIBLE)
-        ov = combine(regime, ops[:, None, vis], ops[None, :, vis])        # (L, L, 2) every pair on the visible lists
-        tv = combine(regime, ops[i, vis], ops[j, vis])                    # (2,)
-        cp, cq = np.nonzero((ov == tv).all(-1))                           # (S,) surviving pairs (p, q)
-        rest = ops[:, N_VISIBLE:]                                         # (L, 24) probe and hidden lists
-        out = combine(regime, rest.take(cp, 0), rest.take(cq, 0)).astype(np.int8)  # (S, 24) outputs fit a byte
-        target = combine(regime, rest[i], rest[j]).astype(np.int8)        # (24,)
+        _, _, out, target, tv = candidates(record)
         probe_out, self.target_probe = np.ascontiguousarray(out[:, :N_PROBES]), target[:N_PROBES]  # (S, 8), (8,)
         ok = (out[:, N_PROBES:] == target[N_PROBES:]).all(1)              # (S,) hidden-equivalent to the target
         code = np.packbits(probe_out == self.target_probe, axis=1, bitorder="little")[:, 0]  # (S,) agreement bits

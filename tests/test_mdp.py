@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from minigrpo import mdp
+from minigrpo.mdp_planner import belief, planner_policy
 from minigrpo.tasks.mdp import MDPTask, parse_letter
 
 # The naive twin of mdp._reducers: one plain-Python function per reducer (empty list -> 0).
@@ -107,6 +108,28 @@ def test_target_blind_baselines_rank_probes_by_their_split(eval_records):
             state = mdp.advance(state, mdp.LETTERS[mm])
 
 
+def test_planner_is_the_target_blind_optimum():
+    """Played against every target the visible runs leave possible, the planner solves on average exactly the value
+    its recursion computed (so it is the game's, and it does not peek: a policy that saw the target would beat its
+    own value), at least as often as each target-blind baseline, and never more often than the oracle."""
+    sees_further = 0
+    for seed in range(4):
+        rec = mdp.make_record(128, "pair_affine_mod", seed, "eval")
+        cp, cq, _, _, _ = mdp.candidates(rec)
+        recs = [{**rec, "target": [int(p), int(q)], "id": f"{rec['id']}~{p},{q}"} for p, q in zip(cp, cq) if p != q]
+        for budget in (1, 2):
+            solved = {name: np.array([mdp.world(s["record"]).metrics(mdp.mask_of(s["probed"]))["solved"]
+                                      for s in mdp.play(fn, recs, budget)])
+                      for name, fn in {"planner": planner_policy, **mdp.BASELINES}.items()}
+            b = belief(rec)
+            assert solved["planner"].mean() == pytest.approx(max(b.letter_values(b.alive(()), budget, ())))
+            for name in ("random", "minimax", "max-split"):
+                assert solved["planner"].mean() >= solved[name].mean() - 1e-12
+            sees_further += solved["planner"].mean() > max(solved["minimax"].mean(), solved["max-split"].mean())
+            assert (solved["oracle"] >= solved["planner"]).all()
+    assert sees_further        # on some record it beats both one-step heuristics (seed 2, budget 1: 6/9 vs 5/9)
+
+
 def test_budget_zero_solves_only_what_the_visible_runs_identify(eval_records):
     def never(text, state):
         raise AssertionError("no probe may be asked at budget 0")
@@ -161,6 +184,22 @@ def test_report_files(tmp_path, eval_records):
         assert [r[0] for r in rows[1:]] == ["random", "minimax", "max-split", "oracle"]
         assert open(paths[f"{name}.md"]).read().startswith("| policy |")
     assert open(paths["solve_rate_vs_budget.png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_baselines_command(tmp_path, capsys):
+    """`python mdp.py baselines --planner --out DIR`: the tables with the planner between the heuristics and the
+    oracle, and the report files; a bad --per-cell is refused with a one-line message."""
+    import importlib
+    cli = importlib.import_module("mdp")                   # the repo-root script, not minigrpo.mdp
+    cli.main(["baselines", "--per-cell", "1", "--seed", "5", "--planner", "--out", str(tmp_path)])
+    assert "8 eval records (1 per regime x library size), seed 5" in capsys.readouterr().out
+    rows = list(csv.reader(open(tmp_path / "overall_by_policy_budget.csv")))
+    assert [r[0] for r in rows[1:]] == ["random", "minimax", "max-split", "planner", "oracle"]
+    solved3 = {r[0]: float(r[4]) for r in rows[1:]}
+    assert solved3["planner"] <= solved3["oracle"]          # the planner is optimal in expectation, not per record
+    with pytest.raises(SystemExit) as e:
+        cli.main(["baselines", "--per-cell", "0"])
+    assert e.value.code == 2 and "--per-cell must be at least 1" in capsys.readouterr().err
 
 
 def test_task_prompt_reward_and_helpers():
