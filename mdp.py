@@ -21,7 +21,7 @@ def cmd_baselines(args):
     t0 = time.time()
     records = mdp.build_records(args.split, args.per_cell, args.seed)
     results = mdp.baselines(records)
-    if args.planner:   # the deployable ceiling (minigrpo/mdp_planner.py), between the heuristics and the oracle
+    if args.planner:   # the ceiling without the target (minigrpo/mdp_planner.py), between the heuristics and the oracle
         oracle = results.pop("oracle")
         results.update(planner=mdp.evaluate(planner_policy, records), oracle=oracle)
     (h1, r1), (h2, r2) = mdp.report_tables(results)

@@ -1,17 +1,19 @@
-"""The verifier MDP's deployable ceiling: Bayes-optimal play without the target.
+"""The verifier MDP's ceiling for target-blind play: Bayes-optimal play without the target.
 
 The oracle (minigrpo/mdp.py) knows the target; max-split and minimax do not, but look one probe ahead and only at
-group sizes. The planner knows what a deployed searcher could know -- every candidate pair and its outputs on the
-probe and hidden lists -- and not the target, which it takes to be uniform over the surviving pairs (a record's
-target is two different operators, so pairs (p, p) are candidates but never the target). It plays the letter with
-the highest probability that the game ends solved:
+group sizes. The planner knows everything but the target -- every candidate pair and its outputs on the probe and
+the hidden lists -- and takes the target to be uniform over the surviving pairs (a record's target is two different
+operators, so pairs (p, p) are candidates but never the target). It plays the letter with the highest probability
+that the game ends solved:
 
     V_0(S) = 1 if every candidate in S has the same hidden outputs, else 0
     V_r(S) = 1 if so already, else max over unprobed letters a of  sum over a's output groups g  P(g | S) V_{r-1}(S_g)
 
 with P(g | S) the share of S's possible targets that output g. Ties go to max-split's letter (fewer expected
 survivors). What separates it from max-split is exactly what neither prompt shows: whether a group's candidates
-agree on the hidden inputs, and what the next probes could still separate.
+agree on the hidden inputs, and what the next probes could still separate. It maximises the expected solve rate
+given all it knows, so no policy that does not see the target beats it on average, whatever else it knows or not
+(a real searcher would not know the hidden lists: it is an upper bound for one, not a recipe).
 
 It is slow next to the other baselines -- a second or so per record at budget 3, in numpy and Python recursion -- so
 it is not part of `mdp.BASELINES` or the pipeline's report: `python mdp.py baselines --planner` adds its row.
