@@ -15,8 +15,8 @@ agree on the hidden inputs, and what the next probes could still separate. It ma
 given all it knows, so no policy that does not see the target beats it on average, whatever else it knows or not
 (a real searcher would not know the hidden lists: it is an upper bound for one, not a recipe).
 
-It is slow next to the other baselines -- a second or so per record at budget 3, in numpy and Python recursion -- so
-it is not part of `mdp.BASELINES` or the pipeline's report: `python mdp.py baselines --planner` adds its row.
+It is slow next to the other baselines -- about a second per record for budgets 0-3, in numpy and Python recursion --
+so it is not in `mdp.BASELINES` or the pipeline's report: `python mdp.py baselines --planner` adds its row.
 """
 import numpy as np
 
