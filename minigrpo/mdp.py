@@ -327,11 +327,14 @@ def random_policy(seed: int = 0):
     return lambda text, state: LETTERS[seeded_rng(seed, state["id"]).integers(N_PROBES)]
 
 
+def expected_survivors(state: dict) -> list:
+    """Per letter, sum(b^2) over its split's groups b: n times the expected survivors if it is probed now."""
+    return [sum(b * b for b in g) for g in world(state["record"]).splits(mask_of(state["probed"]))]
+
+
 def max_split_policy(text: str, state: dict) -> str:
-    """The probe whose split leaves the fewest expected survivors, sum(b^2) over its groups (target-blind)."""
-    w = world(state["record"])
-    expected = [sum(b * b for b in g) for g in w.splits(mask_of(state["probed"]))]
-    return LETTERS[int(np.argmin(expected))]
+    """The probe whose split leaves the fewest expected survivors (target-blind)."""
+    return LETTERS[int(np.argmin(expected_survivors(state)))]
 
 
 def minimax_policy(text: str, state: dict) -> str:
@@ -339,8 +342,8 @@ def minimax_policy(text: str, state: dict) -> str:
     target-blind). Ties go to fewer expected survivors (max-split's sum(b^2)), then to the first letter. It is the
     ranking the compact prompt shows (tasks/mdp.compact_text: each probe's largest-group share), so it measures
     how far a policy reading only that prompt can get with one-step play."""
-    w = world(state["record"])
-    key = [(g[0], sum(b * b for b in g)) for g in w.splits(mask_of(state["probed"]))]
+    largest = [g[0] for g in world(state["record"]).splits(mask_of(state["probed"]))]
+    key = list(zip(largest, expected_survivors(state)))
     return LETTERS[min(range(N_PROBES), key=key.__getitem__)]
 
 

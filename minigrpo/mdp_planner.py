@@ -56,7 +56,7 @@ class Belief:
     def letter_values(self, idx: np.ndarray, left: int, seen: tuple) -> list:
         """For each letter, P(solved) if it is probed now and the rest is played optimally (-1: probed already)."""
         probed = {a for a, _ in seen}
-        total = self.weight[idx].sum()
+        total, c = self.weight[idx].sum(), self.cls[idx]
         values = []
         for a in range(mdp.N_PROBES):
             if a in probed:
@@ -65,7 +65,6 @@ class Belief:
             outs, group = np.unique(self.rows[idx, a], return_inverse=True)
             w = np.bincount(group, weights=self.weight[idx], minlength=len(outs))           # target mass per group
             if left == 1:   # the last probe, vectorised: a group ends solved iff one hidden class is left in it
-                c = self.cls[idx]
                 lo = np.full(len(outs), c.max())
                 hi = np.full(len(outs), c.min())
                 np.minimum.at(lo, group, c)
@@ -102,5 +101,5 @@ def planner_policy(text: str, state: dict) -> str:
     seen = tuple((a, int(w.target_probe[a])) for a in sorted({mdp.LETTERS.index(c) for c in state["probed"]
                                                                if c in mdp.LETTERS}))
     values = b.letter_values(b.alive(seen), state["left"], seen)
-    expected = [sum(x * x for x in g) for g in w.splits(mdp.mask_of(state["probed"]))]
+    expected = mdp.expected_survivors(state)
     return mdp.LETTERS[min(range(mdp.N_PROBES), key=lambda a: (-round(values[a], 9), expected[a]))]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from minigrpo.lora import (DEFAULT_TARGETS, LoRALinear, adapters_disabled, export_merged, inject_lora, load_adapter,
-                           lora_layers, merge_lora, save_adapter, unmerge_lora)
+                           fold_lora, lora_layers, merge_lora, save_adapter, strip_lora, unmerge_lora)
 from minigrpo.model import Qwen, QwenConfig
 
 KINDS = ["tiny", "tiny-qwen3.5"]
@@ -118,6 +118,22 @@ def test_merge_equals_unmerged(kind):
     assert (model(x) - unmerged).abs().max() <= 1e-5
     with adapters_disabled(model):
         assert (model(x) - base).abs().max() <= 1e-5
+
+
+def test_strip_and_fold_leave_a_plain_model():
+    """strip_lora drops unmerged adapters (the base function comes back); fold_lora keeps their function in the
+    weights (the mdp pipeline's SFT weights that its DPO and GRPO adapters sit on)."""
+    x = ids()
+    for drop, keeps_adapter in ((strip_lora, False), (fold_lora, True)):
+        model = Qwen.from_pretrained("tiny")
+        base = model(x)
+        inject_lora(model, r=4, alpha=8)
+        randomise_lora(model)
+        tuned = model(x)
+        assert not torch.allclose(tuned, base, atol=1e-4)
+        drop(model)
+        assert not lora_layers(model) and not hasattr(model, "lora_config")
+        assert (model(x) - (tuned if keeps_adapter else base)).abs().max() <= 1e-5
 
 
 def test_bf16_keeps_base_dtype_and_fp32_adapters():

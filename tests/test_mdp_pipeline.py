@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from minigrpo import grpo
-from minigrpo.lora import inject_lora, lora_layers, strip_lora
 from minigrpo.tasks import mdp_pipeline as P
 from minigrpo.tasks.mdp import MDPTask, compact_text, messages_for, relabel
 from minigrpo.tokenizer import Tokenizer
@@ -43,18 +42,6 @@ def test_answer_logprobs_match_token_logprobs():
     ref = torch.where(mask, full[:, T - 1 - K:], 0.0).sum(-1)
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
     assert mask.sum(-1).tolist() == [len(a) for _, a in items]
-
-
-def test_strip_lora_restores_the_model():
-    model = P.scratch_model(SMALL, 0, "cpu", torch.float32)
-    ids = torch.randint(0, 256, (2, 7))
-    before = model(ids)
-    for p in inject_lora(model, r=4, alpha=8):
-        torch.nn.init.normal_(p)
-    assert not torch.allclose(model(ids), before)
-    strip_lora(model)
-    assert not lora_layers(model)
-    torch.testing.assert_close(model(ids), before)
 
 
 def test_shrunken_pipeline_sft_beats_random(tmp_path):
