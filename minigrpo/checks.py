@@ -36,10 +36,6 @@ import sys
 import tempfile
 import time
 
-NOBODY = 65534
-# nproc counts every process and thread of the sandbox user (nobody), so it is one budget shared by the sandboxes
-# running at once: high enough for 8 tests using thread pools, low enough to stop a fork bomb early.
-SANDBOX_DEFAULTS = {"timeout": 10.0, "memory_mb": 2048, "fsize_mb": 16, "nproc": 256}
 
 # ----------------------------------------------------------------------------------------------------------------
 # Getting at the parts of an answer
@@ -229,118 +225,76 @@ def _check_not(check, answer):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Python checks and the sandbox
+# Python checks: decided by the trusted driver (minigrpo/pydriver.py), the answer sandboxed (minigrpo/sandbox.py)
 
-@functools.lru_cache(maxsize=None)
-def _isolation():
-    """(argv prefix, weaknesses) of the strongest isolation that works on this machine, probed once."""
-    root = os.geteuid() == 0
-    ns = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc"]
-    if not root:
-        ns = ["unshare", "--user", "--map-root-user"] + ns[1:]    # unprivileged user namespace, where allowed
-    drop = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"] if root else []
-    as_root = ["runs as root, so RLIMIT_NPROC does not bind and it can write wherever root can"] if root else []
-    no_ns = ["network not cut", "no pid namespace, so children that leave the process group may outlive it"]
-    for prefix, weak in [(ns + drop, []), (ns, as_root), (drop, no_ns), ([], no_ns + as_root)]:
-        if _works(prefix):
-            return prefix, weak
+_DRIVER_MARGIN = 10.0     # seconds the driver process gets beyond its checks' own time limits (start-up, pandas)
 
 
-def _works(prefix):
-    if not prefix:
-        return True
-    if not all(shutil.which(tool) for tool in prefix if not tool.startswith("-")):
-        return False
-    folder = tempfile.mkdtemp(prefix="minigrpo-probe-")
-    try:
-        if "setpriv" in prefix:
-            os.chown(folder, NOBODY, NOBODY)
-        run = subprocess.run(prefix + [sys.executable, "-I", "-c", "pass"], cwd=folder, capture_output=True,
-                             timeout=30)
-        return run.returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+def missing_packages(check):
+    """Packages a python check `requires` that this interpreter cannot import: a declared environment gap."""
+    return [m for m in check.get("requires", []) if importlib.util.find_spec(m) is None]
 
 
-# Runs inside the sandbox before the test: lower the limits (allowed without privileges), then run the test file
-# with the sandbox folder on sys.path (-I leaves the script folder out, so `from solution import *` needs this).
-_RUNNER = """import resource, runpy, sys
-for name, value in {limits!r}:
-    resource.setrlimit(getattr(resource, name), (value, value))
-sys.path.insert(0, "")
-sys.argv = ["check_test.py"]
-runpy.run_path("check_test.py", run_name="__main__")
-"""
+def run_python_checks(checks, answer):
+    """[(True | False | None, reason), ...] for python checks on one answer, run by one driver process (each
+    criterion in a fresh sandbox of its own). None only for a declared environment gap (a package in `requires`
+    not installed); anything the answer causes -- or a driver that fails -- fails the criterion."""
+    out = [None] * len(checks)
+    todo = []
+    for i, check in enumerate(checks):
+        if missing := missing_packages(check):
+            out[i] = (None, f"unchecked: package {missing} not installed")
+        elif not (code := _target(check, answer, default="code")).strip():
+            out[i] = (False, "no code found (no python/untagged fenced block)")
+        else:
+            todo.append((i, check, code))
+    by_code = {}
+    for i, check, code in todo:
+        by_code.setdefault(code, []).append((i, check))
+    for code, items in by_code.items():
+        for (i, _), result in zip(items, _run_driver(code, [check for _, check in items])):
+            out[i] = result
+    return out
 
 
-def run_python_sandboxed(files, test, timeout=10.0, memory_mb=2048, fsize_mb=16, nproc=256):
-    """Write `files` ({name: source}) and `test` into a fresh folder and run the test there, contained.
-    Returns (returncode | None on timeout, output tail, weaknesses list)."""
-    prefix, weak = _isolation()
-    limits = [("RLIMIT_CPU", int(timeout) + 1), ("RLIMIT_AS", memory_mb << 20), ("RLIMIT_FSIZE", fsize_mb << 20),
-              ("RLIMIT_NPROC", nproc), ("RLIMIT_CORE", 0)]
-    folder = tempfile.mkdtemp(prefix="run-", dir=_sandbox_base())
-    try:
-        for name, source in {**files, "check_test.py": test}.items():
-            with open(os.path.join(folder, name), "w") as f:
-                f.write(source)
-        if "setpriv" in prefix:
-            for name in os.listdir(folder) + [""]:
-                os.chown(os.path.join(folder, name), NOBODY, NOBODY)
-        os.chmod(folder, 0o700)
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": folder, "TMPDIR": folder, "LANG": "C.UTF-8",
-               "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        argv = prefix + [sys.executable, "-I", "-c", _RUNNER.format(limits=limits)]
-        with tempfile.TemporaryFile() as out:   # outside the folder; RLIMIT_FSIZE bounds it too
-            proc = subprocess.Popen(argv, cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-            try:
-                rc = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                rc = None
-            _kill_group(proc)    # always: the test may have left children behind
-            out.seek(max(0, out.seek(0, 2) - 2000))
-            tail = out.read().decode("utf-8", "replace")
-        return rc, tail, weak
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+def _run_driver(code, checks):
+    job = json.dumps({"code": code, "checks": checks})
+    limit = sum(float(c.get("timeout", SANDBOX_DEFAULTS["timeout"])) + 2 for c in checks) + _DRIVER_MARGIN
+    with tempfile.TemporaryDirectory(prefix="minigrpo-driver-") as folder:
+        with open(os.path.join(folder, "solution.py"), "w") as f:    # for code-inspection criteria
+            f.write(code)
+        env = {**os.environ, "PYTHONPATH": _PROJECT_ROOT, "PYTHONDONTWRITEBYTECODE": "1"}
+        try:
+            run = subprocess.run([sys.executable, "-m", "minigrpo.pydriver"], input=job, capture_output=True,
+                                 text=True, timeout=limit, cwd=folder, env=env, start_new_session=True)
+            results = json.loads(run.stdout.strip().splitlines()[-1])["results"]
+            if len(results) != len(checks):
+                raise ValueError("result count")
+        except (subprocess.TimeoutExpired, ValueError, IndexError, KeyError, TypeError, OSError) as e:
+            reason = f"the check driver failed ({type(e).__name__}); a failure of the judge never passes"
+            return [(False, reason)] * len(checks)
+    note = _weaker_note()
+    return [(bool(passed) if passed is not None else False, str(reason) + note) for passed, reason in results]
+
+
+def _weaker_note():
+    weak = sandbox_isolation()[1]
+    return f" (weaker sandbox: {', '.join(weak)})" if weak else ""
 
 
 @functools.lru_cache(maxsize=None)
-def _sandbox_base():
-    """Root of the sandbox folders: traversable but not listable or writable by others, so a sandboxed test cannot
-    write next to its folder (../x) nor see its neighbours."""
-    base = tempfile.mkdtemp(prefix="minigrpo-sandboxes-")
-    os.chmod(base, 0o711)
-    atexit.register(shutil.rmtree, base, True)
-    return base
+def sandbox_isolation():
+    """(level, weaknesses) of the answer sandbox on this machine (probed once)."""
+    from minigrpo.sandbox import isolation
+    return isolation()
 
 
-def _kill_group(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
+_PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SANDBOX_DEFAULTS = {"timeout": 10.0, "memory_mb": 2048, "fsize_mb": 16, "nproc": 64}
 
 
 def _check_python(check, answer):
-    missing = [m for m in check.get("requires", []) if importlib.util.find_spec(m) is None]
-    if missing:
-        return None, f"unchecked: package {missing} not installed"
-    code = _target(check, answer, default="code")
-    if not code.strip():
-        return False, "no code found (no python/untagged fenced block)"
-    opts = {k: check[k] for k in SANDBOX_DEFAULTS if k in check}
-    t0 = time.monotonic()
-    rc, tail, weak = run_python_sandboxed({"solution.py": code}, check["test"], **{**SANDBOX_DEFAULTS, **opts})
-    note = f" (weaker sandbox: {', '.join(weak)})" if weak else ""
-    if rc is None:
-        return False, f"timed out after {time.monotonic() - t0:.1f}s{note}"
-    last = tail.strip().splitlines()[-1][:300] if tail.strip() else ""
-    return rc == 0, ("tests passed" if rc == 0 else f"tests failed (exit {rc}): {last}") + note
+    return run_python_checks([check], answer)[0]
 
 
 # ----------------------------------------------------------------------------------------------------------------
