@@ -3,7 +3,7 @@
     python judge.py --task semver-compare --answer answer.md                      # local machine checks
     python judge.py --task haiku --answer a.txt --judge claude --model sonnet     # claude -p
     python judge.py --task haiku --answer a.txt --judge http://localhost:8000 --model Qwen/Qwen3-8B
-    python judge.py --task haiku --answer a.txt --judge "cmd:ollama run qwen3" --hybrid
+    python judge.py --task haiku --answer a.txt --judge "cmd:ollama run qwen3" --judge-mode llm   # LLM grades all
 
 Exit code 0 with a verdict, 1 when the judge failed after its retries, 2 for a usage error.
 """
@@ -28,7 +28,9 @@ def parse_args(argv):
     p.add_argument("--model", default=None, help="grader model (claude --model, or the chat-completions model)")
     p.add_argument("--max-turns", type=int, default=None, help="claude --max-turns")
     p.add_argument("--claude-args", default="", help="extra arguments for claude -p, one shell-quoted string")
-    p.add_argument("--hybrid", action="store_true", help="machine checks decide their criteria; the LLM the rest")
+    p.add_argument("--judge-mode", choices=["hybrid", "llm"], default="hybrid",
+                   help="LLM judges: hybrid (default) = machine checks decide their criteria, the LLM the rest; "
+                        "llm = the LLM grades every criterion (the seed's grading)")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds per grader call")
     p.add_argument("--retries", type=int, default=2, help="retries after an invalid or failed call")
     p.add_argument("--json", action="store_true", help="print the verdict as JSON")
@@ -60,7 +62,7 @@ def main(argv=None):
         if args.task not in tasks:
             raise ValueError(f"{args.tasks}: no task with id {args.task!r} (have {', '.join(sorted(tasks))})")
         answer = sys.stdin.read() if args.answer == "-" else open(args.answer).read()
-        judge = make_judge(args.judge, workers=1, timeout=args.timeout, retries=args.retries, hybrid=args.hybrid,
+        judge = make_judge(args.judge, workers=1, timeout=args.timeout, retries=args.retries, hybrid=args.judge_mode == "hybrid",
                            **backend_options(args))
     except FileNotFoundError as e:
         print(f"judge.py: {e.filename}: no such file (check --tasks / --answer)", file=sys.stderr)

@@ -12,8 +12,14 @@ Backends, chosen by one spec string (`make_judge(spec)`, `judge.py --judge SPEC`
   cmd:<command line> any program (shlex-split) reading the prompt on stdin and printing the verdict on stdout.
   http(s)://host...  an OpenAI-compatible /v1/chat/completions server (vLLM, llama.cpp, Ollama, hosted APIs);
                      temperature 0, `model=`; key from $MINIGRPO_JUDGE_API_KEY or $OPENAI_API_KEY (`api_key_env=`).
-With hybrid=True an LLM backend only grades the criteria that have no machine check (or whose check could not
-run); machine-checked criteria are decided locally, which is cheaper and cannot be talked into a pass.
+Hybrid (the default for LLM backends): the LLM only grades the criteria that have no machine check, or whose check
+is a declared environment gap (a package it requires is not installed); machine-checked criteria are decided
+locally, which is cheaper and cannot be talked into a pass. hybrid=False (`--judge-mode llm`) hands every criterion
+to the LLM, as the seed did.
+
+Failures never pay: a machine check that fails or raises on an answer fails its criterion (never "unchecked"), and
+a grader call that fails after its retries gives None, which the trainer counts: `JUDGE_DOWN_STEPS` steps in a row
+with no grade at all stop the run (see minigrpo/tasks/soyuz.py).
 
 Hardening. The answer is written by the policy being trained, so it is an adversary: the prompt fences it between
 two lines of a random delimiter that does not occur in it and tells the grader it is data, not instructions. The
@@ -45,13 +51,13 @@ import urllib.error
 import urllib.request
 import weakref
 
-from minigrpo.checks import run_check, validate_check
+from minigrpo.checks import run_check, run_python_checks, validate_check
 
 __all__ = ["CriterionResult", "Verdict", "Judge", "make_judge", "run_check", "build_prompt", "parse_verdict",
            "InvalidVerdict", "BackendError", "load_tasks", "validate_task"]
 
 log = logging.getLogger("minigrpo.judge")
-PROMPT_VERSION = 1     # part of the cache key: change it when the prompt changes meaning
+PROMPT_VERSION = 2     # part of the cache key: change it when the prompt or the machine checks change meaning
 
 
 @dataclasses.dataclass
@@ -378,7 +384,7 @@ class VerdictCache:
 
 class Judge:
     def __init__(self, spec="local", backend=None, workers=8, timeout=180.0, retries=2, backoff=2.0,
-                 cache_path=None, hybrid=False):
+                 cache_path=None, hybrid=True):
         self.spec, self.backend, self.timeout, self.retries, self.backoff = spec, backend, timeout, retries, backoff
         self.hybrid = hybrid and backend is not None
         self.cache = VerdictCache(cache_path) if cache_path else None
@@ -420,13 +426,15 @@ class Judge:
     def _grade(self, task, answer):
         machine = {}
         if self.backend is None or self.hybrid:
-            machine = {c["id"]: self._machine(c, answer) for c in task["criteria"] if c.get("check")}
+            machine = self._machine(task["criteria"], answer)
         if self.backend is None:    # local: criteria without a machine check stay unchecked
             results = [machine.get(c["id"], CriterionResult(c["id"], None, "unchecked: no machine check"))
                        for c in task["criteria"]]
             v = Verdict(results)
             v.reason = f"{v.passed}/{v.checked} machine checks passed, {v.total - v.checked} criteria unchecked"
             return v
+        # the LLM grades what has no machine check, or whose check is a declared environment gap (None); a
+        # machine check that ran decides its criterion, pass or fail
         ask = [c for c in task["criteria"] if c["id"] not in machine or machine[c["id"]].passed is None]
         llm = self._ask(task, answer, ask) if ask else Verdict([], "all criteria machine-checked")
         if llm is None:
@@ -434,13 +442,25 @@ class Judge:
         by_id = {**machine, **{r.id: r for r in llm.results}}
         return Verdict([by_id[c["id"]] for c in task["criteria"]], llm.reason)
 
-    def _machine(self, criterion, answer):
-        try:
-            passed, reason = run_check(criterion["check"], answer)
-        except Exception as e:    # a check must never take the run down; say why in the verdict
-            log.warning("judge: check of criterion %s raised %r", criterion["id"], e)
-            passed, reason = None, f"unchecked: check raised {type(e).__name__}: {e}"
-        return CriterionResult(criterion["id"], passed, reason)
+    def _machine(self, criteria, answer):
+        """{id: CriterionResult} of the criteria that have a machine check. Python checks of one answer go to one
+        driver process. Anything that goes wrong while checking fails the criterion (the answer may have caused
+        it); only a declared environment gap (a package the check requires is not installed) is unchecked."""
+        out = {}
+        checked = [c for c in criteria if c.get("check")]
+        python = [c for c in checked if c["check"]["type"] == "python"]
+        for c, (passed, reason) in zip(python, run_python_checks([c["check"] for c in python], answer)):
+            out[c["id"]] = CriterionResult(c["id"], passed, reason)
+        for c in checked:
+            if c["id"] in out:
+                continue
+            try:
+                passed, reason = run_check(c["check"], answer)
+            except Exception as e:    # never None: a check that raises on this answer fails it
+                log.warning("judge: check of criterion %s raised %r", c["id"], e)
+                passed, reason = False, f"check failed on this answer ({type(e).__name__})"
+            out[c["id"]] = CriterionResult(c["id"], passed, reason)
+        return out
 
     def _ask(self, task, answer, criteria):
         ids = [c["id"] for c in criteria]
@@ -469,7 +489,7 @@ class Judge:
                 self.counts[k] += v
 
 
-def make_judge(spec="local", workers=8, timeout=180.0, retries=2, cache_path=None, backoff=2.0, hybrid=False,
+def make_judge(spec="local", workers=8, timeout=180.0, retries=2, cache_path=None, backoff=2.0, hybrid=True,
                max_output=1 << 20, **backend_opts):
     """A Judge for `spec` ("local", "claude", "cmd:<command>", "http(s)://..."). backend_opts: claude: claude_bin,
     model, max_turns, claude_args; http: model, api_key_env, max_tokens; none for local and cmd."""

@@ -21,8 +21,11 @@ Helpers a test sees besides the answer's names:
                                     data): for criteria that need the answer's objects in its own process (an event
                                     loop, a monkeypatched library, click's runner). The snippet holds inputs and
                                     fakes, never expected values: the asserts stay here.
-  answer_files(**{name: text})      files to place in the sandbox's work folder before the answer starts
   solution_source                   the answer's code as text (for code-inspection criteria)
+
+A check may also carry `files` ({name: text}, placed in the sandbox's work folder before the answer starts, e.g.
+the implementations an answer's own test suite is run against) and `stub_if_missing` ({module: source}, placed
+only when the judge's Python cannot import that module).
 
 Reasons name the criterion's line and the kind of failure (assertion, the answer raised X, not plain data,
 exited, timed out); they never quote the test or anything the answer printed.
@@ -205,9 +208,6 @@ class Answer:
         except wire.ProtocolError as e:
             self.failure = f"the answer's reply is not plain data ({e})"
             raise CaseFatal(self.failure) from None
-        except (BrokenPipeError, OSError):
-            self.failure = self.failure or "the answer's process exited or was killed (an exit is never a pass)"
-            raise CaseFatal(self.failure) from None
         self.check_cpu()
         return result
 
@@ -248,6 +248,7 @@ def run_criterion(code, check):
                     nproc=int(check.get("nproc", 64)), fsize_mb=int(check.get("fsize_mb", 16)))
     files = {f"{name}.py": source for name, source in check.get("stub_if_missing", {}).items()
              if importlib.util.find_spec(name) is None}
+    files.update(check.get("files", {}))
     answer = None
     try:
         answer = Answer(code, limits, files)

@@ -74,17 +74,26 @@ def builtin_base(cls):
 # Framing
 
 def send_message(stream, message):
-    data = json.dumps(message, separators=(",", ":")).encode()
+    try:
+        data = json.dumps(message, separators=(",", ":")).encode()
+    except (ValueError, RecursionError) as e:
+        raise ProtocolError(f"unencodable message: {type(e).__name__}") from None
     if len(data) > MAX_MESSAGE:
         raise ProtocolError(f"message of {len(data)} bytes")
-    stream.write(struct.pack(">I", len(data)) + data)
-    stream.flush()
+    try:
+        stream.write(struct.pack(">I", len(data)) + data)
+        stream.flush()
+    except OSError:
+        raise PeerGone("channel closed") from None
 
 
 def _read_exact(stream, n):
     chunks, left = [], n
     while left:
-        chunk = stream.read(left)
+        try:
+            chunk = stream.read(left)
+        except OSError:
+            chunk = b""
         if not chunk:
             raise PeerGone("channel closed")
         chunks.append(chunk)

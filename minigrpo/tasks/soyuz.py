@@ -19,11 +19,20 @@ import os
 from collections import deque
 
 from minigrpo import grpo
+from minigrpo.checks import missing_packages, sandbox_isolation
 from minigrpo.judge import make_judge
 from minigrpo.tasks import Seq
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "soyuz_tasks.json")
 BAD = 0.5  # below this a turn-0 answer counts as bad: harsh critique, and it counts for "recovery"
+JUDGE_DOWN_STEPS = 3    # steps in a row in which the judge graded nothing stop the run (a grader that is down)
+QUOTED_REASONS = {"python", "count", "syllables", "rhyme"}   # checks whose reasons the critique may quote: the
+# python driver writes its own (criterion line, failure kind; never the test or the answer's output) and the
+# others state numbers; a regex or phrase check's reason would hand the policy the hidden pattern
+
+
+class JudgeDown(RuntimeError):
+    """The judge gave no grade at all for JUDGE_DOWN_STEPS steps in a row."""
 
 
 def load_tasks(path: str = DATA) -> list[dict]:
@@ -42,10 +51,9 @@ def critique(verdict, task: dict | None = None, max_problems: int = 6) -> str:
     reason for failing it."""
     if verdict is None or verdict.score is None:
         return "Review your answer against every requirement of the task and give an improved, complete answer."
-    texts = {c["id"]: c["text"] for c in (task or {}).get("criteria", [])}
+    criteria = {c["id"]: c for c in (task or {}).get("criteria", [])}
     failed = [r for r in verdict.results if r.passed is False]
-    problems = "; ".join(f"{texts.get(r.id, r.id)} ({r.reason})" if r.reason else texts.get(r.id, r.id)
-                         for r in failed[:max_problems])
+    problems = "; ".join(_problem(criteria.get(r.id), r) for r in failed[:max_problems])
     if len(failed) > max_problems:
         problems += f"; and {len(failed) - max_problems} more"
     n = round(10 * verdict.score)
@@ -57,6 +65,29 @@ def critique(verdict, task: dict | None = None, max_problems: int = 6) -> str:
                 "Revise it to fix these while keeping what already works; give the full revised answer.")
     return ("Your answer scored 10/10. Check it once more for correctness and clarity and give the final, full "
             "version.")
+
+
+def _problem(criterion, result):
+    """One failed criterion as the critique states it: its text, and the reason where the reason is ours."""
+    if criterion is None:
+        return result.id
+    kind = (criterion.get("check") or {}).get("type")
+    return f"{criterion['text']} ({result.reason})" if result.reason and kind in QUOTED_REASONS else criterion["text"]
+
+
+def judge_notes(tasks, judge_spec):
+    """Lines to print once at start: the local checks' environment gaps and a weaker sandbox, if any."""
+    notes = []
+    gaps = sorted({m for t in tasks for c in t["criteria"] if c.get("check")
+                   for m in missing_packages(c["check"])})
+    if gaps:
+        n = sum(bool(missing_packages(c["check"])) for t in tasks for c in t["criteria"] if c.get("check"))
+        where = "left to the LLM judge" if judge_spec != "local" else "unchecked (out of the score)"
+        notes.append(f"judge: {n} criteria need packages not installed here ({', '.join(gaps)}): {where}")
+    level, weak = sandbox_isolation()
+    if weak:
+        notes.append(f"judge: weaker sandbox for answer code ({level}): {'; '.join(weak)}")
+    return notes
 
 
 class SoyuzTask:
@@ -71,6 +102,9 @@ class SoyuzTask:
         self.chunk = chunk        # tasks per sampler call: small chunks let judging overlap generation
         self.judge = judge_obj or make_judge(judge, workers=workers, cache_path=cache_path,
                                                 **judge_opts)
+        self.judge_spec, self.ungraded_steps = judge, 0
+        for line in judge_notes(self.tasks, judge):
+            print(line, flush=True)
 
     def examples(self, split: str) -> list[dict]:
         # The seed trains and reports on the same 44 tasks (its numbers are "on the trained distribution").
@@ -121,7 +155,16 @@ class SoyuzTask:
         out = []
         for (i, prompt0, s0, v0), prompt1, s1, fut in revised:
             out += self._seqs(examples[i], prompt0, s0, v0, prompt1, s1, fut.result())
+        self._count_ungraded(out)
         return out
+
+    def _count_ungraded(self, seqs):
+        """A grader that is down (every call of a step failing) stops the run after JUDGE_DOWN_STEPS steps,
+        instead of training on through 'reward None'."""
+        self.ungraded_steps = self.ungraded_steps + 1 if seqs and all(s.score is None for s in seqs) else 0
+        if self.ungraded_steps >= JUDGE_DOWN_STEPS:
+            raise JudgeDown(f"stopping: the {self.judge_spec} judge graded nothing for {self.ungraded_steps} steps "
+                            f"in a row (stats {self.judge.stats()}); check the judge command or server")
 
     def _seqs(self, ex, prompt0, s0, v0, prompt1, s1, v1):
         score0 = None if v0 is None else v0.score
