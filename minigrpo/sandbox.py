@@ -45,7 +45,6 @@ import functools
 import json
 import os
 import pwd
-import resource
 import shutil
 import signal
 import subprocess
@@ -211,7 +210,8 @@ def _remove_tree_fd(path):
                     pass
                 child = _open_dir(sub, fd)
                 os.close(fd)
-                fd, _ = child, names.append(sub)
+                fd = child
+                names.append(sub)
                 continue
             if not names:
                 break
@@ -586,7 +586,7 @@ def _memfd(fds, data):
         f = tempfile.TemporaryFile()
         fd = os.dup(f.fileno())
         f.close()
-    os.write(fd, data) if len(data) < 65536 else _write_all(fd, data)
+    _write_all(fd, data)
     os.lseek(fd, 0, os.SEEK_SET)
     fds.append(fd)
     return fd
@@ -698,8 +698,16 @@ def _pool_uid_can_run_python():
         slot.release()
 
 
-@functools.lru_cache(maxsize=None)
+_PROBE_LOCK = threading.Lock()
+
+
 def _best_mode():
+    with _PROBE_LOCK:           # the judge's pool threads may all ask at once; probe once
+        return _best_mode_locked()
+
+
+@functools.lru_cache(maxsize=None)
+def _best_mode_locked():
     for mode in _MODES:
         ok, weak = _probe(mode)
         if ok:
@@ -785,6 +793,9 @@ class Sandbox:
             _add(weak, "the process budget (RLIMIT_NPROC) is shared with every process of the same uid")
         if not root:
             _add(weak, "runs as the judge's own uid")
+        elif mode == "bwrap-userns":
+            _add(weak, f"runs with root's kernel uid inside a user namespace (uid {INSIDE_UID} there, no "
+                       "capabilities): a pool uid could not read the Python installation")
 
         rl = [("RLIMIT_CORE", 0), ("RLIMIT_FSIZE", int(lim.fsize_mb) << 20),
               ("RLIMIT_CPU", int(lim.cpu_budget) + 1)]

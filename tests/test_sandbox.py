@@ -62,6 +62,27 @@ def test_isolation_is_probed_once_and_named():
         assert weak or "bwrap" in name       # a weaker level always says so
 
 
+def test_python_paths_leave_out_the_project_and_its_ancestors(monkeypatch):
+    monkeypatch.setattr(sys, "path", sys.path + [ROOT, os.path.join(ROOT, "minigrpo"), "/", "/work", ""])
+    keep, left_out = sandbox.python_paths.__wrapped__()
+    for p in keep:
+        assert not sandbox._under(ROOT, p) and not sandbox._under(p, ROOT), p
+    assert {ROOT, os.path.join(ROOT, "minigrpo"), "/"} <= set(left_out)
+    assert any(sandbox._under(sys.prefix, p) or sandbox._under(os.path.realpath(sys.prefix), p) for p in keep)
+
+
+def test_degraded_modes_still_run_and_name_their_weaknesses():
+    """Without bubblewrap (or namespaces) the sandbox still runs the payload and says what it lacks."""
+    for mode in ("unshare", "plain"):
+        if not sandbox._mode_ok(mode):
+            continue
+        with Sandbox({"in.txt": "x"}, Limits(timeout=30), _mode=mode) as sb:
+            sb.start(PY + ["print(open('in.txt').read())"])
+            out, rc = sb.communicate()
+        assert rc == 0 and out.strip() == b"x", (mode, sb.weaknesses)
+        assert any("no mount namespace" in w for w in sb.weaknesses) and sb.errors == []
+
+
 def test_honest_payload_runs_with_files_stdin_and_scrubbed_env():
     os.environ["MINIGRPO_TEST_SECRET"] = "s3cret"
     try:
