@@ -49,7 +49,8 @@ DEFAULTS = dict(
     temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=256, enable_thinking=False,
     micro_batch=8, seed=0, dtype=None, device=None, grad_checkpoint=False,
     runs_dir="runs", run_name=None, save_every=50, keep_checkpoints=2, eval_every=0, eval_limit=64, resume=False,
-    judge="local", judge_workers=8, judge_model=None, judge_max_turns=None, data=None, mask_truncated=False,
+    judge="local", judge_workers=8, judge_model=None, judge_max_turns=None, judge_mode="hybrid", data=None,
+    mask_truncated=False,
     quiet=False,
 )
 
@@ -90,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--judge-workers", type=int)
     p.add_argument("--judge-model", help="model name for the claude / http judge")
     p.add_argument("--judge-max-turns", type=int, help="claude judge: --max-turns")
+    p.add_argument("--judge-mode", choices=["hybrid", "llm"],
+                   help="LLM judges: hybrid (default: machine checks decide their criteria, the LLM the rest) or "
+                        "llm (the LLM grades every criterion, as the seed did)")
     # LoRA (--lora-r 0 = full fine-tune)
     p.add_argument("--lora-r", type=int)
     p.add_argument("--lora-alpha", type=float)
@@ -449,7 +453,7 @@ def train(args, policy=None, task=None) -> dict:
     random.seed(args.seed)
     np.random.seed(args.seed)
     run = RunFolder(args.runs_dir, args.run_name)
-    os.makedirs(run.path, exist_ok=True)                    # the judge's cache lives there
+    os.makedirs(run.path, mode=0o700, exist_ok=True)        # the judge's cache lives there; private to us
     task = task or get_task(args.task, **task_options(args))
     train_set = task.examples("train")
     n_steps = total_steps(args, len(train_set))
@@ -530,7 +534,7 @@ def task_options(args) -> dict:
     if args.data:
         opts["data"] = args.data
     if args.task == "soyuz":
-        opts.update(judge=args.judge, workers=args.judge_workers,
+        opts.update(judge=args.judge, workers=args.judge_workers, hybrid=args.judge_mode == "hybrid",
                     cache_path=os.path.join(args.runs_dir, args.run_name, "judge_cache.sqlite"))
         if args.judge_model:
             opts["model"] = args.judge_model
@@ -570,7 +574,12 @@ def main(argv=None):
     if args.task == "mdp":
         from minigrpo.tasks.mdp_pipeline import run_pipeline
         return run_pipeline(args)
-    train(args)
+    from minigrpo.tasks.soyuz import JudgeDown
+    try:
+        train(args)
+    except JudgeDown as e:     # a grader that is down: one line, the last checkpoint is intact
+        print(f"train.py: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

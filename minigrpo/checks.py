@@ -8,18 +8,12 @@ Text checks look at the whole answer ("text") or at its code ("code": the fenced
 untagged, joined). Syllables and rhymes are English spelling heuristics: good enough to tell a haiku from a
 paragraph, not a phonetic dictionary; the `tol` of a syllables check absorbs the rest.
 
-The sandbox (run_python_sandboxed): answer code is untrusted, written by the policy being trained. Each run gets a
-fresh folder (cwd, HOME and TMPDIR; its parent is not writable or listable by the sandbox user), a scrubbed
-environment (PATH, HOME, LANG, thread counts: no inherited secrets), `python -I`, its own session (process group)
-SIGKILLed at the wall timeout, and rlimits on CPU seconds, address space, file size and process count (a check may
-override timeout, memory_mb, fsize_mb, nproc). The rlimits are set by a small runner inside the sandbox, not by a
-preexec_fn, which is unsafe while the judge's pool threads run. Where the OS allows it, the run is also in fresh
-network + pid + mount namespaces (`unshare`: no network, its own /proc, and every process it forked dies with it,
-even ones that left the process group) and, when we are root, runs as user nobody (`setpriv`): RLIMIT_NPROC does
-not bind root, and root can read every process's /proc/PID/environ and write anywhere. Whatever could not be set
-up is named in the verdict reason as "weaker sandbox: ...". Not contained even at best: reading world-readable
-files, writing world-writable folders such as /tmp and /dev/shm (RLIMIT_FSIZE bounds each file, not their number),
-and CPU/memory pressure on the host until the timeout.
+Python checks: the answer is code written by the policy being trained, so it never runs in the process that
+decides. `run_python_checks` hands an answer's python criteria to the trusted driver (minigrpo/pydriver.py, one
+process per answer), which runs each criterion's test with the answer in a fresh sandbox (minigrpo/sandbox.py)
+behind a plain-data channel (minigrpo/wire.py). A criterion passes only when its test ran to the end; anything
+else the answer causes fails it. Where the machine cannot give the full sandbox, every reason says
+"weaker sandbox: ..." and the soyuz task prints it once at start.
 """
 
 import ast

@@ -44,6 +44,7 @@ class RunFolder:
         if fresh and os.path.exists(self.file("metrics.jsonl")):
             raise SystemExit(f"{self.path} already holds a run: pass --resume to continue it, or another --run-name")
         os.makedirs(self.ckpt_dir, exist_ok=True)
+        os.chmod(self.path, 0o700)     # samples, the judge's cache and checkpoints: nobody else's to read
         self.truncate_logs(0)
         write_atomic(os.path.join(self.path, "config.json"), json.dumps(config, indent=2, default=str) + "\n")
 

@@ -89,8 +89,14 @@ def ncalls(log):
 
 
 def llm_judge(spec="claude", **kw):
-    opts = dict(workers=4, timeout=2.0, retries=1, backoff=0.01, max_output=1 << 16)
+    """An LLM judge grading every criterion (--judge-mode llm), to test the backend itself."""
+    opts = dict(workers=4, timeout=2.0, retries=1, backoff=0.01, max_output=1 << 16, hybrid=False)
     return make_judge(spec, **{**opts, **kw})
+
+
+def test_llm_judges_default_to_hybrid():
+    assert make_judge("claude").hybrid is True and make_judge("cmd:cat").hybrid is True
+    assert make_judge("local").hybrid is False    # nothing to split: machine checks only
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -26,9 +26,10 @@ from minigrpo.tasks import Seq
 DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "soyuz_tasks.json")
 BAD = 0.5  # below this a turn-0 answer counts as bad: harsh critique, and it counts for "recovery"
 JUDGE_DOWN_STEPS = 3    # steps in a row in which the judge graded nothing stop the run (a grader that is down)
-QUOTED_REASONS = {"python", "count", "syllables", "rhyme"}   # checks whose reasons the critique may quote: the
-# python driver writes its own (criterion line, failure kind; never the test or the answer's output) and the
-# others state numbers; a regex or phrase check's reason would hand the policy the hidden pattern
+QUOTED_REASONS = {None, "python", "count", "syllables", "rhyme"}   # whose reasons the critique may quote: an LLM
+# grader's (no machine check), the python driver's own (criterion line, failure kind; never the test or the
+# answer's output) and the counting checks' numbers; a regex or phrase check's reason would hand the policy the
+# hidden pattern
 
 
 class JudgeDown(RuntimeError):
