@@ -17,43 +17,86 @@ else the answer causes fails it. Where the machine cannot give the full sandbox,
 """
 
 import ast
-import atexit
 import functools
 import importlib.util
 import json
 import os
 import re
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
+
+import regex
+
+# The text checks read at most this many characters of an answer (a policy's answer is a few KB); a longer answer
+# fails them. Every task pattern runs under the `regex` engine with a time limit and without the GIL.
+MAX_TEXT = 65536
+REGEX_TIMEOUT = 1.0
+
+
+class AnswerFault(Exception):
+    """The answer made a text check impossible (too long, a pattern over time, input a parser cannot take): the
+    criterion fails with this message as its reason, also under `not`."""
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Getting at the parts of an answer
 
-_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.M | re.S)
 _PY_TAGS = {"", "python", "py", "python3"}
+_TAG = re.compile(r"[\w+#.-]*")
+
+
+@functools.lru_cache(maxsize=64)
+def _fenced(answer):
+    # One pass over the lines. An opening line is [ \t]*```[ \t]*TAG<anything> followed by a newline; its block ends
+    # at the next line that is exactly [ \t]*```[ \t]*; an opener with no closing line after it is not a block, and
+    # then no later line can open one either (what the regex ^[ \t]*```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)^[ \t]*```[ \t]*$
+    # with re.M | re.S found, in linear instead of quadratic time).
+    lines = answer.split("\n")
+    starts, pos = [], 0
+    for line in lines:
+        starts.append(pos)
+        pos += len(line) + 1
+    closer = [None] * (len(lines) + 1)     # closer[i]: the first closing line at or after line i
+    for i in range(len(lines) - 1, -1, -1):
+        closer[i] = i if lines[i].strip(" \t") == "```" else closer[i + 1]
+    blocks, i = [], 0
+    while i < len(lines) - 1:              # the last piece has no newline after it, so it cannot open a block
+        head = lines[i].lstrip(" \t")
+        if head.startswith("```"):
+            j = closer[i + 1]
+            if j is None:
+                break
+            tag = _TAG.match(head[3:].lstrip(" \t")).group(0)
+            blocks.append((tag.lower(), answer[starts[i + 1]:starts[j]]))
+            i = j + 1
+        else:
+            i += 1
+    return tuple(blocks)
 
 
 def fenced_blocks(answer):
     """[(lang, body), ...] of the answer's ``` fenced blocks, lang lower-cased ('' when untagged)."""
-    return [(m.group(1).lower(), m.group(2)) for m in _FENCE.finditer(answer)]
+    return list(_fenced(answer))
+
+
+@functools.lru_cache(maxsize=64)
+def parse_code(code):
+    """ast.Module of `code`, or None if it does not parse: syntax errors, null bytes, and the parser bombs that make
+    ast.parse raise RecursionError or MemoryError (`-` * 3000 + `1`) all count as "does not parse"."""
+    try:
+        return ast.parse(code)
+    except Exception:
+        return None
 
 
 def extract_code(answer):
     """The answer's Python: its python-tagged or untagged fenced blocks joined; with no fences at all, the whole
-    answer if it parses as Python (a bare code reply), else ''."""
-    blocks = fenced_blocks(answer)
+    answer if it parses as Python (a bare code reply), else ''. Never raises."""
+    blocks = _fenced(answer)
     if blocks:
         return "\n\n".join(body for lang, body in blocks if lang in _PY_TAGS)
-    try:
-        ast.parse(answer)
-    except (SyntaxError, ValueError):
-        return ""
-    return answer if answer.strip() else ""
+    return answer if answer.strip() and parse_code(answer) is not None else ""
 
 
 def _target(check, answer, default="text"):
@@ -71,13 +114,41 @@ def _words(text):
 # ----------------------------------------------------------------------------------------------------------------
 # Text checks
 
+_FLAGS = {"i": regex.I, "m": regex.M, "s": regex.S, "x": regex.X}
+
+
+@functools.lru_cache(maxsize=1024)
+def compile_pattern(pattern, flags=""):
+    """A task pattern under the `regex` engine (V0: re's syntax and semantics). ValueError if it does not compile."""
+    bits = regex.V0
+    for letter in flags:
+        if letter not in _FLAGS:
+            raise ValueError(f"regex flag {letter!r} unknown (i, m, s, x)")
+        bits |= _FLAGS[letter]
+    try:
+        return regex.compile(pattern, bits)
+    except regex.error as e:
+        raise ValueError(f"pattern {_show(pattern)} does not compile: {e}") from None
+
+
+def _show(pattern, n=60):
+    text = ascii(pattern)[1:-1]    # one line, whatever the pattern holds
+    return "/" + (text if len(text) <= n else text[:n] + "...") + "/"
+
+
+def search(pattern, text, flags=""):
+    """regex search with a time limit, off the GIL; over time raises AnswerFault (the answer caused it)."""
+    try:
+        return compile_pattern(pattern, flags).search(text, concurrent=True, timeout=REGEX_TIMEOUT)
+    except TimeoutError:
+        raise AnswerFault(f"{_show(pattern)} took over {REGEX_TIMEOUT:g}s on this answer") from None
+
+
 def _check_regex(check, answer):
-    flags = 0
-    for letter in check.get("flags", ""):
-        flags |= {"i": re.I, "m": re.M, "s": re.S, "x": re.X}[letter]
-    found = re.search(check["pattern"], _target(check, answer), flags) is not None
+    found = search(check["pattern"], _target(check, answer), check.get("flags", "")) is not None
     must = check.get("must", True)
-    return found == must, f"/{check['pattern']}/ {'found' if found else 'not found'} (must{'' if must else ' not'} match)"
+    return found == must, f"{_show(check['pattern'])} {'found' if found else 'not found'} " \
+                          f"(must{'' if must else ' not'} match)"
 
 
 def _count(text, unit):
@@ -133,11 +204,14 @@ def syllables(word):
     n = len(re.findall(r"[aeiouy]+", w[0].replace("y", "b") + w[1:]))   # a leading y is a consonant (yes, you)
     if n > 1 and w.endswith("e") and not w.endswith(("le", "ee", "ye")):
         n -= 1                                                            # make, silence
-    elif n > 1 and w.endswith(("ed", "es")) and not re.search(r"(t|d)ed$|(s|z|c|g|x|sh|ch)es$", w):
+    elif n > 1 and w.endswith(("ed", "es")) and not w.endswith(_SOUNDED_ENDINGS):
         n -= 1                                                            # jumped, lines (but wanted, horses)
     n += len(re.findall(r"[^tscg]i[aou]", w))                             # lion, piano (not nation, social)
-    n += 1 if re.search(r"[aeiouy]ing$", w) else 0                        # going, seeing
+    n += 1 if len(w) > 3 and w.endswith("ing") and w[-4] in "aeiouy" else 0   # going, seeing
     return max(1, n)
+
+
+_SOUNDED_ENDINGS = ("ted", "ded", "ses", "zes", "ces", "ges", "xes", "shes", "ches")
 
 
 def _check_syllables(check, answer):
@@ -156,10 +230,16 @@ def rime(word):
     if len(w) > 2 and w.endswith("e") and w[-2] not in "aeiouy":
         w = w[:-1]                                                        # time -> tim, mouse -> mous
     w = w[0] + w[1:].replace("y", "i") if w else w                        # rhyme -> rhime, day -> dai
-    if re.fullmatch(r"[^aeiou]*e", w):
+    if w.endswith("e") and not any(c in "aeiou" for c in w[:-1]):
         w = w + "e"                                                       # me, she -> mee, shee
-    m = re.search(r"[aeiou]+[^aeiou]*$", w)
-    key = m.group(0) if m else w
+    # the last vowel group and what follows it (a scan from the end: linear, unlike a search for [aeiou]+[^aeiou]*$)
+    end = len(w)
+    while end and w[end - 1] not in "aeiou":
+        end -= 1
+    start = end
+    while start and w[start - 1] in "aeiou":
+        start -= 1
+    key = w[start:] if end else w
     return {"ea": "ee", "ay": "ai", "ey": "ai", "ow": "o", "oe": "o"}.get(key, key)
 
 
@@ -177,9 +257,10 @@ def _check_rhyme(check, answer):
     for i, letter in enumerate(scheme):
         # a line rhymes with its group if it rhymes with some earlier line of it (limericks repeat line 1's word)
         if seen.get(letter) and not any(rhymes(e, ends[i]) for e in seen[letter]):
-            bad.append(f"{seen[letter][0]}/{ends[i]}")
+            bad.append(f"{seen[letter][0][:40]}/{ends[i][:40]}")
         seen.setdefault(letter, []).append(ends[i])
-    return not bad, f"line ends {ends}" + (f"; no rhyme: {', '.join(bad)}" if bad else f" fit {scheme}")
+    ends_shown = [e[:40] for e in ends]
+    return not bad, f"line ends {ends_shown}" + (f"; no rhyme: {', '.join(bad)}" if bad else f" fit {scheme}")
 
 
 def _check_json(check, answer):
@@ -187,7 +268,7 @@ def _check_json(check, answer):
     for text in candidates:
         try:
             obj = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError, MemoryError):    # a 100k-deep array is not parseable JSON here
             continue
         keys = check.get("schema_keys", [])
         missing = [k for k in keys if not isinstance(obj, dict) or k not in obj]
@@ -200,11 +281,12 @@ def _check_code_block(check, answer):
     langs = [lang for lang, _ in fenced_blocks(answer)]
     ok = any(want is None or lang == want.lower() or (lang in _PY_TAGS - {""} and want.lower() in _PY_TAGS)
              for lang in langs)
-    return ok, f"fenced blocks tagged {langs}, want {want or 'any'}"
+    shown = [lang[:20] for lang in langs[:10]] + (["..."] if len(langs) > 10 else [])
+    return ok, f"fenced blocks tagged {shown}, want {want or 'any'}"
 
 
 def _check_combined(check, answer):
-    results = [run_check(c, answer) for c in check["checks"]]
+    results = [_run(c, answer) for c in check["checks"]]
     values = [r[0] for r in results]
     if check["type"] == "all":
         value = False if False in values else (None if None in values else True)
@@ -214,8 +296,226 @@ def _check_combined(check, answer):
 
 
 def _check_not(check, answer):
-    value, reason = run_check(check["check"], answer)
+    value, reason = _run(check["check"], answer)
     return (None if value is None else not value), f"not({reason})"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Code-inspection checks (type "ast"): they read the parsed code, so a name in a comment or a string is not a use
+
+AST_KINDS = ("calls", "decorators", "with", "classes", "defs", "imports", "names", "attributes", "nodes")
+_CHAIN_MAX = 64    # longer attribute/call chains are not names anyone asks about
+
+
+class _Spec:
+    """One item of an ast check, parsed once: a dotted name (".x" = any receiver, "*" = any, "m.*" = any member of
+    m) and, for calls/decorators/with/classes, required arguments in call syntax: `pytest.raises(ValueError)`,
+    `.popitem(last=False)`, `.Retry(status_forcelist=...)` (`...`: any value), `AppEncoder(json.JSONEncoder)`."""
+
+    def __init__(self, text):
+        self.text = text
+        src = text
+        if src.startswith("."):
+            src = "_SFX_" + src
+        src = re.sub(r"^\*", "_ANY_", src)
+        src = src.replace(".*", "._ALL_")
+        try:
+            node = ast.parse(src, mode="eval").body
+        except SyntaxError:
+            raise ValueError(f"ast item {text!r} is not a name or a call") from None
+        self.args, self.kwargs = None, {}
+        if isinstance(node, ast.Call) and not _render_spec(node):
+            self.args = [self._value(a) for a in node.args]
+            self.kwargs = {k.arg: self._value(k.value) for k in node.keywords if k.arg}
+            node = node.func
+        name = _render_spec(node)
+        if name is None:
+            raise ValueError(f"ast item {text!r} is not a name or a call")
+        self.name = name.replace("_SFX_", "").replace("_ANY_", "*").replace("._ALL_", ".*")
+
+    @staticmethod
+    def _value(node):
+        if isinstance(node, ast.Constant):
+            return ("any",) if node.value is Ellipsis else ("const", node.value)
+        name = _render_spec(node)
+        if name is None:
+            raise ValueError("ast item arguments are constants, names or ...")
+        return ("name", name)
+
+    def name_ok(self, candidates):
+        return _name_matches(self.name, candidates)
+
+    def args_ok(self, args, keywords, ctx):
+        if self.args is None:
+            return True
+        if len(args) < len(self.args):
+            return False
+        kw = {k.arg: k.value for k in keywords if k.arg}
+        return all(_value_ok(want, got, ctx) for want, got in zip(self.args, args)) and \
+            all(k in kw and _value_ok(want, kw[k], ctx) for k, want in self.kwargs.items())
+
+
+def _render_spec(node):
+    """Dotted text of a spec's Name/Attribute chain (a call with no arguments as `f()`), or None."""
+    parts = []
+    while True:
+        if isinstance(node, ast.Attribute):
+            parts.append("." + node.attr)
+            node = node.value
+        elif isinstance(node, ast.Call) and not node.args and not node.keywords and parts:
+            parts.append("()")
+            node = node.func
+        elif isinstance(node, ast.Name):
+            return node.id + "".join(reversed(parts))
+        else:
+            return None
+
+
+def _name_matches(spec, candidates):
+    if spec == "*":
+        return True
+    if spec.startswith("."):
+        return any(c == spec[1:] or c.endswith(spec) for c in candidates)
+    if spec.endswith(".*"):
+        return any(c.startswith(spec[:-1]) for c in candidates)
+    return spec in candidates
+
+
+def _same_constant(a, b):
+    numbers = (int, float)
+    if type(a) in numbers and type(b) in numbers:
+        return a == b
+    return type(a) is type(b) and a == b
+
+
+def _value_ok(want, got, ctx):
+    if want[0] == "any":
+        return True
+    if want[0] == "const":
+        return isinstance(got, ast.Constant) and _same_constant(want[1], got.value)
+    return _name_matches(want[1], ctx.names(got))
+
+
+class _CodeIndex:
+    """What an ast check asks about, collected in one walk over the module (ast.walk is iterative: no recursion)."""
+
+    def __init__(self, tree):
+        self.tree = tree    # keeps every node alive: _cache is keyed by id(node)
+        self.aliases, self.stars, self.imports = {}, [], set()
+        nodes = list(ast.walk(tree))
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    self._imported(a.name)
+                    local = a.asname or a.name.split(".")[0]
+                    self.aliases.setdefault(local, set()).add(a.name if a.asname else local)
+            elif isinstance(node, ast.ImportFrom):
+                module = "." * node.level + (node.module or "")
+                self._imported(module)
+                for a in node.names:
+                    if a.name == "*":
+                        self.stars.append(module)
+                        continue
+                    self.imports.add(f"{module}.{a.name}")
+                    self.aliases.setdefault(a.asname or a.name, set()).add(f"{module}.{a.name}")
+        self.calls = [n for n in nodes if isinstance(n, ast.Call)]
+        self.decorated = [d for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                          for d in n.decorator_list]
+        self.withs = [i.context_expr for n in nodes if isinstance(n, (ast.With, ast.AsyncWith)) for i in n.items]
+        self.classes = [n for n in nodes if isinstance(n, ast.ClassDef)]
+        self.defs = {n.name for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        self.attributes = {n.attr for n in nodes if isinstance(n, ast.Attribute)}
+        self.refs = [n for n in nodes if isinstance(n, (ast.Name, ast.Attribute))]
+        self.node_types = {type(n).__name__ for n in nodes}
+        self._cache = {}
+
+    def _imported(self, module):
+        parts = module.split(".")
+        self.imports.update(".".join(parts[:i + 1]) for i in range(len(parts)))
+
+    def _resolve(self, name):
+        if name in self.aliases:
+            return self.aliases[name]
+        return {name} | {f"{m}.{name}" for m in self.stars}
+
+    def names(self, node):
+        """The dotted names an expression may stand for, its first name resolved through the module's imports
+        (`import click as c` makes `c.echo` click.echo; `from click import echo` makes `echo` click.echo); a base
+        that is not a name shows as `?` (`?.dt.strftime`), a call in the chain as `()` (`super().default`)."""
+        key = id(node)
+        if key not in self._cache:
+            parts = []
+            while isinstance(node, (ast.Attribute, ast.Call)) and len(parts) <= _CHAIN_MAX:
+                parts.append("." + node.attr if isinstance(node, ast.Attribute) else "()")
+                node = node.func if isinstance(node, ast.Call) else node.value
+            if len(parts) > _CHAIN_MAX:
+                heads = set()
+            elif isinstance(node, ast.Name):
+                heads = self._resolve(node.id)
+            else:
+                heads = {"?"}
+            tail = "".join(reversed(parts))
+            full = {h + tail for h in heads}
+            self._cache[key] = {n[len("builtins."):] if n.startswith("builtins.") else n for n in full}
+        return self._cache[key]
+
+    def find(self, kind, spec):
+        if kind == "imports":
+            return spec.text in self.imports
+        if kind == "defs":
+            return spec.text in self.defs
+        if kind == "attributes":
+            return spec.text in self.attributes
+        if kind == "nodes":
+            return spec.text in self.node_types
+        if kind == "names":
+            return any(spec.name_ok(self.names(n)) for n in self.refs)
+        if kind == "classes":
+            return any(_name_matches(spec.name, {c.name}) and spec.args_ok(c.bases, c.keywords, self)
+                       for c in self.classes)
+        exprs = {"calls": self.calls, "decorators": self.decorated, "with": self.withs}[kind]
+        for e in exprs:
+            call = e if isinstance(e, ast.Call) else None    # `@click.command` and `@click.command()` alike
+            if call is not None:
+                e = call.func
+            if spec.name_ok(self.names(e)) and (spec.args is None or call is not None and
+                                                spec.args_ok(call.args, call.keywords, self)):
+                return True
+        return False
+
+
+@functools.lru_cache(maxsize=32)
+def _code_index(code):
+    tree = parse_code(code)
+    return None if tree is None else _CodeIndex(tree)
+
+
+@functools.lru_cache(maxsize=512)
+def _spec(kind, text):
+    if kind in ("imports", "defs", "attributes", "nodes"):
+        if not re.fullmatch(r"\w+(\.\w+)*" if kind == "imports" else r"\w+", text):
+            raise ValueError(f"ast {kind} item {text!r} is not a {'module' if kind == 'imports' else 'plain'} name")
+        s = _Spec.__new__(_Spec)
+        s.text, s.name, s.args, s.kwargs = text, text, None, {}
+        return s
+    return _Spec(text)
+
+
+def _check_ast(check, answer):
+    code = extract_code(answer)
+    if not code.strip():
+        return False, "no code found (no python/untagged fenced block)"
+    index = _code_index(code)
+    if index is None:
+        return False, "the code does not parse"
+    items = [(kind, text) for kind in AST_KINDS for text in check.get(kind, [])]
+    found = [f"{kind} {text}" for kind, text in items if index.find(kind, _spec(kind, text))]
+    missing = [f"{kind} {text}" for kind, text in items if f"{kind} {text}" not in found]
+    if not check.get("must", True):
+        return not found, f"code uses {found} (must not)" if found else "code uses none of the banned items"
+    ok = bool(found) if check.get("any", False) else not missing
+    want = "one of" if check.get("any", False) else "all of"
+    return ok, f"code uses {want} the items" if ok else f"code lacks {missing} (must use {want} them)"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -295,7 +595,8 @@ def _check_python(check, answer):
 
 CHECKS = {"python": _check_python, "regex": _check_regex, "count": _check_count, "contains": _check_contains,
           "syllables": _check_syllables, "rhyme": _check_rhyme, "json": _check_json, "code_block": _check_code_block,
-          "all": _check_combined, "any": _check_combined, "not": _check_not}
+          "ast": _check_ast, "all": _check_combined, "any": _check_combined, "not": _check_not}
+TEXT_CHECKS = {"regex", "count", "contains", "syllables", "rhyme", "json", "code_block", "ast"}
 
 
 def validate_check(check, where="check"):
@@ -312,8 +613,42 @@ def validate_check(check, where="check"):
         validate_check(sub, f"{where}.checks[{i}]")
     if check["type"] == "not":
         validate_check(check["check"], f"{where}.check")
+    try:
+        if check["type"] == "regex":
+            compile_pattern(check["pattern"], check.get("flags", ""))
+        if check["type"] == "ast":
+            unknown = set(check) - {"type", "must", "any", *AST_KINDS}
+            if unknown:
+                raise ValueError(f"keys {sorted(unknown)} unknown (kinds: {', '.join(AST_KINDS)}; must, any)")
+            if not any(check.get(kind) for kind in AST_KINDS):
+                raise ValueError(f"names nothing to look for (kinds: {', '.join(AST_KINDS)})")
+            for kind in AST_KINDS:
+                if not isinstance(check.get(kind, []), list):
+                    raise ValueError(f"{kind} must be a list")
+                for text in check.get(kind, []):
+                    _spec(kind, text)
+    except ValueError as e:
+        raise ValueError(f"{where}: {check['type']} check: {e}") from None
+
+
+def _run(check, answer):
+    kind = check["type"]
+    if kind not in TEXT_CHECKS:
+        return CHECKS[kind](check, answer)
+    if len(answer) > MAX_TEXT:
+        raise AnswerFault(f"answer is {len(answer)} characters; text checks read at most {MAX_TEXT}")
+    try:
+        return CHECKS[kind](check, answer)
+    except AnswerFault:
+        raise
+    except Exception as e:    # total on any answer: what the answer made the check trip on fails the criterion
+        raise AnswerFault(f"{kind} check could not read this answer ({type(e).__name__})") from None
 
 
 def run_check(check, answer):
-    """Evaluate one machine check on an answer -> (True | False | None, reason)."""
-    return CHECKS[check["type"]](check, answer)
+    """Evaluate one machine check on an answer -> (True | False | None, reason). Text checks never raise: an answer
+    they cannot read (over MAX_TEXT, a pattern over time, a parser bomb) fails the criterion, also inside not/any."""
+    try:
+        return _run(check, answer)
+    except AnswerFault as e:
+        return False, str(e)
