@@ -19,7 +19,7 @@ to the LLM, as the seed did.
 
 Failures never pay: a machine check that fails or raises on an answer fails its criterion (never "unchecked"), and
 a grader call that fails after its retries gives None, which the trainer counts: `JUDGE_DOWN_STEPS` steps in a row
-with no grade at all stop the run (see minigrpo/tasks/soyuz.py).
+in which every grader call failed stop the run (see minigrpo/tasks/soyuz.py).
 
 Hardening. The answer is written by the policy being trained, so it is an adversary: the prompt fences it between
 two lines of a random delimiter that does not occur in it and tells the grader it is data, not instructions. The

@@ -25,7 +25,7 @@ from minigrpo.tasks import Seq
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "soyuz_tasks.json")
 BAD = 0.5  # below this a turn-0 answer counts as bad: harsh critique, and it counts for "recovery"
-JUDGE_DOWN_STEPS = 3    # steps in a row in which the judge graded nothing stop the run (a grader that is down)
+JUDGE_DOWN_STEPS = 3    # steps in a row in which every grader call failed stop the run (a grader that is down)
 QUOTED_REASONS = {None, "python", "count", "syllables", "rhyme"}   # whose reasons the critique may quote: an LLM
 # grader's (no machine check), the python driver's own (criterion line, failure kind; never the test or the
 # answer's output) and the counting checks' numbers; a regex or phrase check's reason would hand the policy the
@@ -33,7 +33,7 @@ QUOTED_REASONS = {None, "python", "count", "syllables", "rhyme"}   # whose reaso
 
 
 class JudgeDown(RuntimeError):
-    """The judge gave no grade at all for JUDGE_DOWN_STEPS steps in a row."""
+    """Every call to the grader failed for JUDGE_DOWN_STEPS steps in a row."""
 
 
 def load_tasks(path: str = DATA) -> list[dict]:
@@ -129,6 +129,7 @@ class SoyuzTask:
         generate its revisions, whose verdicts are collected only at the very end."""
         chunks = [range(i, min(i + self.chunk, len(examples))) for i in range(0, len(examples), self.chunk)]
         judging, revised = deque(), []
+        judge_stats = self.judge.stats()
 
         def answer(idx):     # turn 0 of one chunk; verdicts arrive later
             prompts = [tok.chat(self.messages(examples[i]), enable_thinking=args.enable_thinking) for i in idx]
@@ -156,16 +157,21 @@ class SoyuzTask:
         out = []
         for (i, prompt0, s0, v0), prompt1, s1, fut in revised:
             out += self._seqs(examples[i], prompt0, s0, v0, prompt1, s1, fut.result())
-        self._count_ungraded(out)
+        self._count_ungraded(judge_stats)
         return out
 
-    def _count_ungraded(self, seqs):
-        """A grader that is down (every call of a step failing) stops the run after JUDGE_DOWN_STEPS steps,
-        instead of training on through 'reward None'."""
-        self.ungraded_steps = self.ungraded_steps + 1 if seqs and all(s.score is None for s in seqs) else 0
+    def _count_ungraded(self, before):
+        """A grader that is down (every call it was asked in a step failed) stops the run after JUDGE_DOWN_STEPS
+        such steps, instead of training on through 'reward None'."""
+        after = self.judge.stats()
+        calls = after["calls"] - before["calls"]
+        failed = after["errors"] + after["invalid"] - before["errors"] - before["invalid"]
+        if calls:              # a step that needed no grader call (all criteria machine-checked) says nothing
+            self.ungraded_steps = self.ungraded_steps + 1 if failed == calls else 0
         if self.ungraded_steps >= JUDGE_DOWN_STEPS:
-            raise JudgeDown(f"stopping: the {self.judge_spec} judge graded nothing for {self.ungraded_steps} steps "
-                            f"in a row (stats {self.judge.stats()}); check the judge command or server")
+            raise JudgeDown(f"stopping: the {self.judge_spec} judge failed every call for {self.ungraded_steps} "
+                            f"steps in a row ({failed} of {calls} in the last); check the judge command or server; "
+                            "the last checkpoint is intact")
 
     def _seqs(self, ex, prompt0, s0, v0, prompt1, s1, v1):
         score0 = None if v0 is None else v0.score
