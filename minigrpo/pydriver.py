@@ -35,6 +35,7 @@ line {"results": [[passed, reason], ...], "weaknesses": [...]}.
 """
 
 import asyncio
+import builtins
 import collections.abc
 import importlib.util
 import json
@@ -192,7 +193,10 @@ class Answer:
         if op == "call":
             return target(*args, **kwargs)
         if op == "getattr":
-            return getattr(target, str(message["name"]))
+            name = str(message["name"])
+            if name.startswith("_"):    # no way from a callback to its function's globals, class or frame
+                raise AttributeError(f"{name}: not reachable from the answer")
+            return getattr(target, name)
         if op == "unary" and message.get("name") in ("len", "iter", "next"):
             return {"len": len, "iter": iter, "next": next}[message["name"]](target)
         raise wire.ProtocolError(f"callback op {str(op)[:20]!r} not allowed")
@@ -234,6 +238,15 @@ class _SolutionModule:
         self.__dict__.update(names)
 
 
+def _public_name(cls):
+    """An exception's class as a reason may name it: builtins by name, the answer's own classes by their base (a
+    class name is text the answer chose)."""
+    if cls.__module__ == "builtins":
+        return cls.__name__
+    base = next((k.__name__ for k in cls.__mro__[1:] if k.__module__ == "builtins"), "Exception")
+    return f"an exception of the answer's own class ({base} subclass)" if cls.__module__ == "solution" else base
+
+
 def _test_line(tb):
     line = None
     for frame, lineno in traceback.walk_tb(tb):
@@ -272,7 +285,7 @@ def run_criterion(code, check):
         where = _test_line(e.__traceback__)
         if answer is not None and answer.failure:
             return False, f"{answer.failure} (at {where})"
-        return False, f"{type(e).__name__} at {where}"
+        return False, f"{_public_name(type(e))} at {where}"
     finally:
         sys.modules.pop("solution", None)
         if answer is not None:
@@ -296,9 +309,12 @@ def _scope(answer, code, names, module):
         codec = answer.endpoint.codec
         return answer.request("exec", source=source, kwargs=[[k, codec.encode(v)] for k, v in inputs.items()])
 
-    scope = {"__name__": "__criterion__", "raises": raises, "deadline": deadline, "in_sandbox": in_sandbox,
-             "solution": module, "solution_source": code}
-    scope.update(names)
+    helpers = {"__name__": "__criterion__", "raises": raises, "deadline": deadline, "in_sandbox": in_sandbox,
+               "solution": module, "solution_source": code}
+    # the answer's names, as `from solution import *` would give them -- except any that would shadow a builtin
+    # or one of our helpers (an answer's own `sorted` or `raises` must not decide a comparison)
+    scope = {k: v for k, v in names.items() if k not in helpers and not hasattr(builtins, k)}
+    scope.update(helpers)
     time.process_time = answer.cpu_seconds       # the sandbox's CPU, read from outside
     return scope
 

@@ -489,7 +489,9 @@ def serve(rfile, wfile):
         if op == "import":
             mod = namespace()
             names = getattr(mod, "__all__", None) or [n for n in vars(mod) if not n.startswith("_")]
-            return {str(n): getattr(mod, n) for n in names if hasattr(mod, n)}
+            # the answer's own names; modules it imported stay here (the test imports its own)
+            return {str(n): getattr(mod, n) for n in names
+                    if hasattr(mod, n) and type(getattr(mod, n)).__name__ != "module"}
         target = codec.decode(message["target"]) if "target" in message else None
         args = [codec.decode(a) for a in message.get("args", [])]
         kwargs = {str(k): codec.decode(v) for k, v in message.get("kwargs", [])}

@@ -279,3 +279,27 @@ def test_a_bomb_does_not_break_a_concurrent_sandbox(judge, bomb):
     honest = judge.submit(task, fenced(THREADED_MERGE))
     assert honest.result().score == 1.0, [(r.id, r.reason) for r in honest.result().results if not r.passed]
     assert attack.result().score == 0.0
+
+
+
+def _one_criterion(test):
+    return {"id": "t", "prompt": "write f", "criteria": [
+        {"id": "c1", "text": "passes", "check": {"type": "python", "test": test, "timeout": 6}}]}
+
+
+@pytest.mark.parametrize("attack, test", [
+    ("def raises(*a, **k):\n    return True\ndef f(x):\n    return x", "assert raises(ValueError, f, -1)"),
+    ("def sorted(*a, **k):\n    return []\ndef f():\n    return [9]", "assert sorted(f()) == sorted([3, 1, 2])"),
+    ("def len(x):\n    return 3\ndef f():\n    return []", "assert len(f()) == 3"),
+], ids=["raises", "sorted", "len"])
+def test_shadowing_the_tests_helpers_and_builtins_fails(judge, attack, test):
+    # an answer that defines `raises`, `sorted` or `len` does not get to decide the test's comparisons
+    assert judge.grade(_one_criterion(test), fenced(attack)).score == 0.0
+
+
+def test_a_callback_does_not_reach_the_tests_globals(judge):
+    # the answer gets a function of the test's; walking from it to the test's globals is refused
+    test = "SECRET = [4, 5, 6]\nassert f(lambda: 1) is None"
+    attack = ("def f(callback):\n    try:\n        return callback.__globals__['SECRET']\n"
+              "    except Exception:\n        return None")
+    assert judge.grade(_one_criterion(test), fenced(attack)).score == 1.0       # it ran, and found nothing
