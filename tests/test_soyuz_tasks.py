@@ -2,10 +2,10 @@
 against a reference answer and a clearly bad one kept beside this file (tests/data/soyuz/<id>.good.md / .bad.md).
 
 Every machine check must pass on the reference answer (score 1.0 over the checked criteria) and the bad answer must
-score at most 0.5. Checks whose `requires` packages are not installed (pandas, sqlalchemy, requests, click, fastapi:
-not in requirements*.txt) come back unchecked (None) and leave the denominator, so they are skipped, not failed.
-All 88 answers are graded once, up front, through the judge's thread pool (about 100 CPU-seconds of sandboxed
-unit tests: marked slow)."""
+score at most 0.44. Checks whose `requires` packages are not installed (pandas, sqlalchemy, requests, click, fastapi,
+httpx: in requirements-dev.txt, so CI grades them) come back unchecked (None) and leave the denominator. All 88
+answers are graded once, up front, through the judge's thread pool (each python criterion in a sandbox of its own
+behind the trusted driver: marked slow)."""
 
 import json
 import os
@@ -20,7 +20,7 @@ TASKS_PATH = os.path.join(ROOT, "minigrpo", "data", "soyuz_tasks.json")
 ANSWERS = os.path.join(ROOT, "tests", "data", "soyuz")
 FAMILIES = {"algorithms": 12, "library": 10, "fix": 10, "writing": 12}   # the seed's four families
 CODE_COVERAGE, WRITING_COVERAGE = 0.7, 0.6    # least share of criteria with a machine check
-BAD_MAX = 0.5
+BAD_MAX = 0.44
 
 with open(TASKS_PATH) as f:
     TASKS = json.load(f)
