@@ -144,7 +144,8 @@ def test_rime_and_syllables_as_before():
 # ----------------------------------------------------------------------------------------------------------------
 # Bounded time on adversarial answers
 
-_CLASSES = ["a", "Z", "1", " ", "\t", "\n", "#", "`", "-", "*", '"', "“", "?", ".", ",", ":", "(", "!", "é", "\r", "_"]
+_CLASSES = ["a", "Z", "1", " ", "\t", "\n", "#", "`", "-", "*", '"', "“", "?", ".", ",", ":", "(", "!", "é", "\r",
+            "_"]
 
 
 def adversarial_inputs():
@@ -310,7 +311,8 @@ def ast_check(**kw):
     ("from click import echo\necho('x')", ast_check(calls=["click.echo"])),
     ("from click import echo as say\nsay('x')", ast_check(calls=["click.echo"])),
     ("from click import *\necho('x')", ast_check(calls=["click.echo"])),
-    ("import pytest\nwith pytest.raises(ValueError, match='x'):\n    f()", ast_check(calls=["pytest.raises(ValueError)"])),
+    ("import pytest\nwith pytest.raises(ValueError, match='x'):\n    f()",
+     ast_check(calls=["pytest.raises(ValueError)"])),
     ("from collections import OrderedDict\nd = OrderedDict()\nd.popitem(last=False)",
      ast_check(calls=[".popitem(last=False)"])),
     ("import heapq as hq\nhq.heappush(h, 1)", ast_check(calls=["heapq.*"])),
