@@ -8,6 +8,27 @@ Text checks look at the whole answer ("text") or at its code ("code": the fenced
 untagged, joined). Syllables and rhymes are English spelling heuristics: good enough to tell a haiku from a
 paragraph, not a phonetic dictionary; the `tol` of a syllables check absorbs the rest.
 
+The answer is written by the policy being trained, so the text checks are total and bounded: an answer longer than
+MAX_TEXT (64 KB) fails them; task patterns run on the `regex` engine (re's syntax, V0) with concurrent=True (no GIL:
+the judge pool runs beside the training thread) and a REGEX_TIMEOUT of 1 s (the regex module counts the process's
+CPU time); the helper regexes are linear; fences are found by a line scanner; parser bombs (deep nesting that makes
+ast.parse or json.loads raise) count as "does not parse". Whatever the answer makes a check trip on fails the
+criterion (AnswerFault), also under `not`; never None, never an exception.
+
+Code-inspection check, {"type": "ast", KIND: [ITEM, ...], ..., "must": true, "any": false}, reads the parsed code
+(extract_code; code that does not parse, or no code, fails the check whatever `must` says). must=true: every item
+is present (any=true: at least one); must=false: none is. KINDs: calls, decorators (`@d` and `@d(...)`), with
+(context managers of with / async with), classes, defs (function names), imports (module names: `from a.b import c`
+imports a, a.b and a.b.c), names (any Name/Attribute reference), attributes (plain attribute names), nodes (ast
+class names such as AsyncWith). A name is dotted and resolved through the module's imports: `import click as c` then
+`c.echo` is click.echo, `from click import echo` then `echo` is click.echo, `from m import *` lets a bare name be
+m.name, builtins are bare (`print`). `.x` / `.a.x` match those last parts on any receiver (`df.groupby`,
+`np.nanmean`, or the bare name), `m.*` any member of m, `*` anything, `f()` a call in a chain (`super().default`).
+calls/decorators/with/classes items may add arguments in call syntax, checked where given (others may follow):
+`pytest.raises(ValueError)`, `.popitem(last=False)`, `.Retry(status_forcelist=...)` (`...` any value),
+`hashlib.file_digest(..., 'sha256')`; for classes the arguments are bases: `AppEncoder(json.JSONEncoder)`. Constants
+compare by value (0 equals 0.0, not False), names by resolved dotted name.
+
 Python checks: the answer is code written by the policy being trained, so it never runs in the process that
 decides. `run_python_checks` hands an answer's python criteria to the trusted driver (minigrpo/pydriver.py, one
 process per answer), which runs each criterion's test with the answer in a fresh sandbox (minigrpo/sandbox.py)
@@ -80,7 +101,7 @@ def fenced_blocks(answer):
     return list(_fenced(answer))
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=16)
 def parse_code(code):
     """ast.Module of `code`, or None if it does not parse: syntax errors, null bytes, and the parser bombs that make
     ast.parse raise RecursionError or MemoryError (`-` * 3000 + `1`) all count as "does not parse"."""
@@ -318,7 +339,7 @@ class _Spec:
         if src.startswith("."):
             src = "_SFX_" + src
         src = re.sub(r"^\*", "_ANY_", src)
-        src = src.replace(".*", "._ALL_")
+        src = re.sub(r"\.\*(?=\(|$)", "._ALL_", src)
         try:
             node = ast.parse(src, mode="eval").body
         except SyntaxError:
@@ -484,7 +505,7 @@ class _CodeIndex:
         return False
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=16)
 def _code_index(code):
     tree = parse_code(code)
     return None if tree is None else _CodeIndex(tree)
