@@ -4,7 +4,7 @@ The answer is code written by the policy being trained, so it is an adversary. I
 that decides. For each criterion this driver (a process of its own, started by `checks.run_python_checks`)
 
   1. starts the answer in a fresh sandbox (minigrpo/sandbox.py: no view of the project, the task file, run folders
-     or other samples) as module `solution`, served by minigrpo/wire.py over a pipe;
+     or other samples) as module `solution`, served by minigrpo/wire_rpc.py over a pipe;
   2. runs the criterion's test code here, with `solution` (and its names) replaced by proxies: every call, attribute
      read or item access on the answer's functions, classes and objects travels to the sandbox, and only plain,
      exactly-typed data comes back (wire.py) -- so expected values, comparisons, asserts and timing all live here;
@@ -44,10 +44,11 @@ import threading
 import time
 import traceback
 
-from minigrpo import wire
+from minigrpo import wire, wire_rpc
 from minigrpo.sandbox import Limits, Sandbox
 
-WIRE_SOURCE = open(wire.__file__).read()
+# The sandboxed child's program: the channel's codec, then its request/reply and server (see wire_rpc.py)
+CHILD_SOURCE = open(wire.__file__).read() + "\n" + open(wire_rpc.__file__).read()
 TEST_FILE = "<criterion>"
 
 
@@ -143,7 +144,7 @@ def _exception_mirror(name, base):
     return type(str(name), (parent,), {"__module__": "solution"})
 
 
-class DriverEndpoint(wire.Endpoint):
+class DriverEndpoint(wire_rpc.Endpoint):
     def exception(self, name, base, text, handle):
         if handle is not None:
             try:
@@ -167,7 +168,7 @@ class Answer:
     def __init__(self, code, limits, files=None):
         self.limits, self.failure = limits, None
         self.sandbox = Sandbox({**(files or {}), "solution.py": code}, limits)
-        proc = self.sandbox.start([sys.executable, "-I", "-c", WIRE_SOURCE])
+        proc = self.sandbox.start([sys.executable, "-I", "-c", CHILD_SOURCE])
         self.endpoint = DriverEndpoint("d", proc.stdout, proc.stdin, self._proxy, self._serve)
         self.cpu_budget = None
         self.timer = threading.Timer(limits.timeout, self._time_out)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from minigrpo import checks
+from minigrpo import astcheck, checks
 from minigrpo.checks import extract_code, fenced_blocks, run_check, validate_check
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -400,7 +400,7 @@ def test_every_ast_item_in_the_task_file_parses():
     for _, _, leaf in LEAVES:
         if leaf["type"] == "ast":
             validate_check(leaf)
-            for kind in checks.AST_KINDS:
+            for kind in astcheck.AST_KINDS:
                 for text in leaf.get(kind, []):
                     if kind in ("calls", "decorators", "with", "classes"):
                         ast.parse(text.lstrip(".").replace("*", "_"), mode="eval")

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from minigrpo import sandbox
+from minigrpo import sandbox, sandbox_launch, sandbox_mounts
 from minigrpo.sandbox import Limits, Sandbox, run
 
 PY = [sys.executable, "-I", "-c"]
@@ -57,24 +57,25 @@ def test_isolation_is_probed_once_and_named():
     assert isinstance(name, str) and isinstance(weak, list)
     assert sandbox.isolation() == (name, weak)
     if shutil.which("bwrap") and os.geteuid() == 0:
-        assert name.startswith("bwrap"), (name, weak, sandbox._PROBE_NOTES)
+        assert name.startswith("bwrap"), (name, weak, sandbox_launch._PROBE_NOTES)
     if not name.startswith("bwrap"):
         assert weak or "bwrap" in name       # a weaker level always says so
 
 
 def test_python_paths_leave_out_the_project_and_its_ancestors(monkeypatch):
     monkeypatch.setattr(sys, "path", sys.path + [ROOT, os.path.join(ROOT, "minigrpo"), "/", "/work", ""])
-    keep, left_out = sandbox.python_paths.__wrapped__()
+    keep, left_out = sandbox_mounts.python_paths.__wrapped__()
     for p in keep:
-        assert not sandbox._under(ROOT, p) and not sandbox._under(p, ROOT), p
+        assert not sandbox_mounts._under(ROOT, p) and not sandbox_mounts._under(p, ROOT), p
     assert {ROOT, os.path.join(ROOT, "minigrpo"), "/"} <= set(left_out)
-    assert any(sandbox._under(sys.prefix, p) or sandbox._under(os.path.realpath(sys.prefix), p) for p in keep)
+    under = sandbox_mounts._under
+    assert any(under(sys.prefix, p) or under(os.path.realpath(sys.prefix), p) for p in keep)
 
 
 def test_degraded_modes_still_run_and_name_their_weaknesses():
     """Without bubblewrap (or namespaces) the sandbox still runs the payload and says what it lacks."""
     for mode in ("unshare", "plain"):
-        if not sandbox._mode_ok(mode):
+        if not sandbox_launch._mode_ok(mode):
             continue
         with Sandbox({"in.txt": "x"}, Limits(timeout=30), _mode=mode) as sb:
             sb.start(PY + ["print(open('in.txt').read())"])

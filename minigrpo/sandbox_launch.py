@@ -1,0 +1,153 @@
+"""How a sandbox starts (private to minigrpo/sandbox.py; standard library only): the stub and the launcher every
+sandboxed process runs first, and the isolation modes a sandbox can start in, each probed once on this machine.
+
+Modes, strongest first: "bwrap-pool" (root: bubblewrap namespaces, a pool uid), "bwrap-userns" (bubblewrap in a
+user namespace), "unshare" (pid+net namespaces, a host work folder), "plain" (a process group in a host folder).
+"""
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+
+from minigrpo.sandbox_host import UidSlot, pids_of_uid
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The launcher and the stub
+
+def launcher_argv(limits, uid, mode, has_cgroup):
+    """The launcher's command line (the payload's argv follows it): the rlimits to set, and the uid to drop to."""
+    rl = [("RLIMIT_CORE", 0), ("RLIMIT_FSIZE", int(limits.fsize_mb) << 20),
+          ("RLIMIT_CPU", int(limits.cpu_budget) + 1)]
+    if not has_cgroup:
+        rl.append(("RLIMIT_AS", int(limits.memory_mb) << 20))
+        if uid is not None:
+            rl.append(("RLIMIT_NPROC", int(limits.nproc)))
+        else:     # per uid: the judge's own processes count too, so leave room for them
+            rl.append(("RLIMIT_NPROC", len(pids_of_uid(os.geteuid())) * 4 + int(limits.nproc)))
+    elif uid is not None and mode != "bwrap-pool":
+        rl.append(("RLIMIT_NPROC", int(limits.nproc)))
+    conf = json.dumps({"rlimits": rl, "uid": uid})
+    return [sys.executable, "-I", "-S", "-c", _LAUNCHER, conf]
+
+
+# Runs first inside the sandbox: lower the limits, drop to the sandbox uid, no-new-privs, exec the payload.
+_LAUNCHER = r"""
+import json, os, resource, sys
+c = json.loads(sys.argv[1])
+for name, v in c["rlimits"]:
+    r = getattr(resource, name)
+    hard = resource.getrlimit(r)[1]
+    v = v if hard == resource.RLIM_INFINITY else min(v, hard)
+    resource.setrlimit(r, (v, v))
+if c["uid"] is not None:
+    os.setgroups([])
+    os.setresgid(c["uid"], c["uid"], c["uid"])
+    os.setresuid(c["uid"], c["uid"], c["uid"])
+    if os.getuid() != c["uid"] or os.geteuid() != c["uid"]:
+        os._exit(126)
+try:
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)   # PR_SET_NO_NEW_PRIVS
+except Exception:
+    pass
+import signal
+for name in ("SIGPIPE", "SIGXFSZ"):     # Python ignores these; an exec'd payload should start with the defaults
+    signal.signal(getattr(signal, name), signal.SIG_DFL)
+try:
+    os.execv(sys.argv[2], sys.argv[2:])
+except OSError as e:
+    sys.stderr.write("sandbox: cannot run %s: %s\n" % (sys.argv[2], e))
+    os._exit(127)
+"""
+
+# The stub the Popen starts: wait until the parent has put this pid in the cgroup (it then writes one line on
+# stdin; the shell's `read` takes bytes one at a time, so nothing meant for the payload is consumed), then exec.
+STUB = 'read x || exit 125; exec "$@"'
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Isolation levels
+
+_MODES = ("bwrap-pool", "bwrap-userns", "unshare", "plain")
+
+
+def _mode_ok(mode):
+    """Whether a mode can start here at all (cheap checks before the real probe)."""
+    root = os.geteuid() == 0
+    if mode == "bwrap-pool":
+        return root and bool(shutil.which("bwrap"))
+    if mode == "bwrap-userns":
+        return bool(shutil.which("bwrap"))
+    if mode == "unshare":
+        return bool(shutil.which("unshare"))
+    return True
+
+
+_PROBE = r"""
+import os, sys
+for p in sys.path:
+    if os.path.isdir(p):
+        os.listdir(p)
+print("sandbox-ok")
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(mode):
+    """(works, weaknesses) of a mode: a tiny Python run through it must start and list its sys.path folders."""
+    if not _mode_ok(mode):
+        return False, []
+    from minigrpo.sandbox import Limits, Sandbox    # here, not at the top: minigrpo.sandbox imports this module
+    try:
+        with Sandbox({}, Limits(timeout=30, memory_mb=512, nproc=32), _mode=mode) as sb:
+            sb.start([sys.executable, "-I", "-c", _PROBE])
+            out, rc = sb.communicate(b"", timeout=30)
+            _PROBE_NOTES[mode] = f"rc={rc} out={out[-200:]!r} errors={sb.errors}"
+            return rc == 0 and b"sandbox-ok" in out, list(sb.weaknesses)
+    except Exception as e:      # noqa: BLE001 - a probe never crashes the judge
+        _PROBE_NOTES[mode] = f"{type(e).__name__}: {e}"
+        return False, []
+
+
+_PROBE_NOTES = {}               # why each probed mode did or did not work (for debugging)
+
+
+@functools.lru_cache(maxsize=None)
+def pool_uid_can_run_python():
+    """Without a mount namespace: can a pool uid start the judge's Python and read its sys.path folders?"""
+    try:
+        slot = UidSlot()
+    except OSError:
+        return False
+    try:
+        conf = json.dumps({"rlimits": [], "uid": slot.uid})
+        res = subprocess.run([sys.executable, "-I", "-S", "-c", _LAUNCHER, conf, sys.executable, "-I", "-c", _PROBE],
+                             cwd="/", stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+                             env={"PATH": "/usr/bin:/bin", "HOME": "/"})
+        return res.returncode == 0 and b"sandbox-ok" in res.stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    finally:
+        slot.release()
+
+
+_PROBE_LOCK = threading.Lock()
+
+
+def best_mode():
+    with _PROBE_LOCK:           # the judge's pool threads may all ask at once; probe once
+        return _best_mode_locked()
+
+
+@functools.lru_cache(maxsize=None)
+def _best_mode_locked():
+    for mode in _MODES:
+        ok, weak = _probe(mode)
+        if ok:
+            return mode, weak
+    return "plain", ["no working isolation at all was found; the probe itself failed"]
