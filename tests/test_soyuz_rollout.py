@@ -47,6 +47,9 @@ class ScriptedJudge:
     def submit(self, task, answer):
         return self.pool.submit(self.grade, task, answer)
 
+    def stats(self):    # the Judge's counters the task reads to tell a grader that is down
+        return {"calls": self.calls, "errors": 0, "invalid": 0}
+
 
 def scripted_generate(tok, turn0_texts, delay=0.0, log=None):
     """Turn 0 (n > 1): the scripted answers in order; turn 1 (n == 1): 'good' after a harsh critique, 'meh' after

@@ -2,7 +2,7 @@
 against a reference answer and a clearly bad one kept beside this file (tests/data/soyuz/<id>.good.md / .bad.md).
 
 Every machine check must pass on the reference answer (score 1.0 over the checked criteria) and the bad answer must
-score at most 0.44. Checks whose `requires` packages are not installed (pandas, sqlalchemy, requests, click, fastapi,
+score at most 0.44 (4 of 9). Checks whose `requires` packages are not installed (pandas, sqlalchemy, requests, click, fastapi,
 httpx: in requirements-dev.txt, so CI grades them) come back unchecked (None) and leave the denominator. All 88
 answers are graded once, up front, through the judge's thread pool (each python criterion in a sandbox of its own
 behind the trusted driver: marked slow)."""
@@ -20,7 +20,7 @@ TASKS_PATH = os.path.join(ROOT, "minigrpo", "data", "soyuz_tasks.json")
 ANSWERS = os.path.join(ROOT, "tests", "data", "soyuz")
 FAMILIES = {"algorithms": 12, "library": 10, "fix": 10, "writing": 12}   # the seed's four families
 CODE_COVERAGE, WRITING_COVERAGE = 0.7, 0.6    # least share of criteria with a machine check
-BAD_MAX = 0.44
+BAD_MAX = 4 / 9     # 0.44: at most 4 of 9 checked criteria
 
 with open(TASKS_PATH) as f:
     TASKS = json.load(f)
@@ -72,7 +72,7 @@ def test_python_checks_are_self_contained(task):
         for check in _flatten(c["check"]) if c["check"] else []:
             if check["type"] != "python":
                 continue
-            assert "solution" in check["test"], f"{task['id']} {c['id']}: the test never loads the answer"
+            assert "from solution import" not in check["test"], f"{task['id']} {c['id']}: the driver gives the names"
             assert 1 <= check.get("timeout", 10) <= 20, f"{task['id']} {c['id']}: timeout"
             compile(check["test"], f"{task['id']}:{c['id']}", "exec")    # a broken test would fail every answer
             assert set(check.get("requires", [])) <= {"pandas", "sqlalchemy", "requests", "click", "fastapi", "httpx"}
