@@ -7,8 +7,8 @@ What it adds up (bytes, for the resolved preset and model; one process):
   trainable      LoRA A/B in fp32 and, after the first step, their gradients and AdamW's two moments: 16 bytes per
                  trainable parameter (a full fine-tune: 12 more bytes per weight, the weight itself is counted above)
   rollout        the sampler's cache for one sampler call: attention K and V for rows x max_len slots, Gated
-                 DeltaNet's recurrent state (fp32) and conv state, plus the prefill's transient (one layer's
-                 activations over the prompts) and the prompts' last-position logits
+                 DeltaNet's recurrent state (fp32) and conv state, plus the prefill's transient, bounded by one
+                 layer's training activations over the prompts (no_grad keeps less), and the last-position logits
   training       one micro-batch's saved activations for backward, with and without per-layer checkpointing, plus
                  the log-prob chunk (grpo.token_logprobs: LOGIT_BYTES of fp32 logits, their exp, and the model-dtype
                  copy of the gradient) and the (rows, H) fp32 d logp / d h that the fused head keeps
@@ -123,9 +123,10 @@ class LayerCost:
         return B * (self.per_token * T + self.per_token2 * T * T)
 
 
-def layer_costs(cfg, dtype, lora_r, targets=DEFAULT_TARGETS, lengths=(64, 128)):
+def layer_costs(cfg, dtype, lora_r, targets=DEFAULT_TARGETS, lengths=(128, 256)):
     """{layer kind: LayerCost} of the policy pass with gradients, plus "final_norm", measured on the CPU at the
-    config's width with B = 1 at two lengths (multiples of Gated DeltaNet's 64-token chunk)."""
+    config's width with B = 1 at two lengths, multiples of Gated DeltaNet's 64-token chunk and of at least two
+    chunks (from the second chunk on, each chunk also keeps the incoming state: with one chunk the fit is off)."""
     costs = {}
     wdtype = dtype if lora_r > 0 else torch.float32  # a full fine-tune trains fp32 weights (train.build_policy)
     for kind in dict.fromkeys(cfg.layer_types):
@@ -234,7 +235,7 @@ def format_plan(p, header):
              "| part | memory |", "|---|---|"]
     rows = [("weights", "weights"), ("trainable (fp32 weights + grads + AdamW m, v)", "trainable"),
             ("rollout: attention K/V cache", "kv_cache"), ("rollout: Gated DeltaNet state + conv", "gdn_state"),
-            ("rollout: prefill transient + last logits", "prefill"),
+            ("rollout: prefill transient (bound: one layer's training activations) + last logits", "prefill"),
             ("training: activations, no checkpointing", "activations"),
             ("training: activations, per-layer checkpointing", "activations_ckpt"),
             ("training: log-prob chunk + d logp/dh", "logprob_chunk"),
@@ -297,7 +298,8 @@ def print_plan(args):
     shape, s = run_shape(args)
     print(f"memory plan: measuring one layer of each kind on the CPU at {args.model}'s width...", file=sys.stderr)
     p = plan(cfg, shape, dtype, s["lora_r"], s["targets"], s["beta"])
-    lora = f"LoRA r={s['lora_r']} on {','.join(s['targets'])}" if s["lora_r"] > 0 else "full fine-tune"
+    which = "every projection" if tuple(s["targets"]) == DEFAULT_TARGETS else ",".join(s["targets"])
+    lora = f"LoRA r={s['lora_r']} on {which}" if s["lora_r"] > 0 else "full fine-tune"
     header = (f"memory plan: --task {args.task}, model {args.model}, config {source}\n"
               f"{str(dtype)[6:]} (the CUDA default; --dtype to change), {lora}, one process; "
               f"G={s['group_size']}, {s['tasks']} tasks per step, max_new_tokens {s['max_new_tokens']}, "
