@@ -1,6 +1,6 @@
 """Everything a GPU should measure, in one command and one table (at most ~8 minutes on one GPU):
 
-    python bench/device.py                          # CUDA: the full run (--budget 480 s)
+    python bench/device.py                          # CUDA: the full run (--budget 450 s)
     python bench/device.py --device cpu --small     # the same code on tiny shapes, on a CPU (< 2 minutes idle)
     python bench/device.py --only parity,train      # some sections
 
@@ -216,13 +216,13 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda")
     p.add_argument("--small", action="store_true", help="tiny shapes: the CPU rehearsal of the GPU run")
-    p.add_argument("--budget", type=float, help="seconds for everything (default 480, --small 110)")
+    p.add_argument("--budget", type=float, help="seconds for everything (default 450, --small 110)")
     p.add_argument("--only", default="parity,train,synthetic,sampler", help="comma-separated sections")
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("no CUDA device: use --device cpu --small for the CPU rehearsal")
     small = args.small
-    args.budget = args.budget or (110 if small else 480)
+    args.budget = args.budget or (110 if small else 450)
     args.parity_shapes = [("tiny", None), ("tiny-qwen3.5", None)] if small else [("qwen3-0.6b", None),
                                                                                  ("qwen3.5-4b", 8)]
     args.parity_len = 64 if small else 256
