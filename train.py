@@ -133,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-limit", type=int, help="val examples per eval")
     p.add_argument("--resume", action="store_true", help="continue runs/<run-name> from its latest checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--plan", action="store_true",
+                   help="print the run's memory plan from the model's config.json and exit (minigrpo/memplan.py)")
     return p
 
 
@@ -571,6 +573,9 @@ def main(argv=None):
             print(f"train.py: error: {e.code}", file=sys.stderr)
             raise SystemExit(2) from None
         raise
+    if getattr(args, "plan", False):
+        from minigrpo.memplan import print_plan
+        return print_plan(args)
     if args.task == "mdp":
         from minigrpo.tasks.mdp_pipeline import run_pipeline
         return run_pipeline(args)

@@ -48,22 +48,24 @@ def build_pair(raw, layers, dtype):
     d = dict(raw)
     cfg = AutoConfig.for_model(d.pop("model_type"), **d)
     torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+    with torch.device(args.device):  # random init on the device: seconds on a GPU, minutes for 4B on a CPU
+        hf = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
     with torch.device("meta"):
         ours = Qwen(QwenConfig.from_dict(raw))
     ours.load_state_dict(hf.state_dict(), assign=True)
     ours.lm_head.weight = ours.model.embed_tokens.weight  # keep the tie after assign
     rot = ours.model.rotary
-    rot.inv_freq = rot._inv_freq("cpu")  # a non-persistent buffer, still on meta
-    return hf.to(args.device), ours.to(args.device).eval()
+    rot.inv_freq = rot._inv_freq(args.device)  # a non-persistent buffer, still on meta
+    return hf, ours.eval()
 
 
 def prompts_for(lengths, vocab):
     g = torch.Generator().manual_seed(1)
-    return [torch.randint(0, vocab - 1000, (n,), generator=g).tolist() for n in lengths]
+    top = vocab - 1000 if vocab > 2000 else vocab - 16  # clear of the special tokens at the end (tiny: bytes)
+    return [torch.randint(0, top, (n,), generator=g).tolist() for n in lengths]
 
 
-def run_hf(hf, prompts, n, new_tokens):
+def run_hf(hf, prompts, n, new_tokens, **generate_kw):
     L = max(map(len, prompts))
     ids = torch.full((len(prompts), L), hf.config.pad_token_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -71,7 +73,8 @@ def run_hf(hf, prompts, n, new_tokens):
         ids[i, L - len(p):], mask[i, L - len(p):] = torch.tensor(p), 1
     out = hf.generate(ids.to(args.device), attention_mask=mask.to(args.device), do_sample=True, temperature=1.0,
                       top_k=0, top_p=1.0, num_return_sequences=n, max_new_tokens=new_tokens,
-                      min_new_tokens=new_tokens, eos_token_id=None, pad_token_id=hf.config.pad_token_id)
+                      min_new_tokens=new_tokens, eos_token_id=None, pad_token_id=hf.config.pad_token_id,
+                      **generate_kw)
     return out.shape[0] * (out.shape[1] - L)
 
 
@@ -152,6 +155,8 @@ def main():
     if args.qwen35_layers:
         bench_model(f"Qwen3.5-0.8B shape, {args.qwen35_layers} layers", QWEN3_5_0_8B, args.qwen35_layers)
 
+
+args = None  # the parsed flags below; bench/device.py sets its own (device, compile, repeats, new_tokens)
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])

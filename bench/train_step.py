@@ -65,8 +65,15 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
+import shapes  # noqa: E402  (bench/shapes.py)
+
 GB = 1024 ** 3
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+GDN_TARGETS = ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"]  # Qwen3.5's Gated DeltaNet
+
+
+def targets(args):
+    return TARGETS + (GDN_TARGETS if shapes.is_hybrid(args.shape) else [])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -74,13 +81,9 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 
 def save_random_model(folder, args):
-    """Qwen3-0.6B's shape with seeded random weights, saved as a transformers checkpoint both stacks load."""
-    from transformers import AutoModelForCausalLM, Qwen3Config
-    cfg = Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=args.layers,
-                      num_attention_heads=16, num_key_value_heads=8, head_dim=128, rope_theta=1e6,
-                      tie_word_embeddings=True, rms_norm_eps=1e-6, max_position_embeddings=40960)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(folder)
+    """The --shape (default Qwen3-0.6B) with seeded random weights, saved as a transformers checkpoint both stacks
+    load."""
+    shapes.build_hf(args.shape, torch.float32, layers=args.layers).save_pretrained(folder)
 
 
 def make_batch(args):
@@ -96,7 +99,7 @@ def make_batch(args):
     for i in range(B):
         attn[i, P - prompt_len[i]:P + comp_len[i]] = 1
         comp_mask[i, :comp_len[i]] = True
-    ids = torch.where(attn.bool(), ids, 151643)  # pads hold <|endoftext|>, as a collate would
+    ids = torch.where(attn.bool(), ids, shapes.TOKENS[args.shape][1])  # pads hold <|endoftext|>, as a collate would
     adv = torch.randn(B, generator=g)
     dev = args.device
     return ids.to(dev), attn.to(dev), comp_mask.to(dev), adv.to(dev)
@@ -121,7 +124,7 @@ def build_ours(folder, args, dtype):
     from minigrpo.lora import adapters_disabled, inject_lora, lora_layers
     from minigrpo.model import Qwen
     model = Qwen.from_pretrained(folder, dtype=dtype, device=args.device)
-    params = inject_lora(model, r=args.lora_r, alpha=2 * args.lora_r, targets=TARGETS)
+    params = inject_lora(model, r=args.lora_r, alpha=2 * args.lora_r, targets=targets(args))
     init_lora_([(p, m.lora_A.weight, m.lora_B.weight) for p, m in lora_layers(model)])
     if args.grad_checkpoint:
         from train import enable_activation_checkpointing
@@ -168,7 +171,7 @@ def build_hf(folder, args, dtype):
     if args.grad_checkpoint:  # TRL's gradient_checkpointing=True (applies in train mode: the policy pass)
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = get_peft_model(base, LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0,
-                                            target_modules=TARGETS, task_type="CAUSAL_LM"))
+                                            target_modules=targets(args), task_type="CAUSAL_LM"))
     params = [p for p in model.parameters() if p.requires_grad]
     pre = "base_model.model."
     init_lora_([(name[len(pre):], m.lora_A["default"].weight, m.lora_B["default"].weight)
@@ -276,9 +279,10 @@ def child(args):
 
 def run_child(impl, folder, args):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--impl", impl, "--folder", folder]
-    for k in ("batch", "seq", "prompt", "layers", "dtype", "device", "threads", "repeats", "lora_r", "beta",
+    for k in ("shape", "batch", "seq", "prompt", "layers", "dtype", "device", "threads", "repeats", "lora_r", "beta",
               "temperature", "lr", "vocab_size"):
-        cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
+        if getattr(args, k) is not None:
+            cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
     cmd += ["--grad-checkpoint"] if args.grad_checkpoint else []
     env = dict(os.environ)
     if args.device == "cpu":  # see the module docstring: peak RSS should follow live tensors, not malloc's history
@@ -294,6 +298,11 @@ def run_child(impl, folder, args):
 
 
 def report(res, args):
+    if len(res) == 1:  # --order ours (or hf): one stack, no comparison
+        (name, r), = res.items()
+        print(f"{name}: step {statistics.median(r['times']):.2f} s (median), peak {r['peak'] / GB:.3f} GB, "
+              f"loss step0 {r['losses'][0]:.6f}")
+        return
     o, h = res["ours"], res["hf"]
     t_o, t_h = statistics.median(o["times"]), statistics.median(h["times"])
     print(f"{'stack':<8}{'step s (median)':>16}{'best s':>9}{'peak GB':>9}   phases (median s)")
@@ -316,7 +325,8 @@ def main():
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=128, help="tokens per sequence, prompt + completion")
     p.add_argument("--prompt", type=int, default=64, help="prompt width (left-padded); the rest is completion")
-    p.add_argument("--layers", type=int, default=28, help="decoder layers (Qwen3-0.6B: 28)")
+    p.add_argument("--shape", default="qwen3-0.6b", choices=shapes.NAMES, help="model shape (bench/shapes.py)")
+    p.add_argument("--layers", type=int, help="decoder layers (default: the shape's, Qwen3-0.6B: 28)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
@@ -326,7 +336,8 @@ def main():
     p.add_argument("--beta", type=float, default=0.04)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--vocab-size", type=int, default=151669, help="Qwen3's tokenizer size; rows past it are masked")
+    p.add_argument("--vocab-size", type=int,
+                   help="tokenizer size, rows past it are masked (default: the shape's, Qwen3: 151669)")
     p.add_argument("--grad-checkpoint", action="store_true",
                    help="per-layer activation checkpointing in both stacks (train.py --grad-checkpoint; TRL's "
                         "gradient_checkpointing=True)")
@@ -334,15 +345,19 @@ def main():
     p.add_argument("--impl", choices=["ours", "hf"], help=argparse.SUPPRESS)
     p.add_argument("--folder", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.vocab_size is None:
+        args.vocab_size = shapes.TOKENS[args.shape][0]
     if not 0 < args.prompt < args.seq:
         p.error(f"--prompt {args.prompt} must be between 1 and --seq {args.seq} - 1")
     if args.child:
         return child(args)
     import peft
     import transformers
-    print(f"one GRPO step, Qwen3-0.6B shape ({args.layers} layers, V=151936), B={args.batch} T={args.seq} "
+    raw = shapes.hf_config(args.shape, args.layers)
+    print(f"one GRPO step, {args.shape} shape ({raw['num_hidden_layers']} layers, V={raw['vocab_size']}), "
+          f"B={args.batch} T={args.seq} "
           f"(prompt {args.prompt} + completion {args.seq - args.prompt}), {args.dtype} on {args.device}, "
-          f"LoRA r={args.lora_r} on {len(TARGETS)} projections, {args.threads} threads, median of {args.repeats} "
+          f"LoRA r={args.lora_r} on {len(targets(args))} projections, {args.threads} threads, median of {args.repeats} "
           f"{'(activation checkpointing in both) ' if args.grad_checkpoint else ''}"
           f"after 1 warm-up; torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}",
           flush=True)

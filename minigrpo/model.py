@@ -219,7 +219,8 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, mask, kv_cache=None, start=0):
         """x: (B, T, H); mask: (B, 1, T, S) bool (True = may attend) or None = plain causal;
-        kv_cache: (k, v) preallocated (B, nkv, max_len, hd) tensors: new K/V go to slots [start, start + T)."""
+        kv_cache: (k, v) preallocated (B, nkv, max_len, hd) tensors: new K/V go to slots [start, start + T);
+        a tensor `start` (static_decode.py) writes slot start[0] and attends over all max_len slots under `mask`."""
         B, T, _ = x.shape
         q = self.q_proj(x)
         if self.gated:
@@ -232,7 +233,11 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rotary(q.transpose(1, 2), cos, sin)                        # (B, nh, T, hd)
         k = apply_rotary(k.transpose(1, 2), cos, sin)                        # (B, nkv, T, hd)
-        if kv_cache is not None:
+        if torch.is_tensor(start):  # static_decode.py: one token into slot `start`, attend over every slot
+            kv_cache[0].index_copy_(2, start, k)
+            kv_cache[1].index_copy_(2, start, v)
+            k, v = kv_cache                                                  # (B, nkv, max_len, hd)
+        elif kv_cache is not None:
             kc, vc = kv_cache
             kc[:, :, start:start + T] = k
             vc[:, :, start:start + T] = v

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
+from minigrpo import static_decode
+
 
 @dataclass
 class Sample:
@@ -139,18 +141,6 @@ def decode_step(model, tokens, cache):
     return model.logits(h[:, -1]).float()
 
 
-_compiled = None
-
-
-def compiled_decode_step():
-    """decode_step under torch.compile, built once per process so that later calls reuse its graphs. Shapes are
-    dynamic: Cache.length grows by one each step and compaction changes the batch size."""
-    global _compiled
-    if _compiled is None:
-        _compiled = torch.compile(decode_step, dynamic=True)
-    return _compiled
-
-
 # ------------------------------------------------------------------------------------------------ stop detection
 
 class StopScanner:
@@ -200,7 +190,7 @@ def cut_after_stop(text, stop_strings):
 @torch.no_grad()
 def sample(model, prompts, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, stop_ids=None,
            stop_strings=(), tokenizer=None, seed=None, vocab_size=None, pad_id=None, sync_every=None,
-           compact_fraction=0.25, compile=False):
+           compact_fraction=0.25, compile=False, static=False):
     """n completions for each prompt (lists of token ids), prompt-major: result[i*n:(i+1)*n] belong to prompt i.
 
     stop_ids: ids that end a row (kept in its completion); default tokenizer.eos_ids, or none without a tokenizer.
@@ -209,9 +199,10 @@ def sample(model, prompts, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=
     temperature 0 = greedy. top_k=0 / top_p=1.0 = no truncation; log-probs are before truncation (module doc).
     sync_every: decode steps between host checks for finished rows (default 8 on CUDA, 1 elsewhere).
     compact_fraction: drop finished rows from the batch once at least this fraction of it is done.
-    compile: torch.compile the decode step (the GPU speed option, off by default; one dynamic-shape graph serves
-      every step, since Cache.length grows by one per step). CUDA-graph capture would need a static-shape cache
-      (attention over all max_len slots, length as a tensor) in model.py.
+    compile: torch.compile the decode step (the GPU speed option, off by default): the static-shape step of
+      static_decode.py, compiled once (fullgraph) and on CUDA replayed as a CUDA graph (mode="reduce-overhead").
+    static: the same static-shape step without compiling (its eager twin; compile=True implies it): a cache of fixed
+      size reused across calls, attention over all its slots, no compaction.
     """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("sampler.py: sample needs a non-empty list of non-empty prompts (token-id lists)")
@@ -232,11 +223,18 @@ def sample(model, prompts, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=
     if len(seeds) != len(prompts):
         raise ValueError(f"sampler.py: {len(seeds)} seeds for {len(prompts)} prompts; pass one per prompt or an int")
     row_keys = sample_keys(seeds, n, device)                        # (B,) int64, one per sample row
-    step_fn = compiled_decode_step() if compile else decode_step
     scanner = StopScanner(stop_ids, stop_strings, tokenizer)
 
-    cache, logits = prefill(model, prompts, max_new_tokens, pad_id)
-    cache, logits = cache.repeat_interleave(n), logits.repeat_interleave(n, dim=0)  # (B, V)
+    if compile or static:  # fixed shapes (static_decode.py): a bucketed cache, no compaction
+        L = max(map(len, prompts))
+        cache, logits = prefill(model, prompts, static_decode.padded_len(L + max_new_tokens) - L, pad_id)
+        cache = static_decode.static_cache(model, cache, n)
+        step_fn = static_decode.compiled_step(device) if compile else static_decode.decode_step
+        compact_fraction = float("inf")
+    else:
+        cache, logits = prefill(model, prompts, max_new_tokens, pad_id)
+        cache, step_fn = cache.repeat_interleave(n), decode_step
+    logits = logits.repeat_interleave(n, dim=0)                     # (B, V)
     B = len(prompts) * n
     out_tok = torch.zeros(B, max_new_tokens, dtype=torch.long, device=device)
     out_lp = torch.zeros(B, max_new_tokens, dtype=torch.float32, device=device)

@@ -1,0 +1,313 @@
+"""The memory plan of a run, from the model's config.json alone: `python train.py --task soyuz --plan`.
+
+What it adds up (bytes, for the resolved preset and model; one process):
+
+  weights        every parameter once (tied embeddings once) in the compute dtype; a full fine-tune keeps them in
+                 fp32, plus a frozen copy in the compute dtype when beta > 0 (the KL reference)
+  trainable      LoRA A/B in fp32 and, after the first step, their gradients and AdamW's two moments: 16 bytes per
+                 trainable parameter (a full fine-tune: 12 more bytes per weight, the weight itself is counted above)
+  rollout        the sampler's cache for one sampler call: attention K and V for rows x max_len slots, Gated
+                 DeltaNet's recurrent state (fp32) and conv state, plus the prefill's transient, bounded by one
+                 layer's training activations over the prompts (no_grad keeps less), and the last-position logits
+  training       one micro-batch's saved activations for backward, with and without per-layer checkpointing, plus
+                 the log-prob chunk (grpo.token_logprobs: LOGIT_BYTES of fp32 logits, their exp, and the model-dtype
+                 copy of the gradient) and the (rows, H) fp32 d logp / d h that the fused head keeps
+
+peak = weights + trainable + max(rollout, training): the sampler's cache is freed before the loss runs.
+
+Activations are not guessed from a formula: one decoder layer of each kind is built at the config's width (random
+values, no checkpoint read), LoRA injected as the run would, and run forward at two lengths on the CPU while
+`torch.autograd.graph.saved_tensors_hooks` adds up every tensor autograd keeps for backward. That gives bytes per
+token and per token^2 (the attention mask SDPA keeps) for this code as it is. During backward one layer's
+gradients are alive at a time; the plan counts them as one more layer's activations. On CUDA the attention kernel
+differs from the CPU's (memory-efficient attention with a mask keeps the same O(T) output + log-sum-exp and an
+O(T^2) mask); a GPU peak is checked by bench/device.py, which prints the plan next to the measured step.
+
+A GPU "fits" when peak x 1.1 (allocator fragmentation) + 1 GiB (CUDA context, cuBLAS workspace) <= its memory.
+
+Letters: B rows, T tokens per sequence, S cache slots, H hidden size, V vocabulary rows, L layers.
+"""
+
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+
+from minigrpo.grpo import LOGIT_BYTES
+from minigrpo.lora import DEFAULT_TARGETS, inject_lora
+from minigrpo.model import Block, Qwen, QwenConfig, RMSNorm, Rotary, attention_mask_4d
+
+GiB = 1024 ** 3
+GPUS = [("24 GB", 24e9), ("40 GB", 40e9), ("80 GB", 80e9), ("141 GB", 141e9)]
+CONFIGS = os.path.join(os.path.dirname(__file__), "data", "configs")
+# config.json of the reference runs' models, bundled so that a plan needs no network (values: QWEN.md section 3)
+BUNDLED = {"Qwen/Qwen3.5-4B": "Qwen3.5-4B.json", "Qwen/Qwen3-1.7B-Base": "Qwen3-1.7B-Base.json",
+           "Qwen/Qwen3-0.6B": "Qwen3-0.6B.json"}
+CRITIQUE_TOKENS = 256  # soyuz's turn-1 user message (tasks/soyuz.critique: up to 6 failed criteria with reasons)
+
+
+def load_config(model):
+    """(QwenConfig, where it came from) for 'tiny', a local folder, a bundled hub id, or any hub id (config.json
+    only)."""
+    if model in ("tiny", "tiny-qwen3.5"):
+        return QwenConfig.tiny(model), "built-in tiny config"
+    if os.path.isdir(model):
+        path = os.path.join(model, "config.json")
+        return QwenConfig.from_json(path), path
+    if model in BUNDLED:
+        path = os.path.join(CONFIGS, BUNDLED[model])
+        return QwenConfig.from_json(path), f"{model} (bundled copy: minigrpo/data/configs/{BUNDLED[model]})"
+    from huggingface_hub import hf_hub_download
+    path = hf_hub_download(repo_id=model, filename="config.json")
+    return QwenConfig.from_json(path), f"{model} (hub config.json)"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# counts
+
+
+def param_counts(cfg, lora_r, targets=DEFAULT_TARGETS):
+    """(all parameters, trainable parameters): exact, from a meta-device model (no memory, no weights)."""
+    with torch.device("meta"):
+        model = Qwen(cfg)
+        total = sum(p.numel() for p in model.parameters())  # tied weights once
+        if lora_r <= 0:
+            return total, total
+        lora = inject_lora(model, r=lora_r, alpha=lora_r, targets=targets)
+    return total, sum(p.numel() for p in lora)
+
+
+def cache_bytes(cfg, rows, slots, dtype_bytes):
+    """The sampler's cache for rows x slots: attention K, V (model dtype); GDN conv state (model dtype) and
+    recurrent state (fp32, nv x dk x dv per row, whatever the length)."""
+    kinds = cfg.layer_types
+    n_attn = kinds.count("full_attention")
+    n_gdn = len(kinds) - n_attn
+    kv = n_attn * 2 * rows * cfg.num_key_value_heads * slots * cfg.head_dim * dtype_bytes
+    nk, nv, dk, dv = (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                      cfg.linear_value_head_dim)
+    conv = n_gdn * rows * (2 * nk * dk + nv * dv) * (cfg.linear_conv_kernel_dim - 1) * dtype_bytes
+    state = n_gdn * rows * nv * dk * dv * 4
+    return kv, conv + state
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# activations, measured on one layer of each kind
+
+
+def _saved_bytes(fn, skip):
+    """Run fn() and add up the storage of every tensor autograd saves for backward (each storage once; the
+    storages in `skip`, e.g. parameters and inputs shared by all layers, not at all)."""
+    seen, total = set(skip), 0
+
+    def pack(t):
+        nonlocal total
+        st = t.untyped_storage()
+        if st.data_ptr() not in seen:
+            seen.add(st.data_ptr())
+            total += st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return total
+
+
+@dataclass
+class LayerCost:
+    per_token: float      # bytes per token
+    per_token2: float     # bytes per token^2 of one sequence (the attention mask, CPU and CUDA kernels alike)
+
+    def bytes(self, B, T):
+        return B * (self.per_token * T + self.per_token2 * T * T)
+
+
+def layer_costs(cfg, dtype, lora_r, targets=DEFAULT_TARGETS, lengths=(128, 256)):
+    """{layer kind: LayerCost} of the policy pass with gradients, plus "final_norm", measured on the CPU at the
+    config's width with B = 1 at two lengths, multiples of Gated DeltaNet's 64-token chunk and of at least two
+    chunks (from the second chunk on, each chunk also keeps the incoming state: with one chunk the fit is off)."""
+    costs = {}
+    wdtype = dtype if lora_r > 0 else torch.float32  # a full fine-tune trains fp32 weights (train.build_policy)
+    for kind in dict.fromkeys(cfg.layer_types):
+        with torch.device("meta"):
+            block = Block(cfg, kind)
+        block.to_empty(device="cpu")
+        with torch.no_grad():
+            for p in block.parameters():
+                p.normal_(0, 0.02) if p.ndim > 1 else p.fill_(0.1)
+        block.to(wdtype)
+        if lora_r > 0:
+            inject_lora(block, r=lora_r, alpha=lora_r, targets=targets)
+        rot = _rotary(cfg)
+        measured = []
+        for T in lengths:
+            x = torch.randn(1, T, cfg.hidden_size, dtype=wdtype, requires_grad=True)
+            real = torch.ones(1, T, dtype=torch.bool)
+            mask = attention_mask_4d(real, 0, T)
+            cos, sin = rot(torch.arange(T)[None], x.dtype)
+            shared = [t.untyped_storage().data_ptr() for t in (cos, sin, mask, real)]
+            shared += [p.untyped_storage().data_ptr() for p in block.parameters()]
+            measured.append(_saved_bytes(lambda: block(x, cos, sin, mask, real), shared))
+        (t1, m1), (t2, m2) = zip(lengths, measured)
+        b = (m2 / t2 - m1 / t1) / (t2 - t1)
+        costs[kind] = LayerCost(m1 / t1 - b * t1, b)
+        del block
+    norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.family == "qwen3_5").to(wdtype)  # before the head
+    x = torch.randn(1, 128, cfg.hidden_size, dtype=wdtype, requires_grad=True)
+    costs["final_norm"] = LayerCost(_saved_bytes(lambda: norm(x), [norm.weight.untyped_storage().data_ptr()]) / 128, 0)
+    return costs
+
+
+def _rotary(cfg):
+    return Rotary(cfg.head_dim, cfg.rope_theta, cfg.partial_rotary_factor)
+
+
+def activation_bytes(cfg, costs, B, T, dtype_bytes, checkpointing):
+    """Saved activations of one micro-batch, and the most alive at once during its backward."""
+    layers = [costs[k].bytes(B, T) for k in cfg.layer_types]
+    final = costs["final_norm"].bytes(B, T)
+    mask = B * T * T  # the (B, 1, T, T) bool attention mask, built once per forward
+    if checkpointing:  # each layer keeps its input; in backward one layer is recomputed, then its gradients
+        saved = len(layers) * B * T * cfg.hidden_size * dtype_bytes + final + mask
+        return saved + 2 * max(layers)
+    return sum(layers) + final + mask + max(layers)
+
+
+def logprob_bytes(cfg, rows, dtype_bytes, entropy=True):
+    """grpo.token_logprobs at its peak: one chunk of fp32 logits (LOGIT_BYTES, or all rows if fewer) and, when the
+    entropy is logged (train.py does), their exp beside them; in bf16 the logits before the cast (and the gradient
+    cast back); plus d logp / d h (rows, H) fp32 for every row."""
+    chunk = min(rows, max(1, LOGIT_BYTES // (4 * cfg.vocab_size))) * cfg.vocab_size  # logits per chunk
+    model_dtype_copy = chunk * dtype_bytes if dtype_bytes < 4 else 0
+    return (2 if entropy else 1) * 4 * chunk + model_dtype_copy + rows * cfg.hidden_size * 4
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the plan
+
+
+@dataclass
+class Shape:
+    """What one process holds: sampler rows and slots per call, trained micro-batch and its length."""
+    rollout_prompts: int    # prompts per sampler call
+    rollout_rows: int       # rows decoded per sampler call (prompts x samples)
+    prompt_tokens: int      # longest prompt of a call
+    slots: int              # its cache length: prompt + new tokens
+    micro_batch: int        # sequences per forward/backward
+    train_tokens: int       # their padded length
+    completion_tokens: int  # columns whose log-prob is computed
+
+
+def plan(cfg, shape, dtype, lora_r, targets=DEFAULT_TARGETS, beta=0.0, costs=None):
+    """{part: bytes} and the derived peaks; costs: layer_costs(...) (measured here when None)."""
+    s = torch.finfo(dtype).bits // 8
+    total, trainable = param_counts(cfg, lora_r, targets)
+    costs = costs or layer_costs(cfg, dtype, lora_r, targets)
+    p = {"params": total, "trainable_params": trainable}
+    if lora_r > 0:
+        p["weights"] = total * s
+        p["trainable"] = 16 * trainable
+    else:
+        p["weights"] = total * 4 + (total * s if beta > 0 else 0)
+        p["trainable"] = 12 * total
+    kv, gdn = cache_bytes(cfg, shape.rollout_rows, shape.slots, s)
+    prefill = max(costs[k].bytes(shape.rollout_prompts, shape.prompt_tokens) for k in set(cfg.layer_types))
+    p["kv_cache"], p["gdn_state"] = kv, gdn
+    p["prefill"] = prefill + shape.rollout_prompts * cfg.vocab_size * 4
+    p["rollout"] = kv + gdn + p["prefill"]
+    B, T = shape.micro_batch, shape.train_tokens
+    p["logprob_chunk"] = logprob_bytes(cfg, B * shape.completion_tokens, s)
+    p["activations"] = activation_bytes(cfg, costs, B, T, s, checkpointing=False)
+    p["activations_ckpt"] = activation_bytes(cfg, costs, B, T, s, checkpointing=True)
+    for name, act in (("peak", p["activations"]), ("peak_ckpt", p["activations_ckpt"])):
+        p[name] = p["weights"] + p["trainable"] + max(p["rollout"], act + p["logprob_chunk"])
+    return p
+
+
+def fits(peak):
+    return [name for name, cap in GPUS if peak * 1.1 + GiB <= cap]
+
+
+def format_plan(p, header):
+    gb = lambda x: f"{x / GiB:7.2f} GiB"
+    lines = [header, f"parameters {p['params']:,}; trainable {p['trainable_params']:,}", "",
+             "| part | memory |", "|---|---|"]
+    rows = [("weights", "weights"), ("trainable (fp32 weights + grads + AdamW m, v)", "trainable"),
+            ("rollout: attention K/V cache", "kv_cache"), ("rollout: Gated DeltaNet state + conv", "gdn_state"),
+            ("rollout: prefill transient (bound: one layer's training activations) + last logits", "prefill"),
+            ("training: activations, no checkpointing", "activations"),
+            ("training: activations, per-layer checkpointing", "activations_ckpt"),
+            ("training: log-prob chunk + d logp/dh", "logprob_chunk"),
+            ("**peak, no checkpointing**", "peak"), ("**peak, checkpointing** (--grad-checkpoint)", "peak_ckpt")]
+    lines += [f"| {name} | {gb(p[key])} |" for name, key in rows]
+    lines.append("")
+    for key, what in (("peak", "without checkpointing"), ("peak_ckpt", "with --grad-checkpoint")):
+        ok = fits(p[key])
+        lines.append(f"fits {what}: {', '.join(ok) if ok else 'none of ' + ', '.join(n for n, _ in GPUS)} "
+                     f"(needs {(p[key] * 1.1 + GiB) / 1e9:.1f} GB with 10% fragmentation + 1 GiB CUDA context)")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# from train.py's resolved arguments
+
+
+def prompt_tokens(task):
+    """The longest prompt, in tokens, estimated without a tokenizer: UTF-8 bytes / 3 (Qwen's BPE averages 3.5-4.5
+    bytes per token on English and code) + 16 for the chat template. soyuz: its bundled tasks; gsm8k: the system
+    prompt and a 900-character question (GSM8K's longest are about that); mdp: the seed's "full" prompt, ~330
+    tokens with the template (tasks/mdp_pipeline.py), rounded up."""
+    if task == "soyuz":
+        with open(os.path.join(os.path.dirname(__file__), "data", "soyuz_tasks.json")) as f:
+            longest = max(len(t["prompt"].encode()) for t in json.load(f))
+        return longest // 3 + 16
+    if task == "gsm8k":
+        from minigrpo.tasks.gsm8k import SYSTEM_PROMPT
+        return (len(SYSTEM_PROMPT.encode()) + 900) // 3 + 16
+    return {"mdp": 400}.get(task, 64)
+
+
+def run_shape(args):
+    """(Shape, settings dict) of the run train.py would start, per process. soyuz samples one task's G answers per
+    call (chunk 1), then its G revisions, whose prompts hold the answer and the critique: those are the longest
+    calls and sequences. mdp: the GRPO stage of its pipeline (tasks/mdp_pipeline.PIPELINES)."""
+    if args.task == "mdp":
+        from minigrpo.tasks.mdp_pipeline import pipeline_config
+        c = pipeline_config(args.model)
+        s = dict(lora_r=c.lora_r, group_size=c.group_size, tasks=c.grpo_tasks, max_new_tokens=c.max_new_tokens,
+                 micro_batch=c.batch * 2, beta=c.grpo_beta, targets=DEFAULT_TARGETS)
+    else:
+        s = dict(lora_r=args.lora_r, group_size=args.group_size, tasks=args.tasks_per_step,
+                 max_new_tokens=args.max_new_tokens, micro_batch=args.micro_batch, beta=args.beta,
+                 targets=args.lora_targets.split(",") if args.lora_targets else DEFAULT_TARGETS)
+    P, new, G = prompt_tokens(args.task), s["max_new_tokens"], s["group_size"]
+    if args.task == "soyuz":
+        longest = P + new + CRITIQUE_TOKENS  # a revision's prompt: task, answer, critique
+        shape = Shape(G, G, longest, longest + new, s["micro_batch"], longest + new, new)
+    else:
+        shape = Shape(s["tasks"], s["tasks"] * G, P, P + new, s["micro_batch"], P + new, new)
+    s["prompt_tokens"] = P
+    return shape, s
+
+
+def print_plan(args):
+    import sys
+    dtype = getattr(torch, args.dtype) if args.dtype else torch.bfloat16
+    cfg, source = load_config(args.model)
+    shape, s = run_shape(args)
+    print(f"memory plan: measuring one layer of each kind on the CPU at {args.model}'s width...", file=sys.stderr)
+    p = plan(cfg, shape, dtype, s["lora_r"], s["targets"], s["beta"])
+    which = "every projection" if tuple(s["targets"]) == DEFAULT_TARGETS else ",".join(s["targets"])
+    lora = f"LoRA r={s['lora_r']} on {which}" if s["lora_r"] > 0 else "full fine-tune"
+    header = (f"memory plan: --task {args.task}, model {args.model}, config {source}\n"
+              f"{str(dtype)[6:]} (the CUDA default; --dtype to change), {lora}, one process; "
+              f"G={s['group_size']}, {s['tasks']} tasks per step, max_new_tokens {s['max_new_tokens']}, "
+              f"micro-batch {s['micro_batch']}, beta {s['beta']}\n"
+              f"longest sampler call: {shape.rollout_rows} rows x {shape.slots} slots (prompt <= {shape.prompt_tokens} "
+              f"tokens); trained micro-batch: {shape.micro_batch} x {shape.train_tokens} tokens "
+              f"(task prompt ~{s['prompt_tokens']} tokens, estimated: UTF-8 bytes / 3 + 16"
+              + (f"; + answer + {CRITIQUE_TOKENS}-token critique for soyuz's revision turn" if args.task == "soyuz"
+                 else "") + ")")
+    print(format_plan(p, header))
+    return p

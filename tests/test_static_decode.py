@@ -1,0 +1,86 @@
+"""The static-shape decode step (static_decode.py) against its twin, the ordinary sampler path: same greedy tokens,
+log-probs within 1e-5 in fp32, for Qwen3 and Qwen3.5 (hybrid), left-padded prompts of different lengths, stop ids
+and stop strings; and, compiled, one graph for every step and both batches (no recompilation, no graph break)."""
+
+import pytest
+import torch
+
+from minigrpo import static_decode
+from minigrpo.model import Qwen
+from minigrpo.sampler import sample
+from minigrpo.tokenizer import Tokenizer
+
+KINDS = ["tiny", "tiny-qwen3.5"]
+VOCAB = 261
+PROMPTS = [[10, 20, 30, 40, 50, 60, 70], [257, 5], [99, 98, 97, 96]]  # different lengths: left padding matters
+
+
+def assert_same(a, b):
+    for x, y in zip(a, b, strict=True):
+        assert (x.completion_ids, x.finish_reason, x.text) == (y.completion_ids, y.finish_reason, y.text)
+        assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("temperature,top_p,top_k", [(0.0, 1.0, 0), (1.0, 1.0, 0), (0.7, 0.9, 5)])
+def test_static_equals_the_ordinary_path(kind, temperature, top_p, top_k):
+    model = Qwen.from_pretrained(kind)
+    kw = dict(n=3, max_new_tokens=20, temperature=temperature, top_p=top_p, top_k=top_k, seed=4, vocab_size=VOCAB,
+              stop_ids=())
+    assert_same(sample(model, PROMPTS, static=True, **kw), sample(model, PROMPTS, **kw))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_static_with_stop_ids_and_strings(kind):
+    """Rows that stop early keep decoding in the static batch (no compaction); what is returned is the same."""
+    model = Qwen.from_pretrained(kind)
+    tok = Tokenizer.from_pretrained("tiny")
+    kw = dict(n=3, max_new_tokens=24, seed=3, tokenizer=tok)
+    free = sample(model, PROMPTS, stop_ids=(), **kw)
+    stop_id = free[0].completion_ids[5]
+    text = free[4].text
+    a = next(a for a in range(len(text) // 3, len(text) - 2) if "\ufffd" not in text[a:a + 2])
+    stops = dict(stop_ids=[stop_id], stop_strings=[text[a:a + 2]])
+    for sync_every in (1, 5):
+        static = sample(model, PROMPTS, static=True, sync_every=sync_every, **stops, **kw)
+        assert_same(static, sample(model, PROMPTS, sync_every=sync_every, **stops, **kw))
+        reasons = {s.finish_reason for s in static}
+        assert static[0].finish_reason == "eos" and static[4].finish_reason == "stop" and "length" in reasons
+
+
+def test_the_static_cache_is_kept_and_reused():
+    """Same rows and bucket: the same buffers (fixed addresses for a CUDA graph); their old contents do not leak."""
+    model = Qwen.from_pretrained("tiny-qwen3.5")
+    kw = dict(n=2, max_new_tokens=10, temperature=0.0, stop_ids=(), vocab_size=VOCAB)
+    first = sample(model, PROMPTS, static=True, **kw)
+    ptrs = [t.data_ptr() for t in static_decode._pool[model].tensors()]
+    other = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [40], [41, 42]]  # other lengths, same bucket
+    second = sample(model, other, static=True, **kw)
+    assert [t.data_ptr() for t in static_decode._pool[model].tensors()] == ptrs
+    assert_same(second, sample(model, other, **kw))
+    assert_same(sample(model, PROMPTS, static=True, **kw), first)
+    static_decode.release(model)
+    assert model not in static_decode._pool
+
+
+def test_compiled_step_compiles_once(capsys):
+    """torch.compile(fullgraph=True) of the static step on the CPU (inductor): 64 decode steps of two batches whose
+    prompts have other lengths run on one graph; error_on_recompile turns any recompilation into a failure, and
+    fullgraph any graph break. The hybrid model has both layer kinds (Gated DeltaNet and attention)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    model = Qwen.from_pretrained("tiny-qwen3.5")
+    torch._dynamo.reset()
+    static_decode._compiled.clear()
+    counters.clear()
+    kw = dict(n=2, max_new_tokens=64, temperature=0.0, stop_ids=(), vocab_size=VOCAB)
+    batches = [PROMPTS, [[3] * 11, [4] * 30, [5, 6]]]  # 7/2/4 and 11/30/2 tokens: both fit a 128-slot bucket
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        compiled = [sample(model, p, compile=True, **kw) for p in batches]
+    graphs = counters["stats"]["unique_graphs"]
+    with capsys.disabled():
+        print(f"\n[static decode] compilations: {graphs} graph(s) for 2 batches x 64 decode steps; "
+              f"graph breaks: {sum(counters['graph_break'].values())}")
+    assert graphs == 1 and not counters["graph_break"]
+    for p, out in zip(batches, compiled):
+        assert_same(out, sample(model, p, **kw))
