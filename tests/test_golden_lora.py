@@ -17,23 +17,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 ARGS = ["--task", "synthetic", "--model", "tiny", "--tasks-per-step", "8", "--group-size", "4", "--micro-batch", "12",
         "--lora-r", "4", "--lora-alpha", "8", "--beta", "0.04", "--kl", "k3", "--mu", "2", "--lr", "5e-2",
-        "--eps-low", "0.1", "--eps-high", "0.15", "--temperature", "0.9", "--steps", "3", "--seed", "1", "--quiet"]
+        "--eps-low", "0.1", "--eps-high", "0.15", "--temperature", "0.9", "--max-grad-norm", "0.015", "--steps", "3", "--seed", "1", "--quiet"]
 
 # ---- GOLDEN_LORA: regenerate with `python tests/test_golden_lora.py` (OMP_NUM_THREADS=1) ----------------------
 GOLDEN_LORA = {
     "reward_mean": [0.00390625, 0.0, 0.00390625],
     "completion_len": [7.375, 7.875, 7.9375],
     "truncated": [0.84375, 0.96875, 0.96875],
-    "kl": [0.01014677031849653, 0.008311256234134947, 0.035294103656169466],
-    "clip_low": [0.031779660069841446, 0.0, 0.00984251968503937],
-    "clip_high": [0.016949152526587755, 0.0, 0.001968503937007874],
-    "ratio_mean": [1.0008123591542244, 0.9893711053189778, 1.0026538834327787],
-    "grad_norm": [0.0198453851044178, 0.0025582010857760906, 0.03196728602051735],   # step 2: KL only (zero spread)
-    "pg": [-0.002012782795275798, 0.0, 0.00251888994156845],
-    "loss": [-0.0018674565526761383, 0.00011513223978995701, 0.0030123562952842726],
-    "entropy": [5.546241625890893, 5.546394893101284, 5.546512710766529],
-    "sampler_logp_diff": [0.076440807116235, 0.06209751171251994, 0.13621854054646135],   # mu=2: pass 2 is off-policy
-    "adapter": {"numel": 16384, "abs_sum": 1317.8083221118432, "weighted_sum": -63.62085186061449},
+    "kl": [0.010146609168120865, 0.008682760476533855, 0.036522236146678135],
+    "clip_low": [0.031779660069841446, 0.0, 0.013779527559055118],
+    "clip_high": [0.016949152526587755, 0.0, 0.005905511811023622],
+    "ratio_mean": [1.0008112598778838, 0.9972572752407619, 0.9996627794476006],
+    "grad_norm": [0.019849371165037155, 0.0035859111230820417, 0.06039265915751457],  # before the 0.015 clip
+    "pg": [-0.002012811238104004, 0.0, 0.0004610597324652935],    # step 2: every group has zero spread, KL only
+    "loss": [-0.0018674868136304983, 0.00011631497095333456, 0.0009655578139395725],
+    "entropy": [5.546241864309472, 5.547272477831159, 5.547870095320574],
+    "sampler_logp_diff": [0.0764388633039556, 0.0761693509088625, 0.10012213211125218],   # mu=2: pass 2 is off-policy
+    "adapter": {"numel": 16384, "abs_sum": 1266.4822511485982, "weighted_sum": -4.461729822331108},
 }
 # ----------------------------------------------------------------------------------------------------------------
 EXACT = ("reward_mean", "completion_len", "truncated")   # counts of sampled tokens: equal or the rollouts differ
@@ -65,6 +65,7 @@ def test_golden_lora_kl_clip_run(tmp_path):
     assert all(k > 0 for k in got["kl"])                 # mu=2: the second pass of step 1 already follows an update
     assert any(c > 0 for c in got["clip_low"]) and any(c > 0 for c in got["clip_high"])
     assert all(g > 0 for g in got["grad_norm"])          # KL alone gives a gradient when every group has zero spread
+    assert any(g > 0.015 for g in got["grad_norm"])      # the clip acts
     # the exact numbers
     for key in EXACT:
         assert got[key] == GOLDEN_LORA[key], (key, got[key])
