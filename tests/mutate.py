@@ -31,7 +31,7 @@ SKIP_DIRS = {".git", "runs", "__pycache__", ".pytest_cache", "node_modules"}
 DESELECT = ["tests/test_soyuz_rollout.py::test_judging_overlaps_generation"]
 # test sets, fastest-failing first (pytest -x stops at the first failure)
 GOLDEN = ["tests/test_golden_lora.py", "tests/test_train.py::test_golden_tiny_run"]
-GRPO = ["tests/test_grpo.py", "tests/test_grpo_*.py", *GOLDEN]
+GRPO = ["tests/test_grpo.py", "tests/test_grpo_*.py", "tests/test_mask_truncated.py", *GOLDEN]
 SAMPLER = ["tests/test_sampler.py", "tests/test_sampler_*.py", *GOLDEN]
 LORA = ["tests/test_lora.py", "tests/test_lora_*.py", *GOLDEN]
 TRAIN = [*GOLDEN, "tests/test_mask_truncated.py", "tests/test_grpo_model.py", "tests/test_soyuz_rollout.py"]

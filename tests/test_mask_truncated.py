@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import train
@@ -53,10 +54,11 @@ def test_collate_masks_only_truncated_rows():
     assert on.sum(-1).tolist() == [0.0 if s.finish == "length" else float(len(s.completion_ids)) for s in seqs]
 
 
-def test_truncated_completions_get_no_gradient():
+@pytest.mark.parametrize("agg", ["token", "seq"])
+def test_truncated_completions_get_no_gradient(agg):
     """With the flag, the step's gradient equals the gradient of the same step without the truncated completions
-    at all (the token normaliser counts only trained tokens), whatever their tokens or advantages; without it,
-    they change the gradient."""
+    at all (the "token" normaliser counts only trained tokens, "seq" only sequences with one), whatever their
+    tokens or advantages; without it, they change the gradient."""
     torch.manual_seed(0)
     model = Qwen.from_pretrained("tiny")
     params = inject_lora(model, r=4, alpha=8)
@@ -65,8 +67,8 @@ def test_truncated_completions_get_no_gradient():
             p.normal_(0, 0.05)    # B != 0: the policy differs from the base
     seqs = seqs_with_finishes()
     kept = [s for s in seqs if s.finish != "length"]
-    masked = gradient(model, params, seqs, mask_truncated=True)
-    without = gradient(model, params, kept[:3] + kept[3:], mask_truncated=False)   # same 4 seqs, 2 micro-batches
+    masked = gradient(model, params, seqs, mask_truncated=True, agg=agg)
+    without = gradient(model, params, kept, mask_truncated=False, agg=agg)   # same 4 seqs, 2 micro-batches
     assert sum(float(g.abs().sum()) for g in masked) > 0
     for a, b in zip(masked, without):
         assert torch.allclose(a, b, atol=1e-7, rtol=1e-5)
@@ -74,9 +76,9 @@ def test_truncated_completions_get_no_gradient():
         if s.finish == "length":
             s.advantage = -7.0
             s.completion_ids = [(t * 7 + 3) % VOCAB for t in s.completion_ids]
-    again = gradient(model, params, seqs, mask_truncated=True)
+    again = gradient(model, params, seqs, mask_truncated=True, agg=agg)
     assert all(torch.equal(a, b) for a, b in zip(masked, again))
-    unmasked = gradient(model, params, seqs, mask_truncated=False)
+    unmasked = gradient(model, params, seqs, mask_truncated=False, agg=agg)
     assert any(not torch.allclose(a, b, atol=1e-6) for a, b in zip(masked, unmasked))
 
 
@@ -97,3 +99,12 @@ def test_mask_truncated_through_the_cli(tmp_path):
     assert free["truncated"] == 1.0 and free["zero_spread"] < 1.0, "pick another seed (see the docstring)"
     assert free["grad_norm"] > 0
     assert masked["truncated"] == 1.0 and masked["grad_norm"] == 0.0 and masked["kl"] == 0.0
+
+
+def test_normalisers_count_only_trained_rows():
+    """A row whose mask is empty (a masked truncated completion) is no sequence of the step for "seq"; "const"
+    (Dr. GRPO) counts every row at max_tokens, whatever its mask."""
+    masks = [torch.tensor([[1, 1, 0], [0, 0, 0]]), torch.tensor([[0, 1, 1]])]
+    assert grpo.loss_normalizer(masks, "token") == 4.0
+    assert grpo.loss_normalizer(masks, "seq") == 2.0
+    assert grpo.loss_normalizer(masks, "const", max_tokens=5) == 15.0
