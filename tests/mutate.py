@@ -165,6 +165,8 @@ MUTANTS = [
     ("adapter_load_no_copy", "        param.copy_(loaded[key])", "        pass", LORA),
     ("peft_default_segment_kept", "key = key[len(PEFT_PREFIX):].replace(\".default.\", \".\")",
      "key = key[len(PEFT_PREFIX):]", LORA),
+    ("adapter_multimodal_prefix_kept", "        key = \"model.\" + key[len(\"model.language_model.\"):]\n    return key",
+     "        key = key\n    return key", LORA),
     ("adapter_alpha_saved_as_r", "\"r\": cfg[\"r\"], \"lora_alpha\": cfg[\"lora_alpha\"],",
      "\"r\": cfg[\"r\"], \"lora_alpha\": cfg[\"r\"],", LORA),
     # ---- train.py: the update path ----------------------------------------------------------------------------
@@ -175,8 +177,8 @@ MUTANTS = [
      TRAIN),
     ("collate_masks_everything_truncated", "if c and not (mask_truncated and s.finish == \"length\"):",
      "if c and not (mask_truncated and s.finish != \"eos\"):", TRAIN),
-    ("collate_sampled_off_by_one", "sampled[i, T - 1 - c:] = torch.tensor(s.sampler_logps, dtype=torch.float32)",
-     "sampled[i, T - c - 1:T - 1] = torch.tensor(s.sampler_logps, dtype=torch.float32)", TRAIN),
+    ("collate_sampled_shifted", "sampled[i, T - 1 - c:] = torch.tensor(s.sampler_logps, dtype=torch.float32)",
+     "sampled[i, T - 1 - c:] = torch.tensor(s.sampler_logps[1:] + [0.0], dtype=torch.float32)", TRAIN),
     ("logits_start_one_late", "start = T - 1 - max(len(s.completion_ids) for s in seqs)",
      "start = T - max(len(s.completion_ids) for s in seqs)", TRAIN),
     ("collate_right_padded", "        ids[i, T - L:] = torch.tensor(s.prompt_ids + s.completion_ids)",
@@ -202,8 +204,9 @@ MUTANTS = [
 
 # Survivors judged equivalent (no behaviour change a test could see), with the reason.
 EQUIVALENT = {
-    "inverse_cdf_left": "x = u * total with u < 1 never equals a cdf value at a kept token boundary except with "
-                        "probability ~2^-53 per draw; side=left only differs there",
+    "inverse_cdf_left": "searchsorted left vs right differ only when x = u * total equals a cdf value exactly; u "
+                        "lies on a 2^-53 grid, so that happens with probability ~2^-53 per draw, and then both "
+                        "picks are tokens with p > 0 (except u = 0 before a leading zero-probability id)",
 }
 
 
