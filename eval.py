@@ -76,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="cuda | mps | cpu (default: the best available)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--seed", type=int, help="mdp: the eval records' seed (default: the pipeline run's, so a saved "
-                   "model plays the eval records of its run's table, else 0); other tasks: the sampling seed (default 0)")
+                   "model plays the eval records of its run's table, else 0); other tasks: the sampling seed "
+                   "(default 0)")
     p.add_argument("--sample-seed", type=int, help="the sampler's seed, for --temperature > 0 (default: 0 for mdp, "
                    "whose --seed picks the records; --seed for the other tasks)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
