@@ -75,8 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     # machine
     p.add_argument("--device", help="cuda | mps | cpu (default: the best available)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--seed", type=int, help="sampling seed (default 0); mdp: also the records' seed (default: the "
-                   "pipeline run's, so a saved model plays the eval records of its run's table)")
+    p.add_argument("--seed", type=int, help="mdp: the eval records' seed (default: the pipeline run's, so a saved "
+                   "model plays the eval records of its run's table, else 0); other tasks: the sampling seed "
+                   "(default 0)")
+    p.add_argument("--sample-seed", type=int, help="the sampler's seed, for --temperature > 0 (default: 0 for mdp, "
+                   "whose --seed picks the records; --seed for the other tasks)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 
@@ -119,6 +122,8 @@ def resolve_defaults(args):
     args.group_size = args.group_size or 1
     if args.seed is None:
         args.seed = mdp.mdp_pipeline_run(args).get("seed", 0) if args.task == "mdp" else 0
+    if args.sample_seed is None:   # mdp: the records and the sampling are two things, each with its own seed
+        args.sample_seed = 0 if args.task == "mdp" else args.seed
     if args.out is None:
         args.out = os.path.join(args.run, "eval") if args.run else \
             os.path.join("runs", f"eval-{args.task}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -136,7 +141,7 @@ def main(argv=None) -> dict:
     try:
         check_args(args)
         resolve_defaults(args)
-        torch.manual_seed(args.seed)
+        torch.manual_seed(args.sample_seed)
         os.makedirs(args.out, exist_ok=True)
         t0 = time.perf_counter()
         result = EVALS[args.task](args, args.out)

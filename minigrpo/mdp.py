@@ -426,7 +426,9 @@ def evaluate(policy_fn, records: list, budgets=(0, 1, 2, 3), scramble: bool = Fa
             rec = s["record"]
             rows.append({"budget": b, "regime": rec["regime"], "lib_size": rec["lib_size"],
                          **world(rec).metrics(mask_of(s["probed"]))})
-    out = {"overall": {b: _mean([r for r in rows if r["budget"] == b]) for b in budgets}}
+    out = {"overall": {b: _mean([r for r in rows if r["budget"] == b]) for b in budgets},
+           # each record's outcome, in record order: what a paired comparison of two policies resamples
+           "solved_by_record": {b: [r["solved"] for r in rows if r["budget"] == b] for b in budgets}}
     for key, name in (("regime", "by_regime"), ("lib_size", "by_lib")):
         groups = sorted({r[key] for r in rows})
         out[name] = {g: {b: _mean([r for r in rows if r[key] == g and r["budget"] == b]) for b in budgets}
@@ -460,10 +462,48 @@ def report_tables(results: dict) -> tuple:
     return (head1, rows1), (head2, rows2)
 
 
+# The differences the report states with their noise: each stage against the SFT policy it started from (and, for
+# eval.py --adapter, the adapter against its base). At 512 records one record is 0.2 points.
+DIFFERENCES = (("process-DPO", "SFT"), ("GRPO", "SFT"), ("adapter", "base"))
+
+
+def paired_bootstrap(a, b, n_boot: int = 10_000, seed: int = 0, level: float = 0.95) -> tuple:
+    """Mean of a - b and its percentile bootstrap interval, resampling the records (pairs): a[i] and b[i] are two
+    policies' outcomes on record i, so the noise shared by both (which records are hard) cancels. In points (x 100
+    for 0/1 outcomes, as the tables print them)."""
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)              # (N,)
+    idx = np.random.default_rng(seed).integers(0, len(d), size=(n_boot, len(d)))         # (n_boot, N)
+    means = d[idx].mean(axis=1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return 100 * float(d.mean()), 100 * float(lo), 100 * float(hi)
+
+
+def difference_table(results: dict, pairs=DIFFERENCES) -> tuple:
+    """(header, rows): for each pair (a, b) present in results, a - b solved at each budget with its paired
+    bootstrap 95% interval (points) and what it says: "within noise" when the interval covers 0."""
+    header = ["difference", "budget", "points", "95% low", "95% high", "reading"]
+    rows = []
+    for a, b in pairs:
+        if a not in results or b not in results:
+            continue
+        ra, rb = results[a]["solved_by_record"], results[b]["solved_by_record"]
+        for budget in sorted(ra):
+            if len(ra[budget]) != len(rb[budget]):
+                raise ValueError(f"mdp.difference_table: {a} and {b} played different records at budget {budget}")
+            diff, lo, hi = paired_bootstrap(ra[budget], rb[budget])
+            reading = "within noise" if lo <= 0 <= hi else ("above" if lo > 0 else "below")
+            rows.append([f"{a} - {b}", str(budget), diff, lo, hi, reading])
+    return header, rows
+
+
 def markdown_table(header: list, rows: list) -> str:
-    """Rates get a % sign; the survivors column is a plain count."""
+    """Rates get a % sign; the survivors column is a plain count; differences are signed points."""
     def cell(h, x):
-        return x if isinstance(x, str) else f"{x:.1f}" + ("" if h.startswith("survivors") else "%")
+        if isinstance(x, str):
+            return x
+        if h in ("points", "95% low", "95% high"):
+            return f"{x:+.1f}"
+        return f"{x:.1f}" + ("" if h.startswith("survivors") else "%")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(cell(h, x) for h, x in zip(header, r)) + " |" for r in rows])
 
@@ -488,11 +528,13 @@ def plot_solve_rate(results: dict, path: str):
 
 def write_report(results: dict, out_dir: str) -> dict:
     """Writes overall_by_policy_budget.{md,csv} (solved at each budget, exact and survivors at the top one),
-    regime_split.{md,csv} and solve_rate_vs_budget.png into out_dir; returns {file name: path}. CSV rates are in
-    percent."""
+    regime_split.{md,csv}, differences.{md,csv} (DIFFERENCES present in results, with paired bootstrap 95% intervals;
+    header only when none is) and solve_rate_vs_budget.png into out_dir; returns {file name: path}. CSV rates and
+    differences are in percent (points)."""
     os.makedirs(out_dir, exist_ok=True)
     paths = {}
-    for name, (header, rows) in zip(("overall_by_policy_budget", "regime_split"), report_tables(results)):
+    tables = (*report_tables(results), difference_table(results))
+    for name, (header, rows) in zip(("overall_by_policy_budget", "regime_split", "differences"), tables):
         for ext in ("md", "csv"):
             paths[f"{name}.{ext}"] = os.path.join(out_dir, f"{name}.{ext}")
         with open(paths[f"{name}.md"], "w") as f:

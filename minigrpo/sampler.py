@@ -48,15 +48,21 @@ class Sample:
 # ------------------------------------------------------------------------------------------------ token choice
 
 def truncate(probs, top_k=0, top_p=1.0):
-    """Top-k then top-p (as transformers applies them) -> (kept probs, their token ids), sorted descending.
-    Top-p keeps the smallest prefix whose mass reaches top_p (the most likely token always stays)."""
-    if top_k and top_k < probs.shape[-1]:
-        p, ids = probs.topk(top_k, dim=-1)                          # (B, k)
-    else:
-        p, ids = probs.sort(dim=-1, descending=True)                # (B, V)
+    """Top-k then top-p, as transformers' TopKLogitsWarper then TopPLogitsWarper -> (probs, token ids) of each row,
+    sorted descending, with the dropped tokens' probs set to 0 (the kept ones are not renormalised).
+    Top-k keeps every token whose prob reaches the k-th largest (ties with it stay, so possibly more than k).
+    Top-p is measured on the distribution renormalised over what top-k kept: it drops a token when the mass of it
+    and every less likely token is <= 1 - top_p, i.e. keeps the smallest prefix whose mass reaches top_p (the
+    warper's own arithmetic: an ascending cumulative sum); the most likely token always stays."""
+    p, ids = probs.sort(dim=-1, descending=True)                    # (B, V)
+    if top_k and top_k < p.shape[-1]:
+        p = p.masked_fill(p < p[:, top_k - 1:top_k], 0.0)           # below the k-th value
     if top_p < 1.0:
-        mass_before = p.cumsum(-1) - p
-        p = p.masked_fill(mass_before >= top_p, 0.0)
+        q = p / p.sum(-1, keepdim=True)                             # renormalised over the top-k set
+        mass_from_here = q.flip(-1).cumsum(-1).flip(-1)             # mass of this token and all below it
+        drop = mass_from_here <= 1.0 - top_p
+        drop[:, 0] = False                                          # min_tokens_to_keep=1
+        p = p.masked_fill(drop, 0.0)
     return p, ids
 
 

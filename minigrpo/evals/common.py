@@ -90,7 +90,7 @@ def complete(model, tok, args, conversations, stop_strings=(), desc="generate") 
     for k, rows in enumerate(progress(batches, desc, args)):
         samples = sample(model, [prompts[i] for i in rows], n=1, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, top_p=args.top_p, stop_strings=list(stop_strings),
-                         tokenizer=tok, seed=args.seed * 1_000_003 + k, compile=args.compile)
+                         tokenizer=tok, seed=args.sample_seed * 1_000_003 + k, compile=args.compile)
         for i, s in zip(rows, samples):
             texts[i] = s.text
     return texts
@@ -144,7 +144,7 @@ def write_outputs(args, out, payload: dict, tables: list, plots: list, notes: li
     lines = [f"# Evaluation: {args.task}", "",
              f"- model: `{args.model}`" + (f", adapter: `{args.adapter}` (base = the same weights with the "
                                            "adapter disabled)" if args.adapter else ""),
-             f"- decoding: {decoding}, max {args.max_new_tokens} new tokens; seed {args.seed}",
+             f"- decoding: {decoding}, max {args.max_new_tokens} new tokens; sampling seed {args.sample_seed}",
              f"- command: `{command(args)}`", f"- date: {time.strftime('%Y-%m-%d %H:%M:%S')}", ""]
     for title, table in tables:
         lines += [f"## {title}", "", table.rstrip(), ""]

@@ -65,11 +65,12 @@ def eval_mdp(args, out):
     results.update(task.baselines("eval"))
     paths = mdp.write_report(results, out)
     tables = []
-    for name in ("overall_by_policy_budget", "regime_split"):
+    for name in ("overall_by_policy_budget", "regime_split") + (("differences",) if "adapter" in results else ()):
         with open(paths[f"{name}.md"]) as f:
             tables.append((name.replace("_", " "), f.read()))
     source = "--mdp-prompt" if args.mdp_prompt else "pipeline.json" if "prompt" in run else "default"
-    notes = [f"- prompt style: {prompt} ({source}); {len(task.records('eval'))} eval records, seed {args.seed}"]
+    notes = [f"- prompt style: {prompt} ({source}); {len(task.records('eval'))} eval records, seed {args.seed} "
+             f"(sampling seed {args.sample_seed})"]
     if fold:
         notes.append(f"- the adapter sits on its run's SFT weights: {fold} was folded into --model first, so "
                      "\"base\" is the SFT policy")

@@ -40,7 +40,7 @@ def soyuz_data(args):
 def eval_soyuz(args, out):
     task, exs = soyuz_data(args)
     model, tok, columns = load_model(args)
-    seeds = [args.seed * 100_003 + i for i in range(len(exs))]
+    seeds = [args.sample_seed * 100_003 + i for i in range(len(exs))]
     results, per_task, rows = {}, {}, []
     for label, ctx in columns:
         bar = progress(None, f"{label} soyuz", args, total=2 * len(exs) * args.group_size)

@@ -476,7 +476,7 @@ def finish(results, invalid, clock, run_dir, args) -> dict:
     with open(os.path.join(run_dir, "results.json"), "w") as f:
         json.dump({"results": results, "invalid_answers": invalid, "time": {**clock.rows, "total": total}}, f,
                   indent=2, default=str)
-    for name in ("overall_by_policy_budget", "regime_split"):
+    for name in ("overall_by_policy_budget", "regime_split", "differences"):
         with open(paths[f"{name}.md"]) as f:
             print("\n" + f.read().rstrip())
     bad = ", ".join(f"{k} {n}/{m}" for k, (n, m) in invalid.items() if n)

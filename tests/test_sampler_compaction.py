@@ -1,0 +1,44 @@
+"""The sampler's documented contracts that no output token shows: finished rows stop costing work (compaction, and
+the loop ends once every row is done), and an int seed means seed + i for prompt i."""
+import torch
+
+from minigrpo.model import Qwen
+from minigrpo.sampler import sample
+
+VOCAB = 261
+PROMPTS = [[10, 20, 30, 40, 50, 60, 70], [257, 5], [99, 98, 97, 96]]
+
+
+def count_decode_rows(model):
+    """Record the batch size of every one-token forward (the decode steps) the sampler makes."""
+    rows, real = [], model.hidden
+
+    def hidden(ids, *a, **k):
+        if ids.shape[1] == 1:
+            rows.append(ids.shape[0])
+        return real(ids, *a, **k)
+    model.hidden = hidden
+    return rows
+
+
+def test_finished_rows_stop_costing_work():
+    model = Qwen.from_pretrained("tiny")
+    free = sample(model, PROMPTS, n=2, max_new_tokens=12, seed=5, vocab_size=VOCAB, stop_ids=())
+    # stop ids: every token that row 0 and row 3 emit, and what every row emits at step 3: rows end at different
+    # steps, all by step 3
+    stops = set(free[0].completion_ids + free[3].completion_ids) | {s.completion_ids[2] for s in free}
+    rows = count_decode_rows(model)
+    out = sample(model, PROMPTS, n=2, max_new_tokens=12, seed=5, vocab_size=VOCAB, stop_ids=stops)
+    assert all(s.finish_reason == "eos" for s in out) and max(len(s.completion_ids) for s in out) <= 3
+    assert min(len(s.completion_ids) for s in out) == 1
+    assert len(rows) == max(len(s.completion_ids) for s in out) - 1       # no decode step after the last row ends
+    assert max(rows) < 6 and rows == sorted(rows, reverse=True)     # rows done at step 1 were already dropped
+
+
+def test_int_seed_is_seed_plus_prompt_index():
+    model = Qwen.from_pretrained("tiny")
+    a = sample(model, PROMPTS, n=2, max_new_tokens=6, seed=40, vocab_size=VOCAB, stop_ids=())
+    b = sample(model, PROMPTS, n=2, max_new_tokens=6, seed=[40, 41, 42], vocab_size=VOCAB, stop_ids=())
+    c = sample(model, PROMPTS, n=2, max_new_tokens=6, seed=[40, 40, 40], vocab_size=VOCAB, stop_ids=())
+    assert [s.completion_ids for s in a] == [s.completion_ids for s in b]
+    assert [s.completion_ids for s in a] != [s.completion_ids for s in c]
