@@ -47,13 +47,13 @@ The prompt (`render`, ~280 bytes; the tiny model's byte tokenizer spends one tok
 
 Everything is numpy and seeded: a record is a small JSON-able dict; `world(record)` compiles its arrays.
 """
-import csv
 import functools
 import math
-import os
 import zlib
 
 import numpy as np
+
+from minigrpo.common import mean
 
 REGIMES = ("pair_affine_mod", "pair_compare_gate")
 LIB_SIZES = (64, 128, 256, 512)
@@ -413,8 +413,8 @@ def play(policy_fn, records: list, budget: int, scramble: bool = False, batched:
 
 
 def _mean(rows: list) -> dict:
-    keys = ("solved", "exact", "survivors")
-    return {k: float(np.mean([r[k] for r in rows])) if rows else float("nan") for k in keys}
+    """Each metric's mean over the rows (nan when there are none)."""
+    return {k: mean([r[k] for r in rows]) if rows else float("nan") for k in ("solved", "exact", "survivors")}
 
 
 def evaluate(policy_fn, records: list, budgets=(0, 1, 2, 3), scramble: bool = False, batched: bool = False) -> dict:
@@ -441,64 +441,3 @@ BASELINES = {"random": random_policy(0), "minimax": minimax_policy, "max-split":
 def baselines(records: list, budgets=(0, 1, 2, 3)) -> dict:
     """The non-model policies on `records`: {name: evaluate(...)}."""
     return {name: evaluate(fn, records, budgets) for name, fn in BASELINES.items()}
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Report: the seed's two tables (Markdown + CSV) and the solve-rate-vs-budget plot
-
-def report_tables(results: dict) -> tuple:
-    """results {policy: evaluate(...)} -> (budget table, regime table), each (header, rows); rates in percent."""
-    any_res = next(iter(results.values()))
-    budgets = sorted(any_res["overall"])
-    top = budgets[-1]
-    head1 = ["policy"] + [f"solved@{b}" for b in budgets] + [f"exact@{top}", f"survivors@{top}"]
-    rows1 = [[name] + [100 * r["overall"][b]["solved"] for b in budgets]
-             + [100 * r["overall"][top]["exact"], r["overall"][top]["survivors"]] for name, r in results.items()]
-    regimes = list(any_res["by_regime"])
-    head2 = ["policy"] + [f"{g} solved@{top}" for g in regimes]
-    rows2 = [[name] + [100 * r["by_regime"][g][top]["solved"] for g in regimes] for name, r in results.items()]
-    return (head1, rows1), (head2, rows2)
-
-
-def markdown_table(header: list, rows: list) -> str:
-    """Rates get a % sign; the survivors column is a plain count."""
-    def cell(h, x):
-        return x if isinstance(x, str) else f"{x:.1f}" + ("" if h.startswith("survivors") else "%")
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(cell(h, x) for h, x in zip(header, r)) + " |" for r in rows])
-
-
-def plot_solve_rate(results: dict, path: str):
-    """Solve rate (hidden-all) against probe budget, one line per policy."""
-    import matplotlib
-    matplotlib.use("Agg")                                   # files only: no display on servers or in tests
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for name, r in results.items():
-        budgets = sorted(r["overall"])
-        ax.plot(budgets, [100 * r["overall"][b]["solved"] for b in budgets], marker="o", label=name)
-    ax.set(xlabel="probe budget (verifier queries)", ylabel="hidden-all solved (%)", title="Solve rate vs budget")
-    ax.set_xticks(budgets)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def write_report(results: dict, out_dir: str) -> dict:
-    """Writes overall_by_policy_budget.{md,csv} (solved at each budget, exact and survivors at the top one),
-    regime_split.{md,csv} and solve_rate_vs_budget.png into out_dir; returns {file name: path}. CSV rates are in
-    percent."""
-    os.makedirs(out_dir, exist_ok=True)
-    paths = {}
-    for name, (header, rows) in zip(("overall_by_policy_budget", "regime_split"), report_tables(results)):
-        for ext in ("md", "csv"):
-            paths[f"{name}.{ext}"] = os.path.join(out_dir, f"{name}.{ext}")
-        with open(paths[f"{name}.md"], "w") as f:
-            f.write(markdown_table(header, rows) + "\n")
-        with open(paths[f"{name}.csv"], "w", newline="") as f:
-            csv.writer(f).writerows([header] + [[x if isinstance(x, str) else round(x, 2) for x in r] for r in rows])
-    paths["solve_rate_vs_budget.png"] = os.path.join(out_dir, "solve_rate_vs_budget.png")
-    plot_solve_rate(results, paths["solve_rate_vs_budget.png"])
-    return paths

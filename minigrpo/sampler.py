@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
+from minigrpo.common import left_pad
+
 
 @dataclass
 class Sample:
@@ -115,19 +117,9 @@ def choose(logits, temperature, top_k, top_p, u):
 
 # ------------------------------------------------------------------------------------------------ model calls
 
-def left_pad(prompts, pad_id, device):
-    L = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(prompts), L, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, L - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, L - len(p):] = 1
-    return ids.to(device), mask.to(device)  # (P, L)
-
-
 def prefill(model, prompts, max_new_tokens, pad_id):
     """Run the prompts once into a fresh cache; returns (cache, last-position logits (P, V) fp32)."""
-    ids, mask = left_pad(prompts, pad_id, model.device)
+    ids, mask = left_pad(prompts, pad_id, model.device)            # (P, L)
     cache = model.new_cache(len(prompts), ids.shape[1] + max_new_tokens)
     h = model.hidden(ids, attention_mask=mask, cache=cache)        # (P, L, H)
     return cache, model.logits(h[:, -1]).float()                   # (P, V); only the last position is needed

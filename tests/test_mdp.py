@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from minigrpo import mdp
+from minigrpo import mdp, report
 from minigrpo.mdp_planner import belief, planner_policy
 from minigrpo.tasks.mdp import MDPTask, parse_letter
 
@@ -178,7 +178,7 @@ def test_states_are_informative_and_rewards_in_range():
 
 def test_report_files(tmp_path, eval_records):
     results = mdp.baselines(eval_records[:8])
-    paths = mdp.write_report(results, str(tmp_path / "report"))
+    paths = report.write_mdp_report(results, str(tmp_path / "report"))
     for name in ("overall_by_policy_budget", "regime_split"):
         rows = list(csv.reader(open(paths[f"{name}.csv"])))
         assert [r[0] for r in rows[1:]] == ["random", "minimax", "max-split", "oracle"]

@@ -128,3 +128,28 @@ def test_a_fresh_run_refuses_a_used_run_folder(tmp_path):
     run_train(["--steps", "1"], tmp_path, "used")
     out = run_train(["--steps", "1"], tmp_path, "used", check=False)
     assert out.returncode != 0 and "--resume" in out.stderr and "already holds a run" in out.stderr
+
+
+def test_eos_equal_to_pad_is_trained_by_the_trainer():
+    """Qwen base models pad with their EOS id. The trainer's loss mask (train.collate, built by position with
+    grpo.span_mask) trains the EOS a model emitted and never a pad; a mask by token id would drop the EOS."""
+    import argparse
+
+    import train
+    from minigrpo import grpo
+    from minigrpo.tasks import Seq
+    from toy_lm import ToyLM
+    PAD = EOS = 7
+    seqs = [Seq("a", 0, [3, 4, 5], [9, 1, EOS], [-1.0] * 3, "eos", "", 1.0, 1.0, advantage=1.0),
+            Seq("b", 0, [3, 4, 5, 6, 2, 8, 8], [EOS], [-1.0], "eos", "", 0.0, 0.0, advantage=-1.0)]
+    b = train.collate(seqs, PAD, "cpu")
+    assert b.ids[0].tolist() == [PAD, PAD, 3, 4, 5, 9, 1, EOS]     # left-padded with the EOS id
+    eos_col = b.ids.shape[1] - 2                       # column t scores the token at position t + 1: the last one
+    assert b.mask[:, eos_col].all() and b.mask.sum(-1).tolist() == [3, 1]
+    assert not (b.ids[:, 1:] != PAD)[:, eos_col].any()     # the bug: masking by token id drops the emitted EOS
+    args = argparse.Namespace(temperature=1.0)
+    logp = train.log_probs(ToyLM(), b, args, vocab_size=None)
+    loss, _ = grpo.policy_loss(logp, None, b.adv.double(), b.mask)
+    g = torch.autograd.grad(loss, logp)[0]
+    assert (g[:, eos_col] != 0).all()                  # the emitted EOS is an action and gets a gradient
+    assert (g[0, :eos_col - 2] == 0).all() and (g[1, :eos_col] == 0).all()   # prompts and pads do not

@@ -14,11 +14,11 @@ advantage; the critique and the earlier turn are prompt, never trained. Zero-spr
 Judging runs in the judge's worker pool while the sampler generates the next chunk of tasks, so the sampler is not
 idle while the judge works; the turn-1 critique of a chunk waits only for that chunk's own verdicts.
 """
-import json
 import os
 from collections import deque
 
 from minigrpo import grpo
+from minigrpo.common import mean, read_json
 from minigrpo.judge import make_judge
 from minigrpo.tasks import Seq
 
@@ -27,13 +27,8 @@ BAD = 0.5  # below this a turn-0 answer counts as bad: harsh critique, and it co
 
 
 def load_tasks(path: str = DATA) -> list[dict]:
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: soyuz task file not found (pass --data FILE)")
-    with open(path) as f:
-        try:
-            tasks = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e}); fix the file or pass another --data") from None
+    """The tasks of a JSON file holding a list of tasks or {"tasks": [...]}."""
+    tasks = read_json(path, "soyuz task file not found (pass --data FILE)", fix="; fix the file or pass another --data")
     return tasks["tasks"] if isinstance(tasks, dict) else tasks
 
 
@@ -63,6 +58,19 @@ class SoyuzTask:
     name = "soyuz"
     turns = 2
     stop_strings: list[str] = []
+
+    @classmethod
+    def from_args(cls, args):
+        """train.py's judge flags; the judge's verdict cache lives in the run folder."""
+        opts = dict(judge=args.judge, workers=args.judge_workers,
+                    cache_path=os.path.join(args.runs_dir, args.run_name, "judge_cache.sqlite"))
+        if args.data:
+            opts["data"] = args.data
+        if args.judge_model:
+            opts["model"] = args.judge_model
+        if args.judge_max_turns:
+            opts["max_turns"] = args.judge_max_turns
+        return cls(**opts)
 
     def __init__(self, data: str | None = None, judge: str = "local", workers: int = 8, cache_path=None,
                  coef: float = 0.5, chunk: int = 1, judge_obj=None, **judge_opts):
@@ -146,7 +154,6 @@ def recovery_metrics(seqs) -> dict:
     pairs = [(a.score, b.score) for a, b in zip(t0, t1) if a.score is not None and b.score is not None]
     bad = [(a, b) for a, b in pairs if a < BAD]
     good = [(a, b) for a, b in pairs if a >= BAD]
-    mean = lambda xs: sum(xs) / len(xs) if xs else None
     return {
         "turn0_score": mean([a for a, _ in pairs]),
         "final_score": mean([b for _, b in pairs]),
