@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from minigrpo import checkpoints, grpo
-from minigrpo.common import left_pad, mean, pick_device, pick_dtype
+from minigrpo.common import derive_seed, left_pad, mean, pick_device, pick_dtype
 from minigrpo.dist import all_gather_objects, all_reduce_, assert_replicas_in_sync, init_distributed
 from minigrpo.flags import resolve_args
 from minigrpo.lora import adapters_disabled, inject_lora
@@ -121,7 +121,7 @@ def rollout(model, tok, task, args, examples, step, index):
 def sample_seed(args, step, index):
     """Seed of one prompt's G samples: a function of (run seed, step, global example index) only, so the samples
     do not depend on how examples are split over ranks, on micro-batching, or on a resume."""
-    return (args.seed * 1_000_003 + step * 10_007 + index) % (2**63)
+    return derive_seed(args.seed, "sample", step, index)
 
 
 def generate(model, tok, args, prompts, seeds, n, stop_strings=()):
@@ -329,7 +329,7 @@ class DataState:
 def next_examples(train, count, state: DataState, seed) -> list:
     out = []
     while len(out) < count:
-        order = np.random.default_rng(seed + 1000 * state.epoch).permutation(len(train))
+        order = np.random.default_rng(derive_seed(seed, "epoch", state.epoch)).permutation(len(train))
         take = order[state.pos: state.pos + count - len(out)]
         out += [train[i] for i in take]
         state.pos += len(take)

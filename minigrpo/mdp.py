@@ -49,11 +49,10 @@ Everything is numpy and seeded: a record is a small JSON-able dict; `world(recor
 """
 import functools
 import math
-import zlib
 
 import numpy as np
 
-from minigrpo.common import mean
+from minigrpo.common import derive_seed, mean
 
 REGIMES = ("pair_affine_mod", "pair_compare_gate")
 LIB_SIZES = (64, 128, 256, 512)
@@ -162,12 +161,13 @@ def combine(regime: str, p: np.ndarray, q: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------------------------
 # Records and their compiled worlds
 
-def make_record(lib_size: int, regime: str, seed: int, split: str = "train") -> dict:
-    """A JSON-able puzzle: the hidden target pair and the universe indices of its visible/probe/hidden lists."""
-    rng = np.random.default_rng([seed, lib_size, REGIMES.index(regime)])
+def make_record(lib_size: int, regime: str, seed: int, split: str = "train", index: int = 0) -> dict:
+    """A JSON-able puzzle: the hidden target pair and the universe indices of its visible/probe/hidden lists; the
+    `index`-th record of its (split, regime, library size) cell at run seed `seed`."""
+    rng = np.random.default_rng(derive_seed(seed, "record", split, regime, lib_size, index))
     p, q = rng.choice(lib_size, size=2, replace=False)
     idx = rng.choice(UNIVERSE_SIZE, size=N_VISIBLE + N_PROBES + N_HIDDEN, replace=False).tolist()
-    return {"id": f"{split}-{regime}-L{lib_size}-{seed}", "lib_size": lib_size, "regime": regime,
+    return {"id": f"{split}-{regime}-L{lib_size}-s{seed}-{index}", "lib_size": lib_size, "regime": regime,
             "target": [int(p), int(q)], "visible": idx[:N_VISIBLE],
             "probes": idx[N_VISIBLE:N_VISIBLE + N_PROBES], "hidden": idx[N_VISIBLE + N_PROBES:]}
 
@@ -319,7 +319,8 @@ def state_text(state: dict, scramble: bool = False) -> str:
 
 
 def seeded_rng(*key) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32("/".join(map(str, key)).encode()))
+    """A generator seeded by `key` (ints and strings, e.g. a state id): the same key, the same draws."""
+    return np.random.default_rng(derive_seed(*key))
 
 
 def random_policy(seed: int = 0):
@@ -363,15 +364,14 @@ def oracle_policy(text: str, state: dict) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 # Data: records on the library-size ladder x both regimes, and the informative states along their trajectories
 
-SPLIT_SEEDS = {"train": 0, "val": 1_000_000, "eval": 2_000_000}
+SPLITS = ("train", "val", "eval")
 
 
 def build_records(split: str, per_cell: int, seed: int = 0) -> list:
-    """`per_cell` records for every (regime, library size) cell; seeds never overlap between splits."""
-    if split not in SPLIT_SEEDS:
+    """`per_cell` records for every (regime, library size) cell; the split is part of every record's seed."""
+    if split not in SPLITS:
         raise ValueError(f"mdp split {split!r}: expected train, val or eval")
-    base = SPLIT_SEEDS[split] + 10_000 * seed
-    return [make_record(L, regime, base + k, split) for regime in REGIMES for L in LIB_SIZES for k in range(per_cell)]
+    return [make_record(L, regime, seed, split, k) for regime in REGIMES for L in LIB_SIZES for k in range(per_cell)]
 
 
 def state_example(state: dict) -> dict:

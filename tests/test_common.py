@@ -7,7 +7,8 @@ import time
 import pytest
 import torch
 
-from minigrpo.common import atomic_write, kill_process_group, left_pad, mean, pick_dtype, read_json
+from minigrpo.common import (atomic_write, derive_seed, kill_process_group, left_pad, mean, pick_dtype, read_json,
+                             splitmix64)
 
 
 def test_left_pad_puts_every_row_last_token_in_the_last_column():
@@ -53,3 +54,11 @@ def test_kill_process_group_ends_the_child_and_its_children():
     kill_process_group(proc)
     assert proc.returncode is not None
     kill_process_group(proc)            # a group already gone is fine
+
+
+def test_derive_seed_is_splitmix64_folded_over_the_parts():
+    seeds = [derive_seed(*p) for p in [(0,), (0, 1), (1, 0), (0, "a"), (0, "b"), (0, 1, 2), (0, 2, 1)]]
+    assert len(set(seeds)) == len(seeds)                                   # order and strings matter
+    assert all(0 <= s < 2**63 for s in seeds) and derive_seed(0, "a") == derive_seed(0, "a")
+    one = int(splitmix64(torch.tensor(7))) % 2**64 >> 1
+    assert derive_seed(7) == one                                           # one part: splitmix64 of it, 63 bits

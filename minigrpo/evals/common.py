@@ -11,7 +11,7 @@ import sys
 import time
 
 from minigrpo import checkpoints, report
-from minigrpo.common import mean, pick_device, pick_dtype
+from minigrpo.common import derive_seed, mean, pick_device, pick_dtype
 from minigrpo.lora import adapters_disabled, fold_lora, load_adapter
 from minigrpo.model import Qwen
 from minigrpo.sampler import sample
@@ -88,7 +88,7 @@ def complete(model, tok, args, conversations, stop_strings=(), desc="generate") 
     for k, rows in enumerate(progress(batches, desc, args)):
         samples = sample(model, [prompts[i] for i in rows], n=1, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, top_p=args.top_p, stop_strings=list(stop_strings),
-                         tokenizer=tok, seed=args.seed * 1_000_003 + k, compile=args.compile)
+                         tokenizer=tok, seed=derive_seed(args.seed, "eval batch", k), compile=args.compile)
         for i, s in zip(rows, samples):
             texts[i] = s.text
     return texts

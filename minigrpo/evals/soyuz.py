@@ -4,7 +4,7 @@ table, and the seed's sandbagging check (recovery bought with a worse first answ
 import os
 
 from minigrpo import report
-from minigrpo.common import mean
+from minigrpo.common import derive_seed, mean
 from minigrpo.evals.common import UsageError, first_line, load_model, progress, run_curves, write_jsonl, write_outputs
 from minigrpo.judge import validate_task
 from minigrpo.sampler import sample
@@ -41,7 +41,7 @@ def soyuz_data(args):
 def eval_soyuz(args, out):
     task, exs = soyuz_data(args)
     model, tok, columns = load_model(args)
-    seeds = [args.seed * 100_003 + i for i in range(len(exs))]
+    seeds = [derive_seed(args.seed, "soyuz eval", i) for i in range(len(exs))]
     results, per_task, rows = {}, {}, []
     for label, ctx in columns:
         bar = progress(None, f"{label} soyuz", args, total=2 * len(exs) * args.group_size)

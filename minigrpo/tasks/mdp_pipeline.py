@@ -51,7 +51,7 @@ from safetensors.torch import save_file
 
 from minigrpo import mdp, report
 from minigrpo.checkpoints import full_weights
-from minigrpo.common import pick_device, pick_dtype
+from minigrpo.common import derive_seed, pick_device, pick_dtype
 from minigrpo.lora import fold_lora, inject_lora, save_adapter, strip_lora
 from minigrpo.model import Qwen, QwenConfig
 from minigrpo.sampler import sample
@@ -314,13 +314,13 @@ def run_pipeline(args, trainer, cfg: PipelineConfig | None = None) -> dict:
     model, tok = build_model(args, cfg, device, dtype)
     if cfg.scratch is not None:
         sft_loop(model, tok, list(model.parameters()), format_items(tok, task, cfg.relabel, args.seed),
-                   cfg.base_steps, cfg.sft_lr, cfg, args.seed + 1, "pretrain", args.quiet)
+                 cfg.base_steps, cfg.sft_lr, cfg, derive_seed(args.seed, "pretrain"), "pretrain", args.quiet)
     evaluate_model(model, tok, task, cfg, "base", results, invalid)
     clock.lap("base")
 
     params = list(model.parameters()) if not cfg.sft_lora else inject_lora(model, cfg.lora_r, cfg.lora_alpha)
     sft_loop(model, tok, params, sft_items(tok, task, cfg.relabel, args.seed), cfg.sft_steps, cfg.sft_lr, cfg,
-               args.seed + 2, "sft", args.quiet)
+             derive_seed(args.seed, "sft"), "sft", args.quiet)
     if cfg.sft_lora:   # a real Qwen: keep the adapter (not a second copy of the weights), then fold it in
         save_adapter(model, os.path.join(run_dir, "sft_adapter"), args.model)
         fold_lora(model)
@@ -330,14 +330,14 @@ def run_pipeline(args, trainer, cfg: PipelineConfig | None = None) -> dict:
     clock.lap("sft")
 
     model.requires_grad_(False)   # from here on only LoRA adapters train; the SFT weights are the reference
-    dpo(model, tok, task, cfg, args.seed + 3, "dpo", args.quiet)
+    dpo(model, tok, task, cfg, derive_seed(args.seed, "dpo"), "dpo", args.quiet)
     save_adapter(model, os.path.join(run_dir, "dpo_adapter"), args.model)
     evaluate_model(model, tok, task, cfg, "process-DPO", results, invalid)
     evaluate_model(model, tok, scrambled, cfg, "scrambled-features DPO", results, invalid)
     strip_lora(model)
     clock.lap("dpo")
 
-    dpo(model, tok, shuffled, cfg, args.seed + 3, "dpo-shuffled", args.quiet)
+    dpo(model, tok, shuffled, cfg, derive_seed(args.seed, "dpo"), "dpo-shuffled", args.quiet)
     save_adapter(model, os.path.join(run_dir, "dpo_shuffled_adapter"), args.model)
     evaluate_model(model, tok, task, cfg, "shuffled-reward DPO", results, invalid)
     strip_lora(model)

@@ -18,7 +18,7 @@ import os
 from collections import deque
 
 from minigrpo import grpo
-from minigrpo.common import mean, read_json
+from minigrpo.common import derive_seed, mean, read_json
 from minigrpo.judge import make_judge
 from minigrpo.tasks import Seq
 
@@ -116,7 +116,7 @@ class SoyuzTask:
                      for i, _, s, v in firsts]
             prompts = [tok.chat(c, enable_thinking=args.enable_thinking) for c in convs]
             # each revision is its own prompt; its seed differs from every turn-0 seed of the step
-            revs = generate(prompts, [seeds[i] * 7919 + k + 1 for k, (i, *_) in enumerate(firsts)], 1)
+            revs = generate(prompts, [derive_seed(seeds[i], "revision", k) for k, (i, *_) in enumerate(firsts)], 1)
             return [(first, p1, r[0], self.judge.submit(examples[first[0]], r[0].text))
                     for first, p1, r in zip(firsts, prompts, revs)]
 
