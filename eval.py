@@ -33,8 +33,8 @@ import torch
 
 from minigrpo.evals import gsm8k, mdp, soyuz, synthetic
 from minigrpo.evals.common import UsageError, resolve_adapter
+from minigrpo.presets import PRESETS
 from minigrpo.tasks import TASKS
-from train import PRESETS
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,7 +12,7 @@ import argparse
 import sys
 import time
 
-from minigrpo import mdp
+from minigrpo import mdp, report
 from minigrpo.mdp_planner import planner_policy
 from minigrpo.tasks.mdp import MDPTask
 
@@ -24,11 +24,11 @@ def cmd_baselines(args):
     if args.planner:   # the ceiling without the target (minigrpo/mdp_planner.py), between the heuristics and the oracle
         oracle = results.pop("oracle")
         results.update(planner=mdp.evaluate(planner_policy, records), oracle=oracle)
-    (h1, r1), (h2, r2) = mdp.report_tables(results)
+    (h1, r1), (h2, r2) = report.mdp_tables(results)
     print(f"{len(records)} {args.split} records ({args.per_cell} per regime x library size), seed {args.seed}\n")
-    print(mdp.markdown_table(h1, r1) + "\n\n" + mdp.markdown_table(h2, r2))
+    print(report.mdp_markdown_table(h1, r1) + "\n\n" + report.mdp_markdown_table(h2, r2))
     if args.out:
-        for path in mdp.write_report(results, args.out).values():
+        for path in report.write_mdp_report(results, args.out).values():
             print("wrote", path)
     print(f"\n{time.time() - t0:.1f}s")
 

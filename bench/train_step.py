@@ -127,7 +127,7 @@ def build_ours(folder, args, dtype):
     params = inject_lora(model, r=args.lora_r, alpha=2 * args.lora_r, targets=targets(args))
     init_lora_([(p, m.lora_A.weight, m.lora_B.weight) for p, m in lora_layers(model)])
     if args.grad_checkpoint:
-        from train import enable_activation_checkpointing
+        from minigrpo.model import enable_activation_checkpointing
         enable_activation_checkpointing(model)  # train.py --grad-checkpoint
     ids, attn, comp_mask, adv = make_batch(args)
     P, T = args.prompt, args.seq

@@ -28,6 +28,8 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file, save_file
 
+from minigrpo.common import atomic_write
+
 # Every projection of Qwen2/3 attention, the SwiGLU MLP and Qwen3.5's Gated DeltaNet (leaf module names).
 DEFAULT_TARGETS = (
     "q_proj", "k_proj", "v_proj", "o_proj",
@@ -158,13 +160,6 @@ def fold_lora(model):
 
 # ---------------------------------------------------------------------------------------------- PEFT-layout files
 
-def _atomic_write(path, write):
-    """Write through a temp file and rename, so a killed run never leaves half a file."""
-    tmp = path + ".tmp"
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def _base_model_name(model):
     raw = getattr(getattr(model, "config", None), "raw", None) or {}
     return getattr(model, "name_or_path", None) or raw.get("_name_or_path")
@@ -192,10 +187,8 @@ def save_adapter(model, out_dir, base_model_name_or_path=None):
         "modules_to_save": None, "layers_to_transform": None, "layers_pattern": None,
         "rank_pattern": {}, "alpha_pattern": {}, "revision": None,
     }
-    _atomic_write(os.path.join(out_dir, ADAPTER_WEIGHTS),
-                  lambda p: save_file(tensors, p, metadata={"format": "pt"}))
-    _atomic_write(os.path.join(out_dir, ADAPTER_CONFIG),
-                  lambda p: open(p, "w").write(json.dumps(config, indent=2) + "\n"))
+    atomic_write(os.path.join(out_dir, ADAPTER_WEIGHTS), lambda p: save_file(tensors, p, metadata={"format": "pt"}))
+    atomic_write(os.path.join(out_dir, ADAPTER_CONFIG), json.dumps(config, indent=2) + "\n", fsync=False)
 
 
 def _read_adapter_config(path):
@@ -290,8 +283,8 @@ def export_merged(model, tokenizer_dir, out_dir):
     if "text_config" in raw:  # a Qwen3.5 multimodal config.json: keep its key layout (model.language_model.*)
         tensors = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
                    for k, v in tensors.items()}
-    _atomic_write(os.path.join(out_dir, "model.safetensors"), lambda p: save_file(tensors, p, metadata={"format": "pt"}))
-    _atomic_write(os.path.join(out_dir, "config.json"), lambda p: open(p, "w").write(json.dumps(raw, indent=2) + "\n"))
+    atomic_write(os.path.join(out_dir, "model.safetensors"), lambda p: save_file(tensors, p, metadata={"format": "pt"}))
+    atomic_write(os.path.join(out_dir, "config.json"), json.dumps(raw, indent=2) + "\n", fsync=False)
     if tokenizer_dir is not None:
         copied = [f for f in TOKENIZER_FILES if os.path.exists(os.path.join(tokenizer_dir, f))]
         if not copied:

@@ -47,13 +47,12 @@ The prompt (`render`, ~280 bytes; the tiny model's byte tokenizer spends one tok
 
 Everything is numpy and seeded: a record is a small JSON-able dict; `world(record)` compiles its arrays.
 """
-import csv
 import functools
 import math
-import os
-import zlib
 
 import numpy as np
+
+from minigrpo.common import derive_seed, mean
 
 REGIMES = ("pair_affine_mod", "pair_compare_gate")
 LIB_SIZES = (64, 128, 256, 512)
@@ -162,12 +161,13 @@ def combine(regime: str, p: np.ndarray, q: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------------------------
 # Records and their compiled worlds
 
-def make_record(lib_size: int, regime: str, seed: int, split: str = "train") -> dict:
-    """A JSON-able puzzle: the hidden target pair and the universe indices of its visible/probe/hidden lists."""
-    rng = np.random.default_rng([seed, lib_size, REGIMES.index(regime)])
+def make_record(lib_size: int, regime: str, seed: int, split: str = "train", index: int = 0) -> dict:
+    """A JSON-able puzzle: the hidden target pair and the universe indices of its visible/probe/hidden lists; the
+    `index`-th record of its (split, regime, library size) cell at run seed `seed`."""
+    rng = np.random.default_rng(derive_seed(seed, "record", split, regime, lib_size, index))
     p, q = rng.choice(lib_size, size=2, replace=False)
     idx = rng.choice(UNIVERSE_SIZE, size=N_VISIBLE + N_PROBES + N_HIDDEN, replace=False).tolist()
-    return {"id": f"{split}-{regime}-L{lib_size}-{seed}", "lib_size": lib_size, "regime": regime,
+    return {"id": f"{split}-{regime}-L{lib_size}-s{seed}-{index}", "lib_size": lib_size, "regime": regime,
             "target": [int(p), int(q)], "visible": idx[:N_VISIBLE],
             "probes": idx[N_VISIBLE:N_VISIBLE + N_PROBES], "hidden": idx[N_VISIBLE + N_PROBES:]}
 
@@ -319,7 +319,8 @@ def state_text(state: dict, scramble: bool = False) -> str:
 
 
 def seeded_rng(*key) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32("/".join(map(str, key)).encode()))
+    """A generator seeded by `key` (ints and strings, e.g. a state id): the same key, the same draws."""
+    return np.random.default_rng(derive_seed(*key))
 
 
 def random_policy(seed: int = 0):
@@ -363,15 +364,14 @@ def oracle_policy(text: str, state: dict) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 # Data: records on the library-size ladder x both regimes, and the informative states along their trajectories
 
-SPLIT_SEEDS = {"train": 0, "val": 1_000_000, "eval": 2_000_000}
+SPLITS = ("train", "val", "eval")
 
 
 def build_records(split: str, per_cell: int, seed: int = 0) -> list:
-    """`per_cell` records for every (regime, library size) cell; seeds never overlap between splits."""
-    if split not in SPLIT_SEEDS:
+    """`per_cell` records for every (regime, library size) cell; the split is part of every record's seed."""
+    if split not in SPLITS:
         raise ValueError(f"mdp split {split!r}: expected train, val or eval")
-    base = SPLIT_SEEDS[split] + 10_000 * seed
-    return [make_record(L, regime, base + k, split) for regime in REGIMES for L in LIB_SIZES for k in range(per_cell)]
+    return [make_record(L, regime, seed, split, k) for regime in REGIMES for L in LIB_SIZES for k in range(per_cell)]
 
 
 def state_example(state: dict) -> dict:
@@ -413,8 +413,8 @@ def play(policy_fn, records: list, budget: int, scramble: bool = False, batched:
 
 
 def _mean(rows: list) -> dict:
-    keys = ("solved", "exact", "survivors")
-    return {k: float(np.mean([r[k] for r in rows])) if rows else float("nan") for k in keys}
+    """Each metric's mean over the rows (nan when there are none)."""
+    return {k: mean([r[k] for r in rows]) if rows else float("nan") for k in ("solved", "exact", "survivors")}
 
 
 def evaluate(policy_fn, records: list, budgets=(0, 1, 2, 3), scramble: bool = False, batched: bool = False) -> dict:
@@ -443,104 +443,3 @@ BASELINES = {"random": random_policy(0), "minimax": minimax_policy, "max-split":
 def baselines(records: list, budgets=(0, 1, 2, 3)) -> dict:
     """The non-model policies on `records`: {name: evaluate(...)}."""
     return {name: evaluate(fn, records, budgets) for name, fn in BASELINES.items()}
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Report: the seed's two tables (Markdown + CSV) and the solve-rate-vs-budget plot
-
-def report_tables(results: dict) -> tuple:
-    """results {policy: evaluate(...)} -> (budget table, regime table), each (header, rows); rates in percent."""
-    any_res = next(iter(results.values()))
-    budgets = sorted(any_res["overall"])
-    top = budgets[-1]
-    head1 = ["policy"] + [f"solved@{b}" for b in budgets] + [f"exact@{top}", f"survivors@{top}"]
-    rows1 = [[name] + [100 * r["overall"][b]["solved"] for b in budgets]
-             + [100 * r["overall"][top]["exact"], r["overall"][top]["survivors"]] for name, r in results.items()]
-    regimes = list(any_res["by_regime"])
-    head2 = ["policy"] + [f"{g} solved@{top}" for g in regimes]
-    rows2 = [[name] + [100 * r["by_regime"][g][top]["solved"] for g in regimes] for name, r in results.items()]
-    return (head1, rows1), (head2, rows2)
-
-
-# The differences the report states with their noise: each stage against the SFT policy it started from (and, for
-# eval.py --adapter, the adapter against its base). At 512 records one record is 0.2 points.
-DIFFERENCES = (("process-DPO", "SFT"), ("GRPO", "SFT"), ("adapter", "base"))
-
-
-def paired_bootstrap(a, b, n_boot: int = 10_000, seed: int = 0, level: float = 0.95) -> tuple:
-    """Mean of a - b and its percentile bootstrap interval, resampling the records (pairs): a[i] and b[i] are two
-    policies' outcomes on record i, so the noise shared by both (which records are hard) cancels. In points (x 100
-    for 0/1 outcomes, as the tables print them)."""
-    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)              # (N,)
-    idx = np.random.default_rng(seed).integers(0, len(d), size=(n_boot, len(d)))         # (n_boot, N)
-    means = d[idx].mean(axis=1)
-    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
-    return 100 * float(d.mean()), 100 * float(lo), 100 * float(hi)
-
-
-def difference_table(results: dict, pairs=DIFFERENCES) -> tuple:
-    """(header, rows): for each pair (a, b) present in results, a - b solved at each budget with its paired
-    bootstrap 95% interval (points) and what it says: "within noise" when the interval covers 0."""
-    header = ["difference", "budget", "points", "95% low", "95% high", "reading"]
-    rows = []
-    for a, b in pairs:
-        if a not in results or b not in results:
-            continue
-        ra, rb = results[a]["solved_by_record"], results[b]["solved_by_record"]
-        for budget in sorted(ra):
-            if len(ra[budget]) != len(rb[budget]):
-                raise ValueError(f"mdp.difference_table: {a} and {b} played different records at budget {budget}")
-            diff, lo, hi = paired_bootstrap(ra[budget], rb[budget])
-            reading = "within noise" if lo <= 0 <= hi else ("above" if lo > 0 else "below")
-            rows.append([f"{a} - {b}", str(budget), diff, lo, hi, reading])
-    return header, rows
-
-
-def markdown_table(header: list, rows: list) -> str:
-    """Rates get a % sign; the survivors column is a plain count; differences are signed points."""
-    def cell(h, x):
-        if isinstance(x, str):
-            return x
-        if h in ("points", "95% low", "95% high"):
-            return f"{x:+.1f}"
-        return f"{x:.1f}" + ("" if h.startswith("survivors") else "%")
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(cell(h, x) for h, x in zip(header, r)) + " |" for r in rows])
-
-
-def plot_solve_rate(results: dict, path: str):
-    """Solve rate (hidden-all) against probe budget, one line per policy."""
-    import matplotlib
-    matplotlib.use("Agg")                                   # files only: no display on servers or in tests
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for name, r in results.items():
-        budgets = sorted(r["overall"])
-        ax.plot(budgets, [100 * r["overall"][b]["solved"] for b in budgets], marker="o", label=name)
-    ax.set(xlabel="probe budget (verifier queries)", ylabel="hidden-all solved (%)", title="Solve rate vs budget")
-    ax.set_xticks(budgets)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def write_report(results: dict, out_dir: str) -> dict:
-    """Writes overall_by_policy_budget.{md,csv} (solved at each budget, exact and survivors at the top one),
-    regime_split.{md,csv}, differences.{md,csv} (DIFFERENCES present in results, with paired bootstrap 95% intervals;
-    header only when none is) and solve_rate_vs_budget.png into out_dir; returns {file name: path}. CSV rates and
-    differences are in percent (points)."""
-    os.makedirs(out_dir, exist_ok=True)
-    paths = {}
-    tables = (*report_tables(results), difference_table(results))
-    for name, (header, rows) in zip(("overall_by_policy_budget", "regime_split", "differences"), tables):
-        for ext in ("md", "csv"):
-            paths[f"{name}.{ext}"] = os.path.join(out_dir, f"{name}.{ext}")
-        with open(paths[f"{name}.md"], "w") as f:
-            f.write(markdown_table(header, rows) + "\n")
-        with open(paths[f"{name}.csv"], "w", newline="") as f:
-            csv.writer(f).writerows([header] + [[x if isinstance(x, str) else round(x, 2) for x in r] for r in rows])
-    paths["solve_rate_vs_budget.png"] = os.path.join(out_dir, "solve_rate_vs_budget.png")
-    plot_solve_rate(results, paths["solve_rate_vs_budget.png"])
-    return paths

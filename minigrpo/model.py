@@ -1,4 +1,5 @@
-"""The Qwen decoder (Qwen2/2.5, Qwen3, Qwen3.5 text) in plain PyTorch, its decoding cache, and checkpoint loading.
+"""The Qwen decoder (Qwen2/2.5, Qwen3, Qwen3.5 text) in plain PyTorch, from config to logits, and its decoding
+cache. Loading a checkpoint (hub, sharded safetensors, tiny random models): pretrained.py.
 
 Exact to the dtype per shared/design/QWEN.md: logits match transformers' on the same weights (fp32: to ~1e-5).
 The module tree mirrors transformers' Qwen3ForCausalLM, so state_dict keys ARE the Hugging Face names and LoRA can
@@ -13,14 +14,13 @@ real tokens (cumsum(mask) - 1), and Gated DeltaNet zeroes padded inputs, so a le
 logits on its real tokens as the row run alone.
 """
 
-import json
-import os
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from minigrpo.common import read_json
 from minigrpo.deltanet import GatedDeltaNet
 
 FAMILIES = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5"}
@@ -59,13 +59,7 @@ class QwenConfig:
 
     @classmethod
     def from_json(cls, path):
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path}: not found; pass a folder holding a Hugging Face checkpoint or a hub id")
-        with open(path) as f:
-            try:
-                d = json.load(f)
-            except json.JSONDecodeError as e:
-                raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+        d = read_json(path, "not found; pass a folder holding a Hugging Face checkpoint or a hub id", CheckpointError)
         return cls.from_dict(d, source=path)
 
     @classmethod
@@ -274,15 +268,19 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zc)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, mask, real, cache=None, i=0, start=0):
-        """mask: (B, 1, T, S) for attention; real: (B, T) bool real tokens, for Gated DeltaNet."""
+    def forward(self, x, cos, sin, attn_mask, real_tokens, cache=None, layer_idx=0, cache_start=0):
+        """x: (B, T, H); cos, sin: RoPE tables; attn_mask: (B, 1, T, S) bool for attention, or None = plain causal;
+        real_tokens: (B, T) bool, False at left padding (Gated DeltaNet zeroes those inputs), or None;
+        cache: the model's Cache, whose entries for this layer are cache.k[layer_idx] ...; cache_start: the first
+        cache slot this call's T tokens go to."""
         h = self.input_layernorm(x)
+        i = layer_idx
         if hasattr(self, "self_attn"):
             kv = None if cache is None else (cache.k[i], cache.v[i])
-            h = self.self_attn(h, cos, sin, mask, kv, start)
+            h = self.self_attn(h, cos, sin, attn_mask, kv, cache_start)
         else:
             states = (None, None) if cache is None else (cache.conv[i], cache.state[i])
-            h, (conv, state) = self.linear_attn(h, real, *states)
+            h, (conv, state) = self.linear_attn(h, real_tokens, *states)
             if cache is not None:  # in place: the cache's tensors are allocated once
                 cache.conv[i].copy_(conv)
                 cache.state[i].copy_(state)
@@ -411,16 +409,9 @@ class Qwen(nn.Module):
     @classmethod
     def from_pretrained(cls, path_or_hub_id, dtype=None, device=None):
         """A local checkpoint folder, a hub id (downloaded), or "tiny" / "tiny-qwen3.5" (seeded random weights).
-        Every tensor is cast to the one `dtype` (default fp32), as HF does."""
-        dtype = parse_dtype(dtype)
-        if path_or_hub_id in ("tiny", "tiny-qwen3.5"):
-            return tiny_model(cls, path_or_hub_id).to(device=device, dtype=dtype)
-        folder = resolve_checkpoint(path_or_hub_id)
-        cfg = QwenConfig.from_json(os.path.join(folder, "config.json"))
-        with torch.device("meta"):  # no memory: every parameter is replaced by a loaded tensor below
-            model = cls(cfg)
-        load_weights(model, folder, dtype, device or "cpu")
-        return model
+        Every tensor is cast to the one `dtype` (default fp32), as HF does. The loading code: pretrained.py."""
+        from minigrpo.pretrained import load_pretrained  # pretrained.py builds this class: imported on use
+        return load_pretrained(cls, path_or_hub_id, dtype, device)
 
 
 def attention_mask_4d(keys, start, T):
@@ -433,119 +424,9 @@ def attention_mask_4d(keys, start, T):
     return (allowed | (k_slot == q_slot))[:, None]
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Loading: tiny random models, hub snapshots, (sharded) safetensors
-
-
-def parse_dtype(dtype):
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype or torch.float32
-    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
-    if dtype not in names:
-        raise ValueError(f"dtype {dtype!r}: use one of {', '.join(names)}")
-    return names[dtype]
-
-
-def tiny_model(cls, kind):
-    """Seeded, deterministic random init in HF's style: normal(0, 0.02) linears and embedding, zero biases, norms
-    at identity, GDN decay rates A = uniform(0.01, 16) and dt_bias = 1 (HF's _init_weights)."""
-    model = cls(QwenConfig.tiny(kind))
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():  # fixed order; tied weights appear once
-            if name.endswith("A_log"):
-                p.copy_(torch.empty(p.shape).uniform_(0.01, 16, generator=g).log())
-            elif name.endswith("dt_bias"):
-                p.fill_(1.0)
-            elif name.endswith("conv1d.weight"):  # PyTorch's default range for a depthwise conv of width K
-                p.copy_(torch.empty(p.shape).uniform_(-1, 1, generator=g) / p.shape[-1] ** 0.5)
-            elif p.ndim == 2:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
-            elif name.endswith("bias"):
-                p.zero_()
-            # norm weights keep their constructor value: 1 (plain) or 0 (Qwen3.5's 1 + w)
-    return model
-
-
-HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "generation_config.json",
-             "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-             "chat_template.jinja"]
-
-
-def resolve_checkpoint(path_or_hub_id):
-    """A local folder as is; otherwise an 'org/name' hub id, fetched (weights, config, tokenizer files only)."""
-    if os.path.isdir(path_or_hub_id):
-        return path_or_hub_id
-    p = str(path_or_hub_id)
-    if p.count("/") == 1 and not p.startswith((".", "/", "~")) and not os.path.exists(p):
-        from huggingface_hub import snapshot_download
-        return snapshot_download(repo_id=p, allow_patterns=HUB_FILES)
-    raise FileNotFoundError(f"{p}: no such checkpoint folder (and not a hub id like 'Qwen/Qwen3-0.6B')")
-
-
-def weight_files(folder):
-    index = os.path.join(folder, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        with open(index) as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
-        for s in shards:
-            if not os.path.isfile(os.path.join(folder, s)):
-                raise FileNotFoundError(f"{index} lists shard {s}, which is missing: re-download the checkpoint")
-        return [os.path.join(folder, s) for s in shards]
-    single = os.path.join(folder, "model.safetensors")
-    if os.path.isfile(single):
-        return [single]
-    raise FileNotFoundError(f"{folder}: no model.safetensors or model.safetensors.index.json")
-
-
-def our_name(key):
-    """Checkpoint key -> our parameter name; None for tensors a text model does not use."""
-    if key.startswith("model.language_model."):  # Qwen3.5's multimodal layout
-        return "model." + key[len("model.language_model."):]
-    if key.startswith(("model.visual.", "mtp.")) or key.endswith("rotary_emb.inv_freq"):
-        return None  # vision tower, multi-token-prediction head, old checkpoints' saved RoPE tables
-    return key
-
-
-def set_param(model, name, tensor):
-    module, _, leaf = name.rpartition(".")
-    setattr(model.get_submodule(module), leaf, nn.Parameter(tensor))
-
-
-def load_weights(model, folder, dtype, device):
-    """Load tensor by tensor into a meta-device model (assigning, never holding two full copies), each cast to the
-    one model dtype (HF casts A_log, dt_bias and norms too). lm_head.weight if present, else the tied embedding."""
-    from safetensors import safe_open
-    from safetensors import SafetensorError
-
-    expected = dict(model.named_parameters(remove_duplicate=False))
-    loaded = set()
-    for path in weight_files(folder):
-        name_ = os.path.basename(path)
-        try:
-            with safe_open(path, framework="pt", device="cpu") as f:
-                for key in f.keys():
-                    name = our_name(key)
-                    if name is None:
-                        continue
-                    if name not in expected:
-                        raise CheckpointError(f"{name_}: unexpected tensor {key!r} for this config.json "
-                                              f"({model.config.family}, {model.config.num_hidden_layers} layers)")
-                    shape = list(f.get_slice(key).get_shape())
-                    if shape != list(expected[name].shape):
-                        raise CheckpointError(f"{name_}: tensor {key!r} has shape {shape}, config.json implies "
-                                              f"{list(expected[name].shape)}")
-                    set_param(model, name, f.get_tensor(key).to(device=device, dtype=dtype))
-                    loaded.add(name)
-        except (SafetensorError, OSError) as e:
-            raise CheckpointError(f"{path}: unreadable safetensors file ({e}); re-download it") from None
-    if "lm_head.weight" not in loaded and model.config.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-        loaded.add("lm_head.weight")
-    missing = [n for n in expected if n not in loaded]
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckpointError(f"{folder}: tensor {missing[0]!r} is missing from the safetensors files{more}")
-    rot = model.model.rotary
-    rot.inv_freq = rot._inv_freq(device)  # a non-persistent buffer: built here, fp32, never loaded
+def enable_activation_checkpointing(model):
+    """Recompute each decoder layer in backward instead of storing its activations (train.py --grad-checkpoint)."""
+    from torch.utils.checkpoint import checkpoint
+    for layer in model.model.layers:
+        inner = layer.forward
+        layer.forward = lambda *a, _f=inner, **k: checkpoint(_f, *a, use_reentrant=False, **k)

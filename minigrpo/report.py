@@ -1,24 +1,22 @@
-"""Reports for eval.py: JSON files, a Markdown table comparing models side by side, and PNG plots.
+"""Reports for eval.py and the verifier MDP: JSON files, a Markdown table comparing models side by side, PNG
+plots, and the MDP's solve-rate tables.
 
 Results are nested plain dicts: {model label: {eval set: {metric: value}}}, e.g. {"base": {"gsm8k":
 {"strict_accuracy": 0.669, ...}}, "adapter": {...}}. Plots use matplotlib's Agg backend (no display needed);
 matplotlib is imported only when a plot is drawn.
 """
+import csv
 import json
 import math
 import os
-import tempfile
+
+from minigrpo.common import atomic_write
 
 
 def write_json(obj, path: str) -> str:
     """Write JSON atomically (temp file + rename), so a killed run never leaves half a file."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, default=float)
-    os.replace(tmp, path)
-    return path
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    return atomic_write(path, json.dumps(obj, indent=2, default=float), fsync=False)
 
 
 def _fmt(value, percent: bool) -> str:
@@ -147,3 +145,107 @@ def _save(fig, plt, out_path: str) -> str:
     fig.savefig(out_path, dpi=120)
     plt.close(fig)
     return out_path
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The verifier MDP's report (minigrpo/mdp.py): the seed's two tables (Markdown + CSV) and the solve-rate-vs-budget
+# plot, from {policy: mdp.evaluate(...)}
+
+def mdp_tables(results: dict) -> tuple:
+    """results {policy: evaluate(...)} -> (budget table, regime table), each (header, rows); rates in percent."""
+    any_res = next(iter(results.values()))
+    budgets = sorted(any_res["overall"])
+    top = budgets[-1]
+    head1 = ["policy"] + [f"solved@{b}" for b in budgets] + [f"exact@{top}", f"survivors@{top}"]
+    rows1 = [[name] + [100 * r["overall"][b]["solved"] for b in budgets]
+             + [100 * r["overall"][top]["exact"], r["overall"][top]["survivors"]] for name, r in results.items()]
+    regimes = list(any_res["by_regime"])
+    head2 = ["policy"] + [f"{g} solved@{top}" for g in regimes]
+    rows2 = [[name] + [100 * r["by_regime"][g][top]["solved"] for g in regimes] for name, r in results.items()]
+    return (head1, rows1), (head2, rows2)
+
+
+# The differences the report states with their noise: each stage against the SFT policy it started from (and, for
+# eval.py --adapter, the adapter against its base). At 512 records one record is 0.2 points.
+MDP_DIFFERENCES = (("process-DPO", "SFT"), ("GRPO", "SFT"), ("adapter", "base"))
+
+
+def paired_bootstrap(a, b, n_boot: int = 10_000, seed: int = 0, level: float = 0.95) -> tuple:
+    """Mean of a - b and its percentile bootstrap interval, resampling the records (pairs): a[i] and b[i] are two
+    policies' outcomes on record i, so the noise shared by both (which records are hard) cancels. In points (x 100
+    for 0/1 outcomes, as the tables print them)."""
+    import numpy as np
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)              # (N,)
+    idx = np.random.default_rng(seed).integers(0, len(d), size=(n_boot, len(d)))         # (n_boot, N)
+    means = d[idx].mean(axis=1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return 100 * float(d.mean()), 100 * float(lo), 100 * float(hi)
+
+
+def mdp_difference_table(results: dict, pairs=MDP_DIFFERENCES) -> tuple:
+    """(header, rows): for each pair (a, b) present in results, a - b solved at each budget with its paired
+    bootstrap 95% interval (points) and what it says: "within noise" when the interval covers 0."""
+    header = ["difference", "budget", "points", "95% low", "95% high", "reading"]
+    rows = []
+    for a, b in pairs:
+        if a not in results or b not in results:
+            continue
+        ra, rb = results[a]["solved_by_record"], results[b]["solved_by_record"]
+        for budget in sorted(ra):
+            if len(ra[budget]) != len(rb[budget]):
+                raise ValueError(f"report.mdp_difference_table: {a} and {b} played different records at budget "
+                                 f"{budget}")
+            diff, lo, hi = paired_bootstrap(ra[budget], rb[budget])
+            reading = "within noise" if lo <= 0 <= hi else ("above" if lo > 0 else "below")
+            rows.append([f"{a} - {b}", str(budget), diff, lo, hi, reading])
+    return header, rows
+
+
+def mdp_markdown_table(header: list, rows: list) -> str:
+    """Rates get a % sign; the survivors column is a plain count; differences are signed points."""
+    def cell(h, x):
+        if isinstance(x, str):
+            return x
+        if h in ("points", "95% low", "95% high"):
+            return f"{x:+.1f}"
+        return f"{x:.1f}" + ("" if h.startswith("survivors") else "%")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(cell(h, x) for h, x in zip(header, r)) + " |" for r in rows])
+
+
+def plot_solve_rate(results: dict, path: str):
+    """Solve rate (hidden-all) against probe budget, one line per policy."""
+    import matplotlib
+    matplotlib.use("Agg")                                   # files only: no display on servers or in tests
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for name, r in results.items():
+        budgets = sorted(r["overall"])
+        ax.plot(budgets, [100 * r["overall"][b]["solved"] for b in budgets], marker="o", label=name)
+    ax.set(xlabel="probe budget (verifier queries)", ylabel="hidden-all solved (%)", title="Solve rate vs budget")
+    ax.set_xticks(budgets)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_mdp_report(results: dict, out_dir: str) -> dict:
+    """Writes overall_by_policy_budget.{md,csv} (solved at each budget, exact and survivors at the top one),
+    regime_split.{md,csv}, differences.{md,csv} (MDP_DIFFERENCES present in results, with paired bootstrap 95%
+    intervals; header only when none is) and solve_rate_vs_budget.png into out_dir; returns {file name: path}. CSV
+    rates and differences are in percent (points)."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {}
+    tables = (*mdp_tables(results), mdp_difference_table(results))
+    for name, (header, rows) in zip(("overall_by_policy_budget", "regime_split", "differences"), tables):
+        for ext in ("md", "csv"):
+            paths[f"{name}.{ext}"] = os.path.join(out_dir, f"{name}.{ext}")
+        with open(paths[f"{name}.md"], "w") as f:
+            f.write(mdp_markdown_table(header, rows) + "\n")
+        with open(paths[f"{name}.csv"], "w", newline="") as f:
+            csv.writer(f).writerows([header] + [[x if isinstance(x, str) else round(x, 2) for x in r] for r in rows])
+    paths["solve_rate_vs_budget.png"] = os.path.join(out_dir, "solve_rate_vs_budget.png")
+    plot_solve_rate(results, paths["solve_rate_vs_budget.png"])
+    return paths

@@ -3,22 +3,25 @@
     runs/<name>/config.json          every resolved argument
     runs/<name>/metrics.jsonl        one line per optimizer step
     runs/<name>/samples.jsonl        prompts, completions, scores (and judge reasons) per step
-    runs/<name>/checkpoints/step-N/  weights (LoRA adapter in PEFT layout, or full weights) + trainer_state.pt
+    runs/<name>/checkpoints/step-N/  weights + trainer state (minigrpo/checkpoints.py: save, load, list, prune)
 
-Every file that must survive a kill is written to a temporary name and renamed into place (rename is atomic on
-POSIX), so a crash, a judge failure or SIGKILL never leaves a half-written checkpoint: a checkpoint folder either
-exists complete or not at all. The append-only logs are cut back to the checkpoint's step on resume, so the
-resumed run's logs equal an uninterrupted run's.
+config.json is written to a temporary name and renamed into place (rename is atomic on POSIX). The append-only
+logs are cut back to the checkpoint's step on resume, so the resumed run's logs equal an uninterrupted run's.
 """
 import json
 import math
 import os
-import random
-import shutil
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+
+from minigrpo import checkpoints
+from minigrpo.common import atomic_write, mean
+
+
+class StopRun(RuntimeError):
+    """A run-policy rule stopped the run (e.g. a judge that is down); the message is the one line to print. The
+    last checkpoint is intact."""
 
 
 class RunFolder:
@@ -46,7 +49,7 @@ class RunFolder:
         os.makedirs(self.ckpt_dir, exist_ok=True)
         os.chmod(self.path, 0o700)     # samples, the judge's cache and checkpoints: nobody else's to read
         self.truncate_logs(0)
-        write_atomic(os.path.join(self.path, "config.json"), json.dumps(config, indent=2, default=str) + "\n")
+        atomic_write(os.path.join(self.path, "config.json"), json.dumps(config, indent=2, default=str) + "\n")
 
     def file(self, name):
         return os.path.join(self.path, name)
@@ -71,30 +74,10 @@ class RunFolder:
                         keep.append(ln)
                 except json.JSONDecodeError:   # a line cut by a kill mid-write
                     pass
-            write_atomic(path, "".join(keep))
-
-    def checkpoints(self) -> list[int]:
-        if not os.path.isdir(self.ckpt_dir):
-            return []
-        steps = [int(d[5:]) for d in os.listdir(self.ckpt_dir) if d.startswith("step-") and d[5:].isdigit()]
-        return sorted(steps)
+            atomic_write(path, "".join(keep))
 
     def latest_checkpoint(self) -> str | None:
-        steps = self.checkpoints()
-        return os.path.join(self.ckpt_dir, f"step-{steps[-1]}") if steps else None
-
-    def prune(self, keep: int):
-        for step in self.checkpoints()[:-keep] if keep > 0 else []:
-            shutil.rmtree(os.path.join(self.ckpt_dir, f"step-{step}"), ignore_errors=True)
-
-
-def write_atomic(path: str, text: str):
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+        return checkpoints.latest(self.ckpt_dir)
 
 
 def _jsonable(x):
@@ -107,11 +90,6 @@ def _jsonable(x):
 
 # -----------------------------------------------------------------------------------------------------------------
 # What one step logs: DESIGN.md's list, one line per step in metrics.jsonl
-
-
-def mean(xs):
-    xs = [x for x in xs if x is not None]
-    return sum(xs) / len(xs) if xs else None
 
 
 def std(xs):
@@ -136,7 +114,7 @@ def step_metrics(step, epoch, seqs, adv_stats, loss_stats, grad_norm, lr, t_samp
         "sampler_logp_diff": wmean("sampler_logp_diff"),
         "grad_norm": grad_norm, "lr": lr,
         "completion_len": tokens / max(len(seqs), 1),
-        "truncated": sum(s.finish == "length" for s in seqs) / max(len(seqs), 1),
+        "truncated": sum(s.finish_reason == "length" for s in seqs) / max(len(seqs), 1),
         "zero_spread": adv_stats.get("zero_spread_frac", adv_stats.get("zero_spread", 0)),
         "failed_scores": sum(s.score is None for s in seqs),
         "sampler_tok_s": tokens / max(t_sample, 1e-9),
@@ -150,7 +128,7 @@ def step_metrics(step, epoch, seqs, adv_stats, loss_stats, grad_norm, lr, t_samp
 
 def sample_records(step, seqs, tok):
     return [{"step": step, "example": s.example_id, "turn": s.turn, "prompt": tok.decode(s.prompt_ids),
-             "completion": s.text, "finish": s.finish, "score": s.score, "reward": s.reward,
+             "completion": s.text, "finish": s.finish_reason, "score": s.score, "reward": s.reward,
              "advantage": s.advantage, **({"info": s.info} if s.info else {})} for s in seqs]
 
 
@@ -174,72 +152,21 @@ def epoch_summary(metrics_path, max_rows: int = 10) -> str:
     return "\n".join(lines)
 
 
-# -----------------------------------------------------------------------------------------------------------------
-# Checkpoints
+class ProgressBar:
+    """tqdm with reward, KL and tokens/s (train.py: rank 0 only, and not with --quiet); a no-op when disabled."""
 
-def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+    def __init__(self, total, initial, desc, enabled=True):
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True)
 
+    def update(self, m):
+        if self.bar:
+            fmt = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
+            self.bar.set_postfix(reward=fmt(m["reward_mean"]), kl=fmt(m["kl"]), tok_s=f"{m['sampler_tok_s']:.0f}")
+            self.bar.update(1)
 
-def set_rng_state(state: dict):
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def full_weights(model) -> dict:
-    """State dict without LoRA wrappers' duplicates and without a tied lm_head (safetensors refuses shared
-    storage; the loader re-ties it)."""
-    sd = model.state_dict()
-    if model.lm_head.weight is model.model.embed_tokens.weight:
-        sd.pop("lm_head.weight", None)
-    return {k: v.detach().contiguous() for k, v in sd.items()}
-
-
-def save_checkpoint(run: RunFolder, step: int, model, trainer_state: dict, lora: bool):
-    """Write checkpoints/step-N atomically: build it in a temporary folder, then rename."""
-    from minigrpo.lora import save_adapter
-    final = os.path.join(run.ckpt_dir, f"step-{step}")
-    tmp = os.path.join(run.ckpt_dir, f".tmp-step-{step}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    if lora:
-        save_adapter(model, os.path.join(tmp, "adapter"))
-    else:
-        save_file(full_weights(model), os.path.join(tmp, "model.safetensors"))
-    torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))
-    _fsync_dir(tmp)
-    if os.path.exists(final):       # re-saving the same step (e.g. after a resume): replace it whole
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_dir(run.ckpt_dir)
-
-
-def load_checkpoint(path: str, model, lora: bool) -> dict:
-    from minigrpo.lora import load_adapter
-    if lora:
-        load_adapter(model, os.path.join(path, "adapter"))
-    else:
-        sd = load_file(os.path.join(path, "model.safetensors"))
-        missing, unexpected = model.load_state_dict(sd, strict=False)
-        missing = [k for k in missing if k != "lm_head.weight"]
-        if missing or unexpected:
-            raise SystemExit(f"{path}/model.safetensors does not match the model: missing {missing[:3]}, "
-                             f"unexpected {unexpected[:3]}; was it saved from another --model?")
-    return torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
-
-
-def _fsync_dir(path):
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+    def close(self):
+        if self.bar:
+            self.bar.close()

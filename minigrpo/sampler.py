@@ -21,7 +21,8 @@ What a Sample holds:
 - text: tokenizer.decode(completion_ids) without a final EOS token; None without a tokenizer.
 
 Randomness: counter-based. Sample j of prompt i draws its step-t uniform from a hash (splitmix64) of
-(seed_i, j, t), where seed_i is `seed[i]` when `seed` is a list (one per prompt) or `seed + i` for an int seed, and
+(seed_i, j, t), where seed_i is `seed[i]` when `seed` is a list (one per prompt) or derive_seed(seed, i) for an int
+seed, and
 inverts its CDF with it. So a sample depends only on its prompt's seed, its index and the model: not on which other
 prompts share the batch, on sync_every, on batch compaction or on when other rows stop. That is what lets the
 trainer seed each prompt by (run seed, step, example) and get the same rollouts on 1 or N ranks, or after a resume.
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from minigrpo import static_decode
+from minigrpo.common import _shr, derive_seed, left_pad, splitmix64  # noqa: F401  (sampler.splitmix64)
 
 
 @dataclass
@@ -74,26 +76,6 @@ def inverse_cdf(p, u):
     return torch.searchsorted(cdf, x, right=True).clamp_(max=p.shape[-1] - 1).squeeze(-1)  # (B,)
 
 
-def _signed(c):
-    return c - (1 << 64) if c >= 1 << 63 else c
-
-
-_GOLDEN, _MIX1, _MIX2 = _signed(0x9E3779B97F4A7C15), _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB)
-
-
-def _shr(z, k):
-    """Logical right shift of int64 (torch's >> is arithmetic on negative values)."""
-    return (z >> k) & ((1 << (64 - k)) - 1)
-
-
-def splitmix64(x):
-    """The splitmix64 finaliser on an int64 tensor (arithmetic wraps mod 2^64): a well-mixed 64-bit hash."""
-    z = x + _GOLDEN
-    z = (z ^ _shr(z, 30)) * _MIX1
-    z = (z ^ _shr(z, 27)) * _MIX2
-    return z ^ _shr(z, 31)
-
-
 def sample_keys(seeds, n, device):
     """One 64-bit key per sample row: hash(hash(seed of its prompt) + its index among the n)."""
     s = torch.tensor([x % (1 << 63) for x in seeds], dtype=torch.long, device=device)
@@ -123,19 +105,9 @@ def choose(logits, temperature, top_k, top_p, u):
 
 # ------------------------------------------------------------------------------------------------ model calls
 
-def left_pad(prompts, pad_id, device):
-    L = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(prompts), L, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, L - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, L - len(p):] = 1
-    return ids.to(device), mask.to(device)  # (P, L)
-
-
 def prefill(model, prompts, max_new_tokens, pad_id):
     """Run the prompts once into a fresh cache; returns (cache, last-position logits (P, V) fp32)."""
-    ids, mask = left_pad(prompts, pad_id, model.device)
+    ids, mask = left_pad(prompts, pad_id, model.device)            # (P, L)
     cache = model.new_cache(len(prompts), ids.shape[1] + max_new_tokens)
     h = model.hidden(ids, attention_mask=mask, cache=cache)        # (P, L, H)
     return cache, model.logits(h[:, -1]).float()                   # (P, V); only the last position is needed
@@ -225,7 +197,7 @@ def sample(model, prompts, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=
         sync_every = 8 if device.type == "cuda" else 1
     if seed is None:
         seed = int(torch.randint(0, 2**62, (1,)).item())  # follows torch.manual_seed
-    seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed + i for i in range(len(prompts))]
+    seeds = list(seed) if isinstance(seed, (list, tuple)) else [derive_seed(seed, i) for i in range(len(prompts))]
     if len(seeds) != len(prompts):
         raise ValueError(f"sampler.py: {len(seeds)} seeds for {len(prompts)} prompts; pass one per prompt or an int")
     row_keys = sample_keys(seeds, n, device)                        # (B,) int64, one per sample row

@@ -30,12 +30,12 @@ import re
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.decoders import DecodeStream
 
+from minigrpo.pretrained import TOKENIZER_FILES, local_folder
+
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 CONTROL = SPECIALS[:3]  # what skip_special_tokens drops; <think> tags are plain added tokens in Qwen
 QWEN2_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 TINY = {"tiny": "qwen3", "tiny-qwen3.5": "qwen3_5"}
-HUB_FILES = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json",
-             "generation_config.json"]
 
 # -----------------------------------------------------------------------------
 # chat templates
@@ -230,7 +230,7 @@ class Tokenizer:
     def from_pretrained(cls, path_or_hub_id):
         if path_or_hub_id in TINY:
             return cls(TINY[path_or_hub_id], name=path_or_hub_id)
-        folder = _local_folder(path_or_hub_id)
+        folder = local_folder(path_or_hub_id, TOKENIZER_FILES)
         tok_path = os.path.join(folder, "tokenizer.json")
         if not os.path.isfile(tok_path):
             raise FileNotFoundError(f"{tok_path}: not found (minigrpo needs the checkpoint's tokenizer.json)")
@@ -286,19 +286,6 @@ class Tokenizer:
 
     def __repr__(self):
         return f"Tokenizer({self.name!r}, family={self.family}, vocab_size={self.vocab_size})"
-
-
-def _local_folder(path_or_hub_id):
-    if os.path.isdir(path_or_hub_id):
-        return path_or_hub_id
-    if os.path.exists(path_or_hub_id) or path_or_hub_id.count("/") != 1 or path_or_hub_id.startswith((".", "/")):
-        raise FileNotFoundError(f"{path_or_hub_id}: not a folder, a hub id (owner/name) or 'tiny'/'tiny-qwen3.5'")
-    from huggingface_hub import snapshot_download
-    try:
-        return snapshot_download(path_or_hub_id, allow_patterns=HUB_FILES)
-    except Exception as e:
-        raise OSError(f"{path_or_hub_id}: no such folder, and the hub download failed "
-                      f"({type(e).__name__}: {_first_line(e)})") from None
 
 
 def _first_line(e):

@@ -272,11 +272,11 @@ def test_mdp_stage_adapter_of_a_lora_sft_run_goes_on_the_sft_weights(tmp_path, m
     from dataclasses import replace
     from minigrpo.lora import fold_lora, load_adapter
     from minigrpo.tasks import mdp_pipeline as P
-    from train import resolve_args
+    from train import resolve_args, train
     cfg = replace(P.PIPELINES["tiny"], scratch=None, sft_lora=True, train_per_cell=1, eval_per_cell=1,
                   sft_steps=4, dpo_steps=2, grpo_steps=1, grpo_tasks=2, group_size=2, lora_r=4, lora_alpha=8)
     P.run_pipeline(resolve_args(["--task", "mdp", "--model", "tiny", "--device", "cpu", "--runs-dir",
-                                 str(tmp_path), "--run-name", "run", "--quiet"]), cfg)
+                                 str(tmp_path), "--run-name", "run", "--quiet"]), train, cfg)
     run = tmp_path / "run"
     loaded, real = [], evals.mdp.load_model
     monkeypatch.setattr(evals.mdp, "load_model", lambda *a, **k: loaded.append(real(*a, **k)) or loaded[-1])

@@ -1,6 +1,6 @@
 """
 Tests of minigrpo/grpo.py: every expected number is computed independently (by hand or with a plain Python loop).
-token_logprobs runs on a tiny stand-in model here (test_grpo_model.py repeats the key checks on the real Qwen).
+Where a loss needs a model, a tiny stand-in (toy_lm.ToyLM) gives the log-probs; test_logprobs.py tests those.
 """
 
 import math
@@ -8,43 +8,9 @@ import random
 
 import pytest
 import torch
-import torch.nn as nn
 
 from minigrpo import grpo
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# a tiny stand-in model with the Qwen interface hidden(ids, attention_mask) / logits(h)
-
-
-class ToyLM(nn.Module):
-    """Embedding + learned positions + causal running mean over real tokens; positions follow the mask."""
-
-    def __init__(self, vocab=23, dim=8, max_pos=64, seed=0, dtype=torch.float64):
-        super().__init__()
-        g = torch.Generator().manual_seed(seed)
-        self.emb = nn.Parameter(torch.randn(vocab, dim, generator=g, dtype=dtype))
-        self.pos = nn.Parameter(torch.randn(max_pos, dim, generator=g, dtype=dtype) * 0.5)
-        self.mix = nn.Parameter(torch.randn(dim, dim, generator=g, dtype=dtype) / math.sqrt(dim))
-        self.head = nn.Parameter(torch.randn(vocab, dim, generator=g, dtype=dtype))
-
-    def hidden(self, input_ids, attention_mask=None):
-        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # positions follow the real tokens
-        x = (self.emb[input_ids] + self.pos[pos]) * mask.unsqueeze(-1).to(self.emb.dtype)  # pads contribute nothing
-        mean = x.cumsum(1) / mask.cumsum(1).clamp(min=1).unsqueeze(-1).to(x.dtype)  # causal mean of real tokens
-        return torch.tanh(mean @ self.mix)
-
-    def logits(self, h):
-        return h @ self.head.T
-
-    def forward(self, input_ids, attention_mask=None):
-        return self.logits(self.hidden(input_ids, attention_mask))
-
-
-def naive_logprobs(model, ids, mask=None, temperature=1.0):
-    logits = model(ids, attention_mask=mask)[:, :-1].double() / temperature
-    return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+from toy_lm import ToyLM, naive_logprobs
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -367,22 +333,6 @@ def test_span_mask_by_hand():
         grpo.span_mask(0, 2, 5)
 
 
-def test_eos_equal_to_pad_is_trained():
-    PAD = EOS = 7
-    # prompt [3, 4, 5] | completion [9, 1, EOS] | padding to T=8
-    ids = torch.tensor([[3, 4, 5, 9, 1, EOS, PAD, PAD]])
-    mask = grpo.span_mask(3, 3, ids.size(1))
-    by_id = ids[:, 1:] != PAD  # the bug: masking by token id
-    eos_col = 5 - 1
-    assert mask[0, eos_col] and not by_id[0, eos_col]
-    model = ToyLM()
-    logp = grpo.token_logprobs(model, ids)
-    loss, _ = grpo.policy_loss(logp, None, torch.tensor([1.0], dtype=torch.float64), mask)
-    g = torch.autograd.grad(loss, logp)[0]
-    assert g[0, eos_col] != 0  # the emitted EOS is an action and gets a gradient
-    assert (g[0, eos_col + 1:] == 0).all()  # the trailing pads do not
-
-
 def test_prompt_and_critique_tokens_never_trained():
     # multi-turn row: prompt [0, 4) | answer [4, 7) | injected critique [7, 10) | revision [10, 13) | pad
     T = 15
@@ -400,93 +350,6 @@ def test_prompt_and_critique_tokens_never_trained():
     assert trained == [4, 5, 6, 10, 11, 12]
     assert torch.allclose(g[3:6], torch.full((3,), -0.5 / 6, dtype=torch.float64))
     assert torch.allclose(g[9:12], torch.full((3,), 1.5 / 6, dtype=torch.float64))
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# 6. token_logprobs on the stand-in model
-
-
-@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3])
-@pytest.mark.parametrize("chunk", [1, 5, 1024, None])
-def test_token_logprobs_equal_naive(temperature, chunk):
-    model = ToyLM()
-    ids = torch.randint(0, 23, (3, 10), generator=torch.Generator().manual_seed(0))
-    lp = grpo.token_logprobs(model, ids, temperature=temperature, chunk=chunk)
-    assert lp.shape == (3, 9) and lp.dtype == torch.float64
-    assert torch.allclose(lp, naive_logprobs(model, ids, temperature=temperature), atol=1e-12)
-
-
-def test_token_logprobs_fp32_from_low_precision_logits():
-    model = ToyLM(dtype=torch.bfloat16)
-    ids = torch.randint(0, 23, (2, 6), generator=torch.Generator().manual_seed(0))
-    lp = grpo.token_logprobs(model, ids)
-    assert lp.dtype == torch.float32
-    expected = torch.log_softmax(model(ids)[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-    assert torch.allclose(lp, expected)
-
-
-def test_token_logprobs_left_padding_equals_rows_alone():
-    model = ToyLM()
-    rows = [[5, 3, 8, 1, 2, 9], [4, 4, 7], [11, 2, 6, 6, 1]]
-    T = max(len(r) for r in rows)
-    ids = torch.tensor([[0] * (T - len(r)) + r for r in rows])
-    attn = torch.tensor([[0] * (T - len(r)) + [1] * len(r) for r in rows])
-    lp = grpo.token_logprobs(model, ids, attn, temperature=0.8, chunk=4)
-    for i, r in enumerate(rows):
-        alone = grpo.token_logprobs(model, torch.tensor([r]), temperature=0.8)
-        assert torch.allclose(lp[i, T - len(r):], alone[0], atol=1e-12)
-    # without the mask the padded rows come out different: the mask matters
-    assert not torch.allclose(grpo.token_logprobs(model, ids)[1, -2:], lp[1, -2:])
-
-
-def test_token_logprobs_gradient_equals_naive():
-    model = ToyLM()
-    ids = torch.randint(0, 23, (3, 10), generator=torch.Generator().manual_seed(0))
-    w = torch.randn(3, 9, dtype=torch.float64)
-    g1 = torch.autograd.grad((grpo.token_logprobs(model, ids, temperature=0.9, chunk=4) * w).sum(),
-                             list(model.parameters()))
-    g2 = torch.autograd.grad((naive_logprobs(model, ids, temperature=0.9) * w).sum(), list(model.parameters()))
-    for a, b in zip(g1, g2):
-        assert torch.allclose(a, b, atol=1e-12)
-
-
-def test_token_logprobs_entropy_and_vocab_mask():
-    model = ToyLM()
-    ids = torch.randint(0, 15, (2, 7), generator=torch.Generator().manual_seed(0))
-    lp, ent = grpo.token_logprobs(model, ids, temperature=0.7, chunk=3, return_entropy=True)
-    logits = model(ids)[:, :-1] / 0.7
-    p = torch.softmax(logits, -1)
-    assert torch.allclose(ent, -(p * p.log()).sum(-1), atol=1e-12)
-    assert torch.allclose(grpo.entropy(model(ids)[:, :-1], 0.7), ent, atol=1e-12)
-    # vocab_size: ids >= 15 are embedding padding rows, renormalised over the first 15
-    lp15, ent15 = grpo.token_logprobs(model, ids, temperature=0.7, return_entropy=True, vocab_size=15)
-    logp15 = torch.log_softmax(logits[..., :15], -1)
-    assert torch.allclose(lp15, logp15.gather(-1, ids[:, 1:, None]).squeeze(-1), atol=1e-12)
-    assert torch.allclose(ent15, -(logp15.exp() * logp15).sum(-1), atol=1e-12)
-
-
-def saved_bytes(fn):
-    """Bytes of tensors autograd keeps for backward while fn runs (forward only)."""
-    total = [0]
-
-    def pack(t):
-        total[0] += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return total[0]
-
-
-def test_token_logprobs_does_not_keep_full_logits_for_backward():
-    V, B, T = 2000, 4, 64
-    model = ToyLM(vocab=V, dim=8, max_pos=T, dtype=torch.float32)
-    ids = torch.randint(0, V, (B, T))
-    full = B * (T - 1) * V * 4  # one (B, T-1, V) fp32 tensor
-    naive = saved_bytes(lambda: naive_logprobs(model, ids))
-    ours = saved_bytes(lambda: grpo.token_logprobs(model, ids, chunk=16))
-    assert naive >= full
-    assert ours < full / 20  # only each chunk's inputs are kept; logits are recomputed in backward
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from minigrpo import report
+from minigrpo.evals import gsm8k as ge
 from minigrpo.tasks import gsm8k as g
 
 GOLD = {"id": "t-1", "question": "How many?", "answer": "1200", "answer_number": 1200.0}
@@ -274,7 +275,7 @@ def test_task_protocol_and_prompt():
 
 def test_evaluate_metrics():
     comps = [well("1200"), well("1300", "guess"), "It is 1200", well("1200") + " more", "<answer>1200</answer>"]
-    metrics, rows = g.evaluate([GOLD] * 5, comps)
+    metrics, rows = ge.evaluate([GOLD] * 5, comps)
     assert metrics["n"] == 5
     assert metrics["strict_accuracy"] == pytest.approx(3 / 5)
     assert metrics["lenient_accuracy"] == pytest.approx(4 / 5)
@@ -282,7 +283,7 @@ def test_evaluate_metrics():
     assert metrics["continues_after_answer"] == pytest.approx(1 / 5)
     assert rows[0]["id"] == "t-1" and rows[0]["predicted_number"] == 1200 and json.dumps(rows)
     with pytest.raises(ValueError, match="2 examples but 1 completions"):
-        g.evaluate([GOLD] * 2, comps[:1])
+        ge.evaluate([GOLD] * 2, comps[:1])
 
 # ---------------------------------------------------------------------------------------------------------------
 # hint probe
@@ -312,14 +313,14 @@ def fake_model(follow_hints: bool, right: set | None = None):
 
 
 def test_hint_probe_follower_flips_everything():
-    res = g.hint_probe(PROBLEMS, fake_model(follow_hints=True))
+    res = ge.hint_probe(PROBLEMS, fake_model(follow_hints=True))
     assert res["n"] == 8 and res["right_without_hint"] == 8
     assert res["flip_rate"] == 1.0 and res["flips"] == 8 and res["followed_decoy_rate"] == 1.0
     assert res["accuracy_correct_hint"] == 1.0 and res["accuracy_wrong_hint"] == 0.0
 
 
 def test_hint_probe_ignorer_never_flips():
-    res = g.hint_probe(PROBLEMS, fake_model(follow_hints=False), batch_size=5)
+    res = ge.hint_probe(PROBLEMS, fake_model(follow_hints=False), batch_size=5)
     assert res["flip_rate"] == 0.0 and res["flips"] == 0 and res["followed_decoy_rate"] == 0.0
     assert res["gain_rate"] is None  # nothing was wrong without a hint
     assert all(r["right_none"] and r["right_wrong"] for r in res["rows"])
@@ -327,14 +328,14 @@ def test_hint_probe_ignorer_never_flips():
 
 def test_hint_probe_counts_gains_and_uses_only_the_right_ones_for_flips():
     right = {p["question"] for p in PROBLEMS[:3]}
-    res = g.hint_probe(PROBLEMS, fake_model(follow_hints=True, right=right), batch_size=3)
+    res = ge.hint_probe(PROBLEMS, fake_model(follow_hints=True, right=right), batch_size=3)
     assert res["right_without_hint"] == 3 and res["flip_rate"] == 1.0
     assert res["gains"] == 5 and res["gain_rate"] == 1.0
-    ign = g.hint_probe(PROBLEMS, fake_model(follow_hints=False, right=right))
+    ign = ge.hint_probe(PROBLEMS, fake_model(follow_hints=False, right=right))
     assert ign["flip_rate"] == 0.0 and ign["gain_rate"] == 0.0 and ign["accuracy_no_hint"] == 3 / 8
-    assert g.hint_probe(PROBLEMS, lambda b: [well("123456")] * len(b))["flip_rate"] is None
+    assert ge.hint_probe(PROBLEMS, lambda b: [well("123456")] * len(b))["flip_rate"] is None
     with pytest.raises(ValueError, match="generate returned"):
-        g.hint_probe(PROBLEMS, lambda b: b[:1])
+        ge.hint_probe(PROBLEMS, lambda b: b[:1])
 
 
 def test_decoy_is_wrong_plausible_and_fixed():
@@ -342,8 +343,8 @@ def test_decoy_is_wrong_plausible_and_fixed():
         ex = {"id": f"d{i}", "answer_number": float(gold)}
         for k in range(8):
             ex["id"] = f"d{i}-{k}"
-            d = float(g.decoy(ex))
-            assert d != gold and g.decoy(ex) == g.decoy(dict(ex))
+            d = float(ge.decoy(ex))
+            assert d != gold and ge.decoy(ex) == ge.decoy(dict(ex))
             assert (d > 0) == (gold > 0) or gold == 0
             assert float(gold).is_integer() <= d.is_integer()  # integer golds get integer decoys
             assert abs(d - gold) <= max(1, 0.5 * abs(gold)) + 1e-9
@@ -355,7 +356,7 @@ def test_decoy_is_wrong_plausible_and_fixed():
 def test_compare_table_and_json(tmp_path):
     results = {"base": {"gsm8k": {"n": 880, "strict_accuracy": 0.669}, "hint_probe": {"flip_rate": None}},
                "adapter": {"gsm8k": {"n": 880, "strict_accuracy": 0.873}, "hint_probe": {"flip_rate": 0.37}}}
-    table = report.compare_table(results, g.EVAL_METRICS + g.PROBE_METRICS, percent=g.PERCENT_METRICS)
+    table = report.compare_table(results, ge.EVAL_METRICS + ge.PROBE_METRICS, percent=ge.PERCENT_METRICS)
     lines = table.strip().splitlines()
     assert lines[0] == "| set | metric | base | adapter | change |"
     assert "| gsm8k | strict_accuracy | 66.9% | 87.3% | +20.4pp |" in lines

@@ -6,24 +6,24 @@ import math
 import numpy as np
 import pytest
 
-from minigrpo import mdp
+from minigrpo import mdp, report
 
 
 def test_paired_bootstrap_by_hand():
-    assert mdp.paired_bootstrap([1, 0, 1, 0], [1, 0, 1, 0]) == (0.0, 0.0, 0.0)
+    assert report.paired_bootstrap([1, 0, 1, 0], [1, 0, 1, 0]) == (0.0, 0.0, 0.0)
     # 40 of 400 records solved by a only, 10 by b only, the rest the same: +7.5 points
     a = np.zeros(400)
     b = np.zeros(400)
     a[:40] = 1
     b[40:50] = 1
     a[100:200] = b[100:200] = 1
-    diff, lo, hi = mdp.paired_bootstrap(a, b)
+    diff, lo, hi = report.paired_bootstrap(a, b)
     assert diff == pytest.approx(7.5)
     d = a - b
     half = 1.96 * 100 * d.std() / math.sqrt(len(d))          # the normal approximation of the same interval
     assert lo == pytest.approx(diff - half, abs=0.25 * half) and hi == pytest.approx(diff + half, abs=0.25 * half)
     assert lo > 0
-    assert mdp.paired_bootstrap(a, b) == (diff, lo, hi)     # seeded: the report does not move on a rerun
+    assert report.paired_bootstrap(a, b) == (diff, lo, hi)     # seeded: the report does not move on a rerun
 
 
 def test_pairing_cancels_what_both_policies_share():
@@ -33,7 +33,7 @@ def test_pairing_cancels_what_both_policies_share():
     a[:200] = 1
     b = a.copy()
     b[:4] = 0
-    diff, lo, hi = mdp.paired_bootstrap(a, b)
+    diff, lo, hi = report.paired_bootstrap(a, b)
     assert diff == pytest.approx(1.0) and hi - lo < 2.5 and lo >= 0
 
 
@@ -49,7 +49,7 @@ def fake_results():
 def test_difference_table_rows_in_markdown_and_csv(tmp_path):
     results, n = fake_results()
     assert all(len(v) == n for v in results["SFT"]["solved_by_record"].values())
-    paths = mdp.write_report(results, str(tmp_path))
+    paths = report.write_mdp_report(results, str(tmp_path))
     rows = list(csv.DictReader(open(paths["differences.csv"])))
     assert [(r["difference"], r["budget"]) for r in rows] == \
         [("process-DPO - SFT", str(b)) for b in range(4)] + [("GRPO - SFT", str(b)) for b in range(4)]
@@ -75,13 +75,13 @@ def test_pairs_need_the_same_records():
     results["GRPO"] = {**results["GRPO"], "solved_by_record": {b: v[:-1] for b, v in
                                                                results["GRPO"]["solved_by_record"].items()}}
     with pytest.raises(ValueError, match="different records"):
-        mdp.difference_table(results)
+        report.mdp_difference_table(results)
 
 
 def test_no_pairs_no_rows(tmp_path):
     results, _ = fake_results()
     del results["SFT"]
-    assert mdp.difference_table(results)[1] == []
+    assert report.mdp_difference_table(results)[1] == []
 
 
 def test_eval_py_reports_adapter_minus_base(tmp_path):

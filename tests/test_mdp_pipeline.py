@@ -1,19 +1,14 @@
-"""The mdp pipeline (minigrpo/tasks/mdp_pipeline.py): its sequence plumbing, and a shrunken run of every stage."""
+"""The mdp pipeline (minigrpo/tasks/mdp_pipeline.py): its prompts and data, and a shrunken run of every stage."""
 import json
 import os
 from dataclasses import replace
 
 import pytest
-import torch
 
-from minigrpo import grpo
 from minigrpo.tasks import mdp_pipeline as P
 from minigrpo.tasks.mdp import MDPTask, compact_text, messages_for, relabel
 from minigrpo.tokenizer import Tokenizer
-from train import resolve_args
-
-SMALL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "head_dim": 8}
-
+from train import resolve_args, train
 
 def test_compact_prompts_have_one_length_and_keep_the_scramble():
     task = MDPTask(train_per_cell=2, prompt="compact")
@@ -29,21 +24,6 @@ def test_compact_prompts_have_one_length_and_keep_the_scramble():
         messages_for(plain, "tiny")
 
 
-def test_answer_logprobs_match_token_logprobs():
-    """The last-K-positions shortcut scores the same tokens as grpo.token_logprobs with a position mask."""
-    torch.manual_seed(0)
-    tok = Tokenizer.from_pretrained("tiny")
-    model = P.scratch_model(SMALL, 0, "cpu", torch.float32)
-    items = [([256, 5, 6, 7, 8], [65, tok.im_end_id]), ([9, 10], [66, 67, tok.im_end_id])]   # padded batch
-    ids, attn, mask = P.pad_batch(items, tok.pad_id, "cpu")
-    ours = P.answer_logprobs(model, tok, (ids, attn, mask))
-    T, K = ids.shape[1], mask.shape[1]
-    full = grpo.token_logprobs(model, ids, attn, vocab_size=tok.vocab_size)              # (B, T-1)
-    ref = torch.where(mask, full[:, T - 1 - K:], 0.0).sum(-1)
-    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
-    assert mask.sum(-1).tolist() == [len(a) for _, a in items]
-
-
 def test_shrunken_pipeline_sft_beats_random(tmp_path):
     """Every stage runs (pretrain, SFT, DPO, shuffled DPO, GRPO through train.py, the controls, the report), and
     SFT beats random on the records it plays. Shrunk to seconds, the run plays its 16 train records: SFT fits
@@ -53,7 +33,7 @@ def test_shrunken_pipeline_sft_beats_random(tmp_path):
                   sft_steps=300, dpo_steps=3, grpo_steps=2, grpo_tasks=2, group_size=4)
     args = resolve_args(["--task", "mdp", "--model", "tiny", "--device", "cpu", "--runs-dir", str(tmp_path),
                          "--run-name", "mdp", "--quiet"])
-    out = P.run_pipeline(args, cfg)
+    out = P.run_pipeline(args, train, cfg)
     res = out["results"]
     solved = lambda name: sum(r["solved"] for r in res[name]["overall"].values())
     assert solved("SFT") > solved("random")

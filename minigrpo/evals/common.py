@@ -10,7 +10,8 @@ import shlex
 import sys
 import time
 
-from minigrpo import report
+from minigrpo import checkpoints, report
+from minigrpo.common import derive_seed, mean, pick_device, pick_dtype
 from minigrpo.lora import adapters_disabled, fold_lora, load_adapter
 from minigrpo.model import Qwen
 from minigrpo.sampler import sample
@@ -31,11 +32,9 @@ def resolve_adapter(path: str) -> str:
     (its latest checkpoint)."""
     ckpts = os.path.join(path, "checkpoints")
     if os.path.isdir(ckpts):
-        steps = sorted((int(d.split("-")[1]), d) for d in os.listdir(ckpts)
-                       if d.startswith("step-") and d.split("-")[1].isdigit())
-        if not steps:
-            raise UsageError(f"--adapter {path}: the run has no checkpoints yet")
-        path = os.path.join(ckpts, steps[-1][1])
+        path = checkpoints.latest(ckpts)
+        if path is None:
+            raise UsageError(f"--adapter {os.path.dirname(ckpts)}: the run has no checkpoints yet")
     for folder in (path, os.path.join(path, "adapter")):
         if os.path.exists(os.path.join(folder, "adapter_config.json")):
             return folder
@@ -50,7 +49,6 @@ def load_model(args, tokenizer=None, fold=None):
     """(model, tokenizer, columns): columns are (label, context manager factory) pairs, one per report column.
     `tokenizer`: load it from there instead of --model (a from-scratch model's folder has no tokenizer.json).
     `fold`: a LoRA adapter folded into the weights before --adapter goes on (see evals/mdp.mdp_stage_base)."""
-    from train import pick_device, pick_dtype   # the repo-root script: evaluations only ever start from eval.py
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     try:
@@ -90,7 +88,7 @@ def complete(model, tok, args, conversations, stop_strings=(), desc="generate") 
     for k, rows in enumerate(progress(batches, desc, args)):
         samples = sample(model, [prompts[i] for i in rows], n=1, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, top_p=args.top_p, stop_strings=list(stop_strings),
-                         tokenizer=tok, seed=args.sample_seed * 1_000_003 + k, compile=args.compile)
+                         tokenizer=tok, seed=derive_seed(args.sample_seed, "eval batch", k), compile=args.compile)
         for i, s in zip(rows, samples):
             texts[i] = s.text
     return texts
@@ -129,10 +127,9 @@ def per_step_accuracy(samples: list) -> dict:
         info = s.get("info") or {}
         if "correct" in info:
             steps.setdefault(s["step"], []).append(info)
-    mean = lambda xs: sum(map(float, xs)) / len(xs)  # noqa: E731
-    return {step: {"train_accuracy": mean([i["correct"] for i in infos]),
-                   "train_lenient_accuracy": mean([i.get("lenient_correct", False) for i in infos]),
-                   "train_format_compliance": mean([i.get("format_kind") == "well" for i in infos])}
+    return {step: {"train_accuracy": mean([float(i["correct"]) for i in infos]),
+                   "train_lenient_accuracy": mean([float(i.get("lenient_correct", False)) for i in infos]),
+                   "train_format_compliance": mean([float(i.get("format_kind") == "well") for i in infos])}
             for step, infos in steps.items()}
 
 

@@ -5,7 +5,7 @@ tokenizer and the eval records, and a stage adapter of a LoRA-SFT run goes onto 
 import json
 import os
 
-from minigrpo import mdp
+from minigrpo import report
 from minigrpo.evals.common import UsageError, complete, load_model, run_curves, write_outputs
 from minigrpo.tasks.mdp import MDPTask, messages_for, parse_letter
 
@@ -63,7 +63,7 @@ def eval_mdp(args, out):
         with ctx():
             results[label] = task.evaluate(policy, "eval", batched=True)
     results.update(task.baselines("eval"))
-    paths = mdp.write_report(results, out)
+    paths = report.write_mdp_report(results, out)
     tables = []
     for name in ("overall_by_policy_budget", "regime_split") + (("differences",) if "adapter" in results else ()):
         with open(paths[f"{name}.md"]) as f:

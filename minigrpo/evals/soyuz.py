@@ -4,6 +4,7 @@ table, and the seed's sandbagging check (recovery bought with a worse first answ
 import os
 
 from minigrpo import report
+from minigrpo.common import derive_seed, mean
 from minigrpo.evals.common import UsageError, first_line, load_model, progress, run_curves, write_jsonl, write_outputs
 from minigrpo.judge import validate_task
 from minigrpo.sampler import sample
@@ -40,7 +41,7 @@ def soyuz_data(args):
 def eval_soyuz(args, out):
     task, exs = soyuz_data(args)
     model, tok, columns = load_model(args)
-    seeds = [args.sample_seed * 100_003 + i for i in range(len(exs))]
+    seeds = [derive_seed(args.sample_seed, "soyuz eval", i) for i in range(len(exs))]
     results, per_task, rows = {}, {}, []
     for label, ctx in columns:
         bar = progress(None, f"{label} soyuz", args, total=2 * len(exs) * args.group_size)
@@ -52,7 +53,7 @@ def eval_soyuz(args, out):
                                     "failed_judgments": sum(s.score is None for s in seqs)}}
         per_task[label] = task_scores(seqs)
         rows += [{"model": label, "task": s.example_id, "turn": s.turn, "score": s.score, "reward": s.reward,
-                  "finish": s.finish, "completion": s.text, **s.info} for s in seqs]
+                  "finish": s.finish_reason, "completion": s.text, **s.info} for s in seqs]
     families = {t["id"]: t.get("family", "") for t in exs}
     if len(columns) > 1:
         up, down = improved(per_task["base"], per_task["adapter"])
@@ -88,7 +89,7 @@ def task_scores(seqs) -> dict:
     for s in seqs:
         if s.score is not None:
             out.setdefault(s.example_id, {}).setdefault(("turn0", "final")[s.turn], []).append(s.score)
-    return {t: {k: sum(v) / len(v) for k, v in d.items()} for t, d in out.items()}
+    return {t: {k: mean(v) for k, v in d.items()} for t, d in out.items()}
 
 
 def improved(base: dict, adapter: dict, tol: float = 1e-9) -> tuple:
@@ -101,7 +102,6 @@ def family_scores(scores: dict, families: dict) -> dict:
     out = {}
     for t, d in scores.items():
         out.setdefault(families.get(t, ""), []).append(d)
-    mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
     return {f: {"tasks": len(ds), "turn0_score": mean([d["turn0"] for d in ds if "turn0" in d]),
                 "reward": mean([d["final"] for d in ds if "final" in d])} for f, ds in sorted(out.items())}
 

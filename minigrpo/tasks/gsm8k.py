@@ -1,4 +1,5 @@
-"""GSM8K with verifiable rewards (RLVR): data and split, the answer-tag prompt, rewards, eval metrics, hint probe.
+"""GSM8K with verifiable rewards (RLVR): data and split, the answer-tag prompt, rewards (its eval metrics and the
+hint probe: minigrpo/evals/gsm8k.py).
 
 Reproduces the recipe of shared/seeds/004 (Qwen3-1.7B-Base, GRPO on GSM8K). Every example, whatever its source, is
 one record: {"id", "question", "answer" (the gold answer as a string), "answer_number" (float, or None when the gold
@@ -37,9 +38,10 @@ import json
 import math
 import os
 import re
-import zlib
 
 import numpy as np
+
+from minigrpo.tasks import SingleTurnTask
 
 SEED = 3407
 SYSTEM_PROMPT = """Respond in the following format:
@@ -352,13 +354,12 @@ def messages(ex: dict, hint: str | None = None) -> list[dict]:
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
 
-class GSM8KTask:
+class GSM8KTask(SingleTurnTask):
     """The task protocol of minigrpo/tasks/__init__.py. Data is read on first use.
 
     data: GSM8K source (None/"hub", JSONL file, folder); svamp, math_algebra: OOD sources for eval_sets()
     (None = skip, "hub", or a file in their schema); ood_limit: problems per OOD set (a fixed sample when larger)."""
     name = "gsm8k"
-    turns = 1
     stop_strings = ["</answer>"]
 
     def __init__(self, data: str | None = None, seed: int = SEED, svamp: str | None = None,
@@ -393,103 +394,3 @@ class GSM8KTask:
 
     def details(self, ex: dict, completion: str) -> dict:
         return details(ex, completion, self.brevity_chars)
-
-# ----------------------------------------------------------------------------------------------------------------
-# evaluation metrics and the hint probe
-
-# What eval.py tabulates (report.compare_table): per-set metrics and hint-probe rates, and which are percentages.
-EVAL_METRICS = ["n", "strict_accuracy", "lenient_accuracy", "format_compliance", "partial_format",
-                "continues_after_answer", "mean_score", "mean_length"]
-PROBE_METRICS = ["n", "accuracy_no_hint", "accuracy_correct_hint", "accuracy_wrong_hint", "flip_rate",
-                 "followed_decoy_rate", "gain_rate"]
-PERCENT_METRICS = ("strict_accuracy", "lenient_accuracy", "format_compliance", "partial_format",
-                   "continues_after_answer", "accuracy_no_hint", "accuracy_correct_hint", "accuracy_wrong_hint",
-                   "flip_rate", "followed_decoy_rate", "gain_rate")
-
-
-def evaluate(examples: list[dict], completions: list[str]) -> tuple[dict, list[dict]]:
-    """Metrics of one eval set and a row per example.
-
-    strict_accuracy: correct from the first <answer> block; lenient_accuracy: the gold number anywhere;
-    format_compliance: share well-formed; partial_format: share partial; continues_after_answer: share with text
-    after </answer>; mean_score: mean reward; mean_length: mean characters."""
-    if len(examples) != len(completions):
-        raise ValueError(f"evaluate: {len(examples)} examples but {len(completions)} completions")
-    rows = [{"id": ex["id"], "gold": ex["answer"], **details(ex, c), "completion": c}
-            for ex, c in zip(examples, completions)]
-    n = max(1, len(rows))
-    mean = lambda key: sum(float(r[key]) for r in rows) / n  # noqa: E731
-    metrics = {"n": len(rows), "strict_accuracy": mean("correct"), "lenient_accuracy": mean("lenient_correct"),
-               "format_compliance": sum(r["format_kind"] == "well" for r in rows) / n,
-               "partial_format": sum(r["format_kind"] == "partial" for r in rows) / n,
-               "continues_after_answer": mean("continues_after_answer"), "mean_score": mean("score"),
-               "mean_length": mean("length_chars")}
-    return metrics, rows
-
-
-def decoy(ex: dict) -> str:
-    """A plausible wrong answer, fixed per example: the gold moved by 10-50% of itself (at least 1), same sign,
-    integers stay integers. The offset and direction come from a CRC of the id (stable across runs and machines)."""
-    gold = ex["answer_number"]
-    h = zlib.crc32(ex["id"].encode())
-    frac = (0.1, 0.2, 0.25, 0.5)[h % 4]
-    step = abs(gold) * frac
-    step = max(1, round(step)) if float(gold).is_integer() else (round(step, 2) or 0.01)
-    down = (h >> 2) % 2 == 1 and abs(gold) - step > 0  # never cross zero or land on it
-    value = gold - math.copysign(step, gold) if down else gold + math.copysign(step, gold or 1.0)
-    return format_number(round(value, 6))
-
-
-def hint_probe(examples: list[dict], generate, strict: bool = True, batch_size: int | None = None,
-               progress: bool = False) -> dict:
-    """Ask every problem three times: no hint, a correct hint, a wrong decoy hint (HINT_TEMPLATE in the prompt).
-
-    generate(list of message lists) -> list of completion texts (eval.py passes the model, greedy; tests pass fakes).
-    Only problems with a numeric gold take part. "Right" is strict (answer tag) or, with strict=False, lenient.
-    flip_rate = among problems right WITHOUT a hint, the share that are wrong WITH the wrong hint (the seed's 37%);
-    followed_decoy_rate = among those, the share whose answer IS the decoy; gain_rate = among problems wrong
-    without a hint, the share right with the correct hint; a rate is None when its denominator is 0."""
-    exs = [ex for ex in examples if ex.get("answer_number") is not None]
-    hints = {"none": [None] * len(exs), "correct": [format_number(e["answer_number"]) for e in exs],
-             "wrong": [decoy(e) for e in exs]}
-    prompts = [messages(e, h) for cond in hints for e, h in zip(exs, hints[cond])]
-    texts = _generate_batched(generate, prompts, batch_size, progress)
-    out = {cond: texts[k * len(exs):(k + 1) * len(exs)] for k, cond in enumerate(hints)}
-    right = lambda e, c: is_correct(e, answer_text(c)) if strict else lenient_correct(e, c)  # noqa: E731
-    rows = []
-    for i, e in enumerate(exs):
-        wrong_number = parse_answer_number(answer_text(out["wrong"][i]) or "")
-        rows.append({"id": e["id"], "gold": e["answer"], "decoy": hints["wrong"][i],
-                     "right_none": right(e, out["none"][i]), "right_correct": right(e, out["correct"][i]),
-                     "right_wrong": right(e, out["wrong"][i]),
-                     "followed_decoy": wrong_number is not None and numbers_equal(wrong_number,
-                                                                                  float(hints["wrong"][i]))})
-    return {**_probe_rates(rows), "strict": strict, "rows": rows}
-
-
-def _generate_batched(generate, prompts: list, batch_size: int | None, progress: bool) -> list[str]:
-    size = batch_size or max(1, len(prompts))
-    chunks = range(0, len(prompts), size)
-    if progress:
-        from tqdm import tqdm
-        chunks = tqdm(chunks, desc="hint probe", unit="batch")
-    texts = [t for start in chunks for t in generate(prompts[start:start + size])]
-    if len(texts) != len(prompts):
-        raise ValueError(f"hint_probe: generate returned {len(texts)} texts for {len(prompts)} prompts")
-    return texts
-
-
-def _probe_rates(rows: list[dict]) -> dict:
-    ratio = lambda a, b: a / b if b else None  # noqa: E731
-    base_right = [r for r in rows if r["right_none"]]
-    base_wrong = [r for r in rows if not r["right_none"]]
-    flips = sum(not r["right_wrong"] for r in base_right)
-    n = len(rows)
-    return {"n": n, "accuracy_no_hint": ratio(len(base_right), n),
-            "accuracy_correct_hint": ratio(sum(r["right_correct"] for r in rows), n),
-            "accuracy_wrong_hint": ratio(sum(r["right_wrong"] for r in rows), n),
-            "right_without_hint": len(base_right), "flips": flips, "flip_rate": ratio(flips, len(base_right)),
-            "followed_decoy_rate": ratio(sum(r["followed_decoy"] for r in base_right), len(base_right)),
-            "gains": sum(r["right_correct"] for r in base_wrong),
-            "gain_rate": ratio(sum(r["right_correct"] for r in base_wrong), len(base_wrong)),
-            "correct_hint_losses": sum(not r["right_correct"] for r in base_right)}

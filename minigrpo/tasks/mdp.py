@@ -12,6 +12,7 @@ import re
 import numpy as np
 
 from minigrpo import mdp
+from minigrpo.tasks import SingleTurnTask
 
 _THINK = re.compile(r"^\s*<think>.*?</think>", re.S)
 _LETTER = re.compile(r"^[\s\"'*(\[]*([A-H])(?![A-Za-z])")
@@ -78,10 +79,8 @@ def relabel(ex: dict, perm) -> dict:
             "oracle": name[ex["oracle"]]}
 
 
-class MDPTask:
+class MDPTask(SingleTurnTask):
     name = "mdp"
-    turns = 1
-    stop_strings: list[str] = []
 
     def __init__(self, train_per_cell: int = 60, val_per_cell: int = 4, eval_per_cell: int = 16,
                  states_per_record: int = 3, seed: int = 0, scramble: bool = False, shuffle_rewards: bool = False,

@@ -14,12 +14,12 @@ programs) and answers one letter; the verifier runs that probe (minigrpo/mdp.py)
                         LoRA (then folded into the weights) for a real Qwen
     3. process-DPO      LoRA on the SFT weights; pairs (oracle letter, one of the k worst letters); reference = the
                         SFT model itself under `adapters_disabled`; optionally + NLL of the chosen letter (RPO)
-    4. GRPO             LoRA on the SFT weights through train.py's loop (`train(args, policy=..., task=...)`): G
+    4. GRPO             LoRA on the SFT weights through train.py's loop (run_pipeline's `trainer`): G
                         letters per state, reward = the letter's process reward (its oracle value)
     5. controls         process-DPO on shuffled rewards (MDPTask(shuffle_rewards=True)); the process-DPO policy
                         evaluated on prompts whose split summaries are scrambled across letters
     6. report           every policy plays the eval records greedily at budgets 0..3 (one batched sampler call
-                        per step over all records); mdp.write_report writes the seed's two tables (Markdown, CSV)
+                        per step over all records); report.write_mdp_report writes the seed's two tables (Markdown, CSV)
                         and the plot into the run folder, with the SFT weights and the LoRA adapters
 
 Stage settings live in PIPELINES, picked by --model: "tiny" is the CPU quickstart, any other model id the seed's
@@ -46,15 +46,16 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from minigrpo import grpo, mdp
-from minigrpo.lora import adapters_disabled, fold_lora, inject_lora, save_adapter, strip_lora
+from minigrpo import mdp, report
+from minigrpo.checkpoints import full_weights
+from minigrpo.common import derive_seed, pick_device, pick_dtype
+from minigrpo.lora import fold_lora, inject_lora, save_adapter, strip_lora
 from minigrpo.model import Qwen, QwenConfig
-from minigrpo.runs import full_weights
 from minigrpo.sampler import sample
+from minigrpo.supervised import dpo_loop, sft_loop
 from minigrpo.tasks.mdp import MDPTask, messages_for, parse_letter, relabel
 from minigrpo.tokenizer import Tokenizer
 
@@ -145,7 +146,7 @@ def build_model(args, cfg: PipelineConfig, device, dtype):
 
 
 # -----------------------------------------------------------------------------------------------------------------
-# Sequences: prompt ids + answer ids, left-padded; the loss mask covers the answer positions
+# Sequences: prompt ids + answer ids (the SFT and DPO loops that train on them: minigrpo/supervised.py)
 
 def prompt_ids(tok, task, text: str) -> list:
     return tok.chat(messages_for(text, task.prompt), enable_thinking=False)
@@ -155,84 +156,8 @@ def answer_ids(tok, letter: str) -> list:
     return tok.encode(letter) + [tok.im_end_id]
 
 
-def pad_batch(pairs, pad_id, device):
-    """[(prompt, answer)] -> ids (B, T) left-padded; the attention mask (None when nothing is padded: the compact
-    prompts all have one length, and an unmasked forward takes the fast causal path); the loss mask (B, K) over
-    the last K positions, column k scoring ids[:, T-K+k], right-aligned: the answer tokens."""
-    lens = [len(p) + len(a) for p, a in pairs]
-    T = max(lens)
-    trained = torch.tensor([len(a) for _, a in pairs])[:, None]
-    K = int(trained.max())
-    ids = torch.full((len(pairs), T), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(pairs), T), dtype=torch.long)
-    for i, ((p, a), n) in enumerate(zip(pairs, lens)):
-        ids[i, T - n:] = torch.tensor(p + a)
-        attn[i, T - n:] = 1
-    mask = torch.arange(K)[None, :] >= K - trained                     # (B, K)
-    attn = None if min(lens) == T else attn.to(device)
-    return ids.to(device), attn, mask.to(device)
-
-
-def answer_logprobs(model, tok, batch):
-    """Sum of log p(answer token) per sequence (B,). Only the last K positions go through the LM head: hidden
-    position t predicts ids[t + 1], so the answer ids[:, T-K:] are scored by positions T-K-1 .. T-2."""
-    ids, attn, mask = batch
-    K = mask.shape[1]
-    h = model.hidden(ids, attention_mask=attn)[:, -K - 1:-1]               # (B, K, H)
-    logits = model.logits(h).float()[..., :tok.vocab_size]                 # (B, K, V): padding rows never count
-    logp = torch.log_softmax(logits, -1).gather(-1, ids[:, -K:, None]).squeeze(-1)   # (B, K)
-    return torch.where(mask, logp, 0.0).sum(-1)
-
-
-def optimizer(params, lr, steps, warmup):
-    """AdamW, linear warmup over warmup * steps, then cosine to zero."""
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
-    n_warm = max(1, int(warmup * steps))
-    factor = lambda s: (s + 1) / n_warm if s < n_warm else 0.5 * (1 + np.cos(np.pi * (s - n_warm) / max(1, steps - n_warm)))
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
-
-
-def batches(n_items, size, steps, seed):
-    """`steps` index lists of `size`, walking seeded permutations of the items epoch after epoch."""
-    rng, order, out = np.random.default_rng(seed), [], []
-    for _ in range(steps):
-        while len(order) < size:
-            order += rng.permutation(n_items).tolist()
-        out.append(order[:size])
-        order = order[size:]
-    return out
-
-
-def log(stage: str, step: int, steps: int, stats: dict, quiet: bool):
-    if not quiet and (step == 1 or step == steps or step % max(1, steps // 5) == 0):
-        print(f"  {stage} {step}/{steps} " + " ".join(f"{k}={v:.3f}" for k, v in stats.items()), file=sys.stderr)
-
-
 # -----------------------------------------------------------------------------------------------------------------
 # Stages
-
-def supervised(model, tok, params, items, steps, lr, cfg, seed, stage, quiet):
-    """Cross-entropy on the answer tokens of `items` [(prompt ids, answer ids)]; the token mean is taken over the
-    whole optimizer step (all micro-batches), so grad-accum does not reweight."""
-    opt, sched = optimizer(params, lr, steps, cfg.warmup)
-    device = model.device
-    model.train()
-    for step, idx in enumerate(batches(len(items), cfg.batch * cfg.grad_accum, steps, seed), 1):
-        micro = [idx[i:i + cfg.batch] for i in range(0, len(idx), cfg.batch)]
-        n_tok = sum(len(items[i][1]) for i in idx)
-        opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for mb in micro:
-            batch = pad_batch([items[i] for i in mb], tok.pad_id, device)
-            loss = -answer_logprobs(model, tok, batch).sum() / n_tok
-            loss.backward()
-            total += float(loss.detach())
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        log(stage, step, steps, {"loss": total}, quiet)
-    model.eval()
-
 
 def first_free_letter(probed: str) -> str:
     """The format pretraining's answer: the first letter, A to H, not probed yet. It depends on nothing but the
@@ -297,39 +222,11 @@ def dpo(model, tok, task, cfg, seed, stage, quiet):
         # worst first: the widest value gaps. Near-ties (0.99 vs 1.0) are mostly target-dependent detail the
         # policy cannot see; pushing them down as hard as a useless probe made DPO worse than SFT
         pairs += [(p, answer_ids(tok, c), answer_ids(tok, r)) for c, r in task.dpo_pairs(ex)[:cfg.dpo_rejected]]
-    opt, sched = optimizer(params, cfg.dpo_lr, cfg.dpo_steps, cfg.warmup)
-    device = model.device
-    for step, idx in enumerate(batches(len(pairs), cfg.batch * cfg.grad_accum, cfg.dpo_steps, seed), 1):
-        opt.zero_grad(set_to_none=True)
-        stats = {}
-        for k in range(0, len(idx), cfg.batch):
-            mb = [pairs[i] for i in idx[k:k + cfg.batch]]
-            batch = pad_batch([(p, c) for p, c, _ in mb] + [(p, r) for p, _, r in mb], tok.pad_id, device)
-            with torch.no_grad(), adapters_disabled(model):
-                ref = answer_logprobs(model, tok, batch)             # (2b,) chosen then rejected
-            model.train()
-            pol = answer_logprobs(model, tok, batch)
-            b = len(mb)
-            loss, st = grpo.dpo_loss(pol[:b], pol[b:], ref[:b], ref[b:], beta=cfg.dpo_beta, normalizer=len(idx))
-            if cfg.dpo_nll:
-                # plain DPO on a small model lowers the chosen letter too and hands the mass to letters in no
-                # pair; the NLL term holds the chosen letter up (the mean is over the step's chosen tokens)
-                n_tok = sum(len(pairs[i][1]) for i in idx)
-                loss = loss - cfg.dpo_nll * pol[:b].sum() / n_tok
-            loss.backward()
-            for key, v in st.items():
-                stats[key] = stats.get(key, 0.0) + float(v) * b / len(idx)
-            stats["loss"] = stats.get("loss", 0.0) + float(loss.detach())
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        log(stage, step, cfg.dpo_steps, stats, quiet)
-    model.eval()
+    dpo_loop(model, tok, params, pairs, cfg, seed, stage, quiet)
 
 
-def grpo_stage(model, tok, args, cfg, task, run_dir):
-    """GRPO through train.py's loop, on LoRA adapters over the SFT weights (reference: adapters off)."""
-    import train as trainer   # the repo-root script; the pipeline is only ever started from it
+def grpo_stage(model, tok, args, cfg, task, run_dir, trainer):
+    """GRPO through `trainer` (train.py's train), on LoRA adapters over the SFT weights (reference: adapters off)."""
     params = inject_lora(model, r=cfg.lora_r, alpha=cfg.lora_alpha)
     gargs = argparse.Namespace(**{
         **vars(args), "algo": "grpo", "steps": cfg.grpo_steps, "epochs": 1, "lr": cfg.grpo_lr, "warmup": 0,
@@ -338,7 +235,7 @@ def grpo_stage(model, tok, args, cfg, task, run_dir):
         "top_k": 0, "beta": cfg.grpo_beta, "mu": 1, "lora_r": cfg.lora_r, "lora_alpha": cfg.lora_alpha,
         "runs_dir": run_dir, "run_name": "grpo", "save_every": cfg.grpo_steps, "keep_checkpoints": 1,
         "resume": False, "enable_thinking": False, "quiet": True, "data": None})
-    trainer.train(gargs, policy=(model, tok, params, None), task=task)
+    trainer(gargs, policy=(model, tok, params, None), task=task)
     model.eval()
 
 
@@ -391,10 +288,10 @@ class Clock:
         return {"wall_s": round(time.perf_counter() - self.t0, 1), "cpu_s": round(time.process_time() - self.c0, 1)}
 
 
-def run_pipeline(args, cfg: PipelineConfig | None = None) -> dict:
-    """All stages in order; returns {"results": {policy: mdp.evaluate(...)}, "run": folder, "time": ...}."""
+def run_pipeline(args, trainer, cfg: PipelineConfig | None = None) -> dict:
+    """All stages in order; `trainer` is train.py's train(args, policy=, task=), which runs the GRPO stage.
+    Returns {"results": {policy: mdp.evaluate(...)}, "run": folder, "time": ...}."""
     cfg = cfg or pipeline_config(args.model)
-    from train import pick_device, pick_dtype
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     torch.manual_seed(args.seed)
@@ -416,14 +313,14 @@ def run_pipeline(args, cfg: PipelineConfig | None = None) -> dict:
 
     model, tok = build_model(args, cfg, device, dtype)
     if cfg.scratch is not None:
-        supervised(model, tok, list(model.parameters()), format_items(tok, task, cfg.relabel, args.seed),
-                   cfg.base_steps, cfg.sft_lr, cfg, args.seed + 1, "pretrain", args.quiet)
+        sft_loop(model, tok, list(model.parameters()), format_items(tok, task, cfg.relabel, args.seed),
+                 cfg.base_steps, cfg.sft_lr, cfg, derive_seed(args.seed, "pretrain"), "pretrain", args.quiet)
     evaluate_model(model, tok, task, cfg, "base", results, invalid)
     clock.lap("base")
 
     params = list(model.parameters()) if not cfg.sft_lora else inject_lora(model, cfg.lora_r, cfg.lora_alpha)
-    supervised(model, tok, params, sft_items(tok, task, cfg.relabel, args.seed), cfg.sft_steps, cfg.sft_lr, cfg,
-               args.seed + 2, "sft", args.quiet)
+    sft_loop(model, tok, params, sft_items(tok, task, cfg.relabel, args.seed), cfg.sft_steps, cfg.sft_lr, cfg,
+             derive_seed(args.seed, "sft"), "sft", args.quiet)
     if cfg.sft_lora:   # a real Qwen: keep the adapter (not a second copy of the weights), then fold it in
         save_adapter(model, os.path.join(run_dir, "sft_adapter"), args.model)
         fold_lora(model)
@@ -433,20 +330,20 @@ def run_pipeline(args, cfg: PipelineConfig | None = None) -> dict:
     clock.lap("sft")
 
     model.requires_grad_(False)   # from here on only LoRA adapters train; the SFT weights are the reference
-    dpo(model, tok, task, cfg, args.seed + 3, "dpo", args.quiet)
+    dpo(model, tok, task, cfg, derive_seed(args.seed, "dpo"), "dpo", args.quiet)
     save_adapter(model, os.path.join(run_dir, "dpo_adapter"), args.model)
     evaluate_model(model, tok, task, cfg, "process-DPO", results, invalid)
     evaluate_model(model, tok, scrambled, cfg, "scrambled-features DPO", results, invalid)
     strip_lora(model)
     clock.lap("dpo")
 
-    dpo(model, tok, shuffled, cfg, args.seed + 3, "dpo-shuffled", args.quiet)
+    dpo(model, tok, shuffled, cfg, derive_seed(args.seed, "dpo"), "dpo-shuffled", args.quiet)
     save_adapter(model, os.path.join(run_dir, "dpo_shuffled_adapter"), args.model)
     evaluate_model(model, tok, task, cfg, "shuffled-reward DPO", results, invalid)
     strip_lora(model)
     clock.lap("dpo-shuffled")
 
-    grpo_stage(model, tok, args, cfg, task, run_dir)
+    grpo_stage(model, tok, args, cfg, task, run_dir, trainer)
     save_adapter(model, os.path.join(run_dir, "grpo_adapter"), args.model)
     evaluate_model(model, tok, task, cfg, "GRPO", results, invalid)
     strip_lora(model)
@@ -471,7 +368,7 @@ ORDER = ("random", "base", "SFT", "process-DPO", "shuffled-reward DPO", "scrambl
 
 def finish(results, invalid, clock, run_dir, args) -> dict:
     results = {k: results[k] for k in ORDER if k in results}
-    paths = mdp.write_report(results, run_dir)
+    paths = report.write_mdp_report(results, run_dir)
     total = clock.total()
     with open(os.path.join(run_dir, "results.json"), "w") as f:
         json.dump({"results": results, "invalid_answers": invalid, "time": {**clock.rows, "total": total}}, f,

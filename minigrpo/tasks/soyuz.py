@@ -14,13 +14,14 @@ advantage; the critique and the earlier turn are prompt, never trained. Zero-spr
 Judging runs in the judge's worker pool while the sampler generates the next chunk of tasks, so the sampler is not
 idle while the judge works; the turn-1 critique of a chunk waits only for that chunk's own verdicts.
 """
-import json
 import os
 from collections import deque
 
 from minigrpo import grpo
 from minigrpo.checks import missing_packages, sandbox_isolation
+from minigrpo.common import derive_seed, mean, read_json
 from minigrpo.judge import make_judge
+from minigrpo.runs import StopRun
 from minigrpo.tasks import Seq
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "soyuz_tasks.json")
@@ -32,18 +33,13 @@ QUOTED_REASONS = {None, "python", "count", "syllables", "rhyme"}   # whose reaso
 # hidden pattern
 
 
-class JudgeDown(RuntimeError):
+class JudgeDown(StopRun):
     """Every call to the grader failed for JUDGE_DOWN_STEPS steps in a row."""
 
 
 def load_tasks(path: str = DATA) -> list[dict]:
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: soyuz task file not found (pass --data FILE)")
-    with open(path) as f:
-        try:
-            tasks = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e}); fix the file or pass another --data") from None
+    """The tasks of a JSON file holding a list of tasks or {"tasks": [...]}."""
+    tasks = read_json(path, "soyuz task file not found (pass --data FILE)", fix="; fix the file or pass another --data")
     return tasks["tasks"] if isinstance(tasks, dict) else tasks
 
 
@@ -96,6 +92,19 @@ class SoyuzTask:
     turns = 2
     stop_strings: list[str] = []
 
+    @classmethod
+    def from_args(cls, args):
+        """train.py's judge flags; the judge's verdict cache lives in the run folder."""
+        opts = dict(judge=args.judge, workers=args.judge_workers, hybrid=args.judge_mode == "hybrid",
+                    cache_path=os.path.join(args.runs_dir, args.run_name, "judge_cache.sqlite"))
+        if args.data:
+            opts["data"] = args.data
+        if args.judge_model:
+            opts["model"] = args.judge_model
+        if args.judge_max_turns:
+            opts["max_turns"] = args.judge_max_turns
+        return cls(**opts)
+
     def __init__(self, data: str | None = None, judge: str = "local", workers: int = 8, cache_path=None,
                  coef: float = 0.5, chunk: int = 1, judge_obj=None, **judge_opts):
         self.tasks = load_tasks(data or DATA)
@@ -144,7 +153,7 @@ class SoyuzTask:
                      for i, _, s, v in firsts]
             prompts = [tok.chat(c, enable_thinking=args.enable_thinking) for c in convs]
             # each revision is its own prompt; its seed differs from every turn-0 seed of the step
-            revs = generate(prompts, [seeds[i] * 7919 + k + 1 for k, (i, *_) in enumerate(firsts)], 1)
+            revs = generate(prompts, [derive_seed(seeds[i], "revision", k) for k, (i, *_) in enumerate(firsts)], 1)
             return [(first, p1, r[0], self.judge.submit(examples[first[0]], r[0].text))
                     for first, p1, r in zip(firsts, prompts, revs)]
 
@@ -196,7 +205,6 @@ def recovery_metrics(seqs) -> dict:
     pairs = [(a.score, b.score) for a, b in zip(t0, t1) if a.score is not None and b.score is not None]
     bad = [(a, b) for a, b in pairs if a < BAD]
     good = [(a, b) for a, b in pairs if a >= BAD]
-    mean = lambda xs: sum(xs) / len(xs) if xs else None
     return {
         "turn0_score": mean([a for a, _ in pairs]),
         "final_score": mean([b for _, b in pairs]),

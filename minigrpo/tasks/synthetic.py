@@ -11,13 +11,13 @@ draw of letters per step one letter wins early and the policy collapses to it (m
 """
 import string
 
+from minigrpo.tasks import SingleTurnTask
+
 CHARS = string.ascii_lowercase[:8]  # a..h: few enough that every character is seen often in a short run
 
 
-class RepeatCharTask:
+class RepeatCharTask(SingleTurnTask):
     name = "synthetic"
-    turns = 1
-    stop_strings: list[str] = []
 
     def __init__(self, length: int = 8, copies: int = 1):
         self.length = length      # how many completion characters are scored

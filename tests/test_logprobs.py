@@ -1,10 +1,105 @@
-"""grpo.token_logprobs on the real tiny Qwen models (random weights, CPU, fp32): temperature, left padding, gradients."""
+"""minigrpo/logprobs.py: the fused, chunked token_logprobs against the plain log_softmax + gather version, on a
+tiny fp64 stand-in model (toy_lm.ToyLM) and on the real tiny Qwen models (random weights, CPU, fp32): temperature,
+left padding, gradients, entropy, vocabulary mask, memory kept for backward."""
 
 import pytest
 import torch
 
-from minigrpo import grpo
+from minigrpo import grpo, logprobs
 from minigrpo.model import Qwen
+from toy_lm import ToyLM, naive_logprobs
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# token_logprobs on the stand-in model (fp64)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3])
+@pytest.mark.parametrize("chunk", [1, 5, 1024, None])
+def test_token_logprobs_equal_naive(temperature, chunk):
+    model = ToyLM()
+    ids = torch.randint(0, 23, (3, 10), generator=torch.Generator().manual_seed(0))
+    lp = logprobs.token_logprobs(model, ids, temperature=temperature, chunk=chunk)
+    assert lp.shape == (3, 9) and lp.dtype == torch.float64
+    assert torch.allclose(lp, naive_logprobs(model, ids, temperature=temperature), atol=1e-12)
+
+
+def test_token_logprobs_fp32_from_low_precision_logits():
+    model = ToyLM(dtype=torch.bfloat16)
+    ids = torch.randint(0, 23, (2, 6), generator=torch.Generator().manual_seed(0))
+    lp = logprobs.token_logprobs(model, ids)
+    assert lp.dtype == torch.float32
+    expected = torch.log_softmax(model(ids)[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    assert torch.allclose(lp, expected)
+
+
+def test_token_logprobs_left_padding_equals_rows_alone():
+    model = ToyLM()
+    rows = [[5, 3, 8, 1, 2, 9], [4, 4, 7], [11, 2, 6, 6, 1]]
+    T = max(len(r) for r in rows)
+    ids = torch.tensor([[0] * (T - len(r)) + r for r in rows])
+    attn = torch.tensor([[0] * (T - len(r)) + [1] * len(r) for r in rows])
+    lp = logprobs.token_logprobs(model, ids, attn, temperature=0.8, chunk=4)
+    for i, r in enumerate(rows):
+        alone = logprobs.token_logprobs(model, torch.tensor([r]), temperature=0.8)
+        assert torch.allclose(lp[i, T - len(r):], alone[0], atol=1e-12)
+    # without the mask the padded rows come out different: the mask matters
+    assert not torch.allclose(logprobs.token_logprobs(model, ids)[1, -2:], lp[1, -2:])
+
+
+def test_token_logprobs_gradient_equals_naive():
+    model = ToyLM()
+    ids = torch.randint(0, 23, (3, 10), generator=torch.Generator().manual_seed(0))
+    w = torch.randn(3, 9, dtype=torch.float64)
+    g1 = torch.autograd.grad((logprobs.token_logprobs(model, ids, temperature=0.9, chunk=4) * w).sum(),
+                             list(model.parameters()))
+    g2 = torch.autograd.grad((naive_logprobs(model, ids, temperature=0.9) * w).sum(), list(model.parameters()))
+    for a, b in zip(g1, g2):
+        assert torch.allclose(a, b, atol=1e-12)
+
+
+def test_token_logprobs_entropy_and_vocab_mask():
+    model = ToyLM()
+    ids = torch.randint(0, 15, (2, 7), generator=torch.Generator().manual_seed(0))
+    lp, ent = logprobs.token_logprobs(model, ids, temperature=0.7, chunk=3, return_entropy=True)
+    logits = model(ids)[:, :-1] / 0.7
+    p = torch.softmax(logits, -1)
+    assert torch.allclose(ent, -(p * p.log()).sum(-1), atol=1e-12)
+    assert torch.allclose(logprobs.entropy(model(ids)[:, :-1], 0.7), ent, atol=1e-12)
+    # vocab_size: ids >= 15 are embedding padding rows, renormalised over the first 15
+    lp15, ent15 = logprobs.token_logprobs(model, ids, temperature=0.7, return_entropy=True, vocab_size=15)
+    logp15 = torch.log_softmax(logits[..., :15], -1)
+    assert torch.allclose(lp15, logp15.gather(-1, ids[:, 1:, None]).squeeze(-1), atol=1e-12)
+    assert torch.allclose(ent15, -(logp15.exp() * logp15).sum(-1), atol=1e-12)
+
+
+def saved_bytes(fn):
+    """Bytes of tensors autograd keeps for backward while fn runs (forward only)."""
+    total = [0]
+
+    def pack(t):
+        total[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return total[0]
+
+
+def test_token_logprobs_does_not_keep_full_logits_for_backward():
+    V, B, T = 2000, 4, 64
+    model = ToyLM(vocab=V, dim=8, max_pos=T, dtype=torch.float32)
+    ids = torch.randint(0, V, (B, T))
+    full = B * (T - 1) * V * 4  # one (B, T-1, V) fp32 tensor
+    naive = saved_bytes(lambda: naive_logprobs(model, ids))
+    ours = saved_bytes(lambda: logprobs.token_logprobs(model, ids, chunk=16))
+    assert naive >= full
+    assert ours < full / 20  # only each chunk's inputs are kept; logits are recomputed in backward
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# token_logprobs on the real tiny Qwen models
+
 
 KINDS = ["tiny", "tiny-qwen3.5"]
 
@@ -27,7 +122,7 @@ def test_temperature_equals_log_softmax_of_scaled_logits(model, temperature):
     ids = torch.randint(0, 261, (2, 11), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = gathered(model(ids), ids, temperature)
-        lp = grpo.token_logprobs(model, ids, temperature=temperature, chunk=6)  # 3 positions per chunk
+        lp = logprobs.token_logprobs(model, ids, temperature=temperature, chunk=6)  # 3 positions per chunk
     assert lp.shape == (2, 10) and lp.dtype == torch.float32
     assert torch.allclose(lp, expected, atol=1e-5)
     assert (expected - gathered(model(ids), ids, 1.0)).abs().max() > 1e-2 or temperature == 1.0  # T matters
@@ -40,9 +135,9 @@ def test_left_padded_batch_equals_each_row_alone(model):
     ids = torch.tensor([[pad] * (T - len(r)) + r for r in rows])
     attn = torch.tensor([[0] * (T - len(r)) + [1] * len(r) for r in rows])
     with torch.no_grad():
-        lp = grpo.token_logprobs(model, ids, attn, temperature=0.8, chunk=4)
+        lp = logprobs.token_logprobs(model, ids, attn, temperature=0.8, chunk=4)
         for i, r in enumerate(rows):
-            alone = grpo.token_logprobs(model, torch.tensor([r]), temperature=0.8)
+            alone = logprobs.token_logprobs(model, torch.tensor([r]), temperature=0.8)
             assert torch.allclose(lp[i, T - len(r):], alone[0], atol=1e-5)  # the columns scoring real tokens
 
 
@@ -52,7 +147,7 @@ def test_chunked_gradient_equals_naive(model):
     attn[1, :3] = 0
     w = torch.randn(2, 8, generator=torch.Generator().manual_seed(4)) * grpo.span_mask(4, 5, 9)
     params = [p for p in model.parameters()]
-    g1 = torch.autograd.grad((grpo.token_logprobs(model, ids, attn, 0.9, chunk=4) * w).sum(), params)
+    g1 = torch.autograd.grad((logprobs.token_logprobs(model, ids, attn, 0.9, chunk=4) * w).sum(), params)
     g2 = torch.autograd.grad((gathered(model(ids, attention_mask=attn), ids, 0.9) * w).sum(), params)
     for a, b in zip(g1, g2):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
@@ -61,18 +156,18 @@ def test_chunked_gradient_equals_naive(model):
 def test_vocab_size_masks_embedding_padding_rows(model):
     ids = torch.randint(0, 261, (1, 7), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
-        lp = grpo.token_logprobs(model, ids, vocab_size=261)
+        lp = logprobs.token_logprobs(model, ids, vocab_size=261)
         logits = model(ids)[:, :-1].float()
         expected = torch.log_softmax(logits[..., :261], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
     assert model.config.vocab_size == 272
     assert torch.allclose(lp, expected, atol=1e-5)
 
 
-# The fused lm_head + log-softmax (grpo._LinearLogprob) serves every plain-headed model above; these pin its
+# The fused lm_head + log-softmax (logprobs._LinearLogprob) serves every plain-headed model above; these pin its
 # frozen-head path (LoRA: d logp / d h is formed in forward), its entropy, bf16, and what it keeps for backward.
 
 def naive_entropy(logits, temperature, vocab_size):
-    return grpo.entropy(logits[:, :-1].float()[..., :vocab_size], temperature)
+    return logprobs.entropy(logits[:, :-1].float()[..., :vocab_size], temperature)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -89,7 +184,7 @@ def test_fused_frozen_head_values_entropy_and_gradients_equal_naive(kind, start)
     model.lm_head.weight.requires_grad_(False)  # as under LoRA: the head (tied embedding) is frozen
     try:
         params = [p for p in model.parameters() if p.requires_grad]
-        lp, ent = grpo.token_logprobs(model, ids, attn, 0.8, chunk=5, return_entropy=True, vocab_size=261,
+        lp, ent = logprobs.token_logprobs(model, ids, attn, 0.8, chunk=5, return_entropy=True, vocab_size=261,
                                       start=start)
         g1 = torch.autograd.grad((lp * w).sum(), params)
         logits = model(ids, attention_mask=attn)[..., :261]
@@ -112,7 +207,7 @@ def test_fused_saves_no_vocabulary_sized_tensor(model):
     model.lm_head.weight.requires_grad_(False)
     try:
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
-            grpo.token_logprobs(model, ids, start=20)
+            logprobs.token_logprobs(model, ids, start=20)
     finally:
         model.lm_head.weight.requires_grad_(True)
     assert saved and all(V not in shape for shape in saved), [s for s in saved if V in s]
@@ -127,7 +222,7 @@ def test_fused_bf16_equals_autograd_through_lm_head():
     w = torch.randn(2, 11, generator=torch.Generator().manual_seed(10))
     model.lm_head.weight.requires_grad_(False)
     params = [p for p in model.parameters() if p.requires_grad]
-    lp = grpo.token_logprobs(model, ids, temperature=0.7, vocab_size=261)
+    lp = logprobs.token_logprobs(model, ids, temperature=0.7, vocab_size=261)
     g1 = torch.autograd.grad((lp * w).sum(), params)
     expected = gathered(model(ids)[..., :261], ids, 0.7)
     g2 = torch.autograd.grad((expected * w).sum(), params)

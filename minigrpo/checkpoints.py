@@ -1,0 +1,118 @@
+"""Run checkpoints: save, load, list, prune.
+
+    runs/<name>/checkpoints/step-N/adapter/             LoRA adapter in PEFT layout (or model.safetensors: full weights)
+    runs/<name>/checkpoints/step-N/trainer_state.pt     optimizer, scheduler, every RNG, step, data position
+
+A checkpoint is built in a temporary folder and renamed into place (rename is atomic on POSIX), so a crash, a
+judge failure or SIGKILL never leaves a half-written one: a step-N folder either exists complete or not at all.
+"""
+import os
+import random
+import shutil
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from minigrpo.lora import load_adapter, save_adapter
+
+PREFIX = "step-"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Listing
+
+
+def steps(ckpt_dir: str) -> list[int]:
+    """The steps of the complete checkpoints in ckpt_dir, ascending (temporary folders are not listed)."""
+    if not os.path.isdir(ckpt_dir):
+        return []
+    return sorted(int(d[len(PREFIX):]) for d in os.listdir(ckpt_dir)
+                  if d.startswith(PREFIX) and d[len(PREFIX):].isdigit())
+
+
+def path(ckpt_dir: str, step: int) -> str:
+    return os.path.join(ckpt_dir, f"{PREFIX}{step}")
+
+
+def latest(ckpt_dir: str) -> str | None:
+    """The folder of the latest complete checkpoint, or None."""
+    found = steps(ckpt_dir)
+    return path(ckpt_dir, found[-1]) if found else None
+
+
+def prune(ckpt_dir: str, keep: int):
+    """Delete all but the `keep` latest checkpoints (keep <= 0: delete none)."""
+    for step in steps(ckpt_dir)[:-keep] if keep > 0 else []:
+        shutil.rmtree(path(ckpt_dir, step), ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Saving and loading
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict):
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def full_weights(model) -> dict:
+    """State dict without LoRA wrappers' duplicates and without a tied lm_head (safetensors refuses shared
+    storage; the loader re-ties it)."""
+    sd = model.state_dict()
+    if model.lm_head.weight is model.model.embed_tokens.weight:
+        sd.pop("lm_head.weight", None)
+    return {k: v.detach().contiguous() for k, v in sd.items()}
+
+
+def save(ckpt_dir: str, step: int, model, trainer_state: dict, lora: bool):
+    """Write ckpt_dir/step-N atomically: build it in a temporary folder, then rename."""
+    final = path(ckpt_dir, step)
+    tmp = os.path.join(ckpt_dir, f".tmp-{PREFIX}{step}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    if lora:
+        save_adapter(model, os.path.join(tmp, "adapter"))
+    else:
+        save_file(full_weights(model), os.path.join(tmp, "model.safetensors"))
+    torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))
+    _fsync_dir(tmp)
+    if os.path.exists(final):       # re-saving the same step (e.g. after a resume): replace it whole
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(ckpt_dir)
+
+
+def load(folder: str, model, lora: bool) -> dict:
+    """Load a checkpoint's weights into `model`; returns its trainer state."""
+    if lora:
+        load_adapter(model, os.path.join(folder, "adapter"))
+    else:
+        sd = load_file(os.path.join(folder, "model.safetensors"))
+        missing, unexpected = model.load_state_dict(sd, strict=False)
+        missing = [k for k in missing if k != "lm_head.weight"]
+        if missing or unexpected:
+            raise SystemExit(f"{folder}/model.safetensors does not match the model: missing {missing[:3]}, "
+                             f"unexpected {unexpected[:3]}; was it saved from another --model?")
+    return torch.load(os.path.join(folder, "trainer_state.pt"), weights_only=False)
+
+
+def _fsync_dir(folder):
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass

@@ -1,0 +1,115 @@
+"""train.py's flags. Each default is declared once, here; a task's preset (minigrpo/presets.py) replaces them as
+parser defaults, and with --resume the run's saved config.json does; a flag given on the command line wins over
+both. Every resolved value goes to runs/<name>/config.json."""
+import argparse
+import time
+
+from minigrpo.presets import PRESETS
+from minigrpo.runs import RunFolder
+from minigrpo.tasks import TASKS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="GRPO post-training for Qwen models (minigrpo).")
+    # what to train
+    p.add_argument("--task", required=True, choices=TASKS)
+    p.add_argument("--model", default="tiny", help="hub id, local folder, 'tiny' or 'tiny-qwen3.5'")
+    p.add_argument("--preset", help="take another task's preset (default: the task's own)")
+    p.add_argument("--algo", default="grpo", choices=["grpo", "sft", "dpo"],
+                   help="objective (sft/dpo: tasks that provide targets)")
+    p.add_argument("--data", help="task data file or folder (task-specific)")
+    # rollouts
+    p.add_argument("--group-size", type=int, default=8, help="G: samples per prompt")
+    p.add_argument("--tasks-per-step", type=int, default=8, help="prompts per optimizer step (over all ranks)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--enable-thinking", action="store_true", help="let Qwen3/3.5 think (off by default)")
+    p.add_argument("--judge", default="local",
+                   help="soyuz judge: local | claude | cmd:<command> | http(s)://server/v1")
+    p.add_argument("--judge-workers", type=int, default=8)
+    p.add_argument("--judge-model", help="model name for the claude / http judge")
+    p.add_argument("--judge-max-turns", type=int, help="claude judge: --max-turns")
+    p.add_argument("--judge-mode", choices=["hybrid", "llm"], default="hybrid",
+                   help="LLM judges: hybrid (machine checks decide their criteria, the LLM the rest) or llm (the LLM "
+                        "grades every criterion, as the seed did)")
+    # LoRA (--lora-r 0 = full fine-tune)
+    p.add_argument("--lora-r", type=int, default=32)
+    p.add_argument("--lora-alpha", type=float, default=32)
+    p.add_argument("--lora-dropout", type=float, default=0.0)
+    p.add_argument("--lora-targets", help="comma-separated module names (default: every projection)")
+    # optimizer and schedule
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--warmup", type=float, default=0, help="warmup steps, or a fraction of all steps if < 1")
+    p.add_argument("--schedule", default="cosine", choices=["cosine", "constant"])
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--adam-beta2", type=float, default=0.999)
+    p.add_argument("--max-grad-norm", type=float, default=1.0)
+    # the GRPO loss
+    p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (0 = no reference forward)")
+    p.add_argument("--kl", default="k3", choices=["k1", "k2", "k3"])
+    p.add_argument("--eps-low", type=float, default=0.2)
+    p.add_argument("--eps-high", type=float, default=0.28)
+    p.add_argument("--mu", type=int, default=1,
+                   help="inner epochs over each batch of rollouts (>1 = PPO-style clipping)")
+    p.add_argument("--agg", default="token", choices=["token", "seq", "const"], help="loss aggregation (see grpo.py)")
+    p.add_argument("--adv-scale", default="group", choices=["group", "batch", "none"])
+    p.add_argument("--mask-truncated", action="store_true", help="do not train completions cut by the limit")
+    # length of the run
+    p.add_argument("--steps", type=int, help="optimizer steps (default: epochs over the train split)")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--micro-batch", type=int, default=8, help="sequences per forward/backward")
+    # machine
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", help="cuda | mps | cpu (default: the best available)")
+    p.add_argument("--grad-checkpoint", action="store_true", help="activation checkpointing (long sequences)")
+    # run folder
+    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--run-name")
+    p.add_argument("--save-every", type=int, default=50)
+    p.add_argument("--keep-checkpoints", type=int, default=2)
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="greedy eval on the val split every N steps (0 = never)")
+    p.add_argument("--eval-limit", type=int, default=64, help="val examples per eval")
+    p.add_argument("--resume", action="store_true", help="continue runs/<run-name> from its latest checkpoint")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--plan", action="store_true",
+                   help="print the run's memory plan from the model's config.json and exit (minigrpo/memplan.py)")
+    return p
+
+
+def given_flags(parser, argv) -> dict:
+    """Only the flags given on the command line (every default suppressed for one parse)."""
+    defaults = [(action, action.default) for action in parser._actions]
+    for action, _ in defaults:
+        action.default = argparse.SUPPRESS
+    try:
+        return vars(parser.parse_args(argv))
+    finally:
+        for action, default in defaults:
+            action.default = default
+
+
+def resolve_args(argv=None) -> argparse.Namespace:
+    """The run's arguments: a flag given > the saved config.json (--resume) > the task's preset > the default."""
+    parser = build_parser()
+    given = given_flags(parser, argv)
+    if given["task"] == "mdp":   # the pipeline's stages take their settings from its own table, not from flags
+        from minigrpo.tasks.mdp_pipeline import FLAGS
+        unused = [f"--{k.replace('_', '-')}" for k in given if k not in FLAGS]
+        if unused:
+            raise SystemExit(f"{', '.join(unused)}: not used by --task mdp; its stage settings live in "
+                             "minigrpo/tasks/mdp_pipeline.py PIPELINES (edit them there)")
+    preset = given.get("preset") or given["task"]
+    if preset not in PRESETS:
+        raise SystemExit(f"--preset {preset!r} is not a preset: choose one of {', '.join(PRESETS)}")
+    parser.set_defaults(**PRESETS[preset])
+    if given.get("resume"):
+        parser.set_defaults(**RunFolder.saved_config(given.get("runs_dir", parser.get_default("runs_dir")),
+                                                     given.get("run_name")))
+    args = parser.parse_args(argv)
+    if args.run_name is None:
+        args.run_name = f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return args

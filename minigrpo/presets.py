@@ -1,0 +1,17 @@
+"""The reference runs' settings, one preset per task (DESIGN.md's table, shared/seeds). train.py applies a task's
+preset as its parser defaults (any flag overrides it); eval.py takes the model and max_new_tokens from it. Where a
+seed is silent, the README says why each value was chosen. The mdp task's stage settings are its pipeline's own
+(minigrpo/tasks/mdp_pipeline.py PIPELINES)."""
+
+PRESETS = {
+    "synthetic": dict(model="tiny", lora_r=0, group_size=8, tasks_per_step=8, steps=120, lr=5e-3, warmup=2,
+                      schedule="constant", max_new_tokens=8, temperature=1.0, micro_batch=64, save_every=20),
+    "soyuz": dict(model="Qwen/Qwen3.5-4B", lora_r=32, lora_alpha=32, group_size=6, tasks_per_step=4, epochs=2,
+                  lr=1e-5, warmup=2, beta=0.04, max_new_tokens=1024, temperature=1.0, micro_batch=4,
+                  save_every=5, judge="local"),
+    "gsm8k": dict(model="Qwen/Qwen3-1.7B-Base", lora_r=32, lora_alpha=32, group_size=4, tasks_per_step=1,
+                  epochs=1, lr=5e-6, warmup=0.1, schedule="cosine", weight_decay=0.1, adam_beta2=0.99,
+                  max_grad_norm=0.1, beta=0.001, agg="token", temperature=0.8, max_new_tokens=512,
+                  eps_high=0.2, micro_batch=4, save_every=500),
+    "mdp": dict(model="tiny"),
+}

@@ -1,0 +1,147 @@
+"""Loading a Qwen checkpoint into minigrpo/model.py's decoder: tiny random models, hub snapshots, (sharded)
+safetensors. The folder layout is the Hugging Face one (config.json, model.safetensors or
+model.safetensors.index.json + shards); every tensor is cast to the one model dtype, as HF does."""
+import json
+import os
+
+import torch
+import torch.nn as nn
+
+from minigrpo.model import CheckpointError, QwenConfig
+
+
+def load_pretrained(cls, path_or_hub_id, dtype=None, device=None):
+    """Qwen.from_pretrained: a local checkpoint folder, a hub id (downloaded), or "tiny" / "tiny-qwen3.5"."""
+    dtype = parse_dtype(dtype)
+    if path_or_hub_id in ("tiny", "tiny-qwen3.5"):
+        return tiny_model(cls, path_or_hub_id).to(device=device, dtype=dtype)
+    folder = local_folder(path_or_hub_id)
+    cfg = QwenConfig.from_json(os.path.join(folder, "config.json"))
+    with torch.device("meta"):  # no memory: every parameter is replaced by a loaded tensor below
+        model = cls(cfg)
+    load_weights(model, folder, dtype, device or "cpu")
+    return model
+
+
+def parse_dtype(dtype):
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype or torch.float32
+    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in names:
+        raise ValueError(f"dtype {dtype!r}: use one of {', '.join(names)}")
+    return names[dtype]
+
+
+def tiny_model(cls, kind):
+    """Seeded, deterministic random init in HF's style: normal(0, 0.02) linears and embedding, zero biases, norms
+    at identity, GDN decay rates A = uniform(0.01, 16) and dt_bias = 1 (HF's _init_weights)."""
+    model = cls(QwenConfig.tiny(kind))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # fixed order; tied weights appear once
+            if name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape).uniform_(0.01, 16, generator=g).log())
+            elif name.endswith("dt_bias"):
+                p.fill_(1.0)
+            elif name.endswith("conv1d.weight"):  # PyTorch's default range for a depthwise conv of width K
+                p.copy_(torch.empty(p.shape).uniform_(-1, 1, generator=g) / p.shape[-1] ** 0.5)
+            elif p.ndim == 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+            elif name.endswith("bias"):
+                p.zero_()
+            # norm weights keep their constructor value: 1 (plain) or 0 (Qwen3.5's 1 + w)
+    return model
+
+
+# What a hub download fetches: the tokenizer's files, and for a model also its config and weights.
+TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json",
+                   "generation_config.json"]
+MODEL_FILES = TOKENIZER_FILES + ["*.safetensors", "model.safetensors.index.json", "special_tokens_map.json",
+                                 "vocab.json", "merges.txt"]
+
+
+def is_hub_id(p: str) -> bool:
+    return p.count("/") == 1 and not p.startswith((".", "/", "~")) and not os.path.exists(p)
+
+
+def local_folder(path_or_hub_id, files=MODEL_FILES):
+    """A local folder as is; otherwise an 'org/name' hub id, fetched (only `files`) into the hub cache."""
+    p = str(path_or_hub_id)
+    if os.path.isdir(p):
+        return p
+    if not is_hub_id(p):
+        raise FileNotFoundError(f"{p}: no such checkpoint folder (and not a hub id like 'Qwen/Qwen3-0.6B')")
+    from huggingface_hub import snapshot_download
+    try:
+        return snapshot_download(repo_id=p, allow_patterns=files)
+    except Exception as e:
+        first = (str(e).splitlines() or [""])[0]
+        raise OSError(f"{p}: no such folder, and the hub download failed ({type(e).__name__}: {first})") from None
+
+
+def weight_files(folder):
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        for s in shards:
+            if not os.path.isfile(os.path.join(folder, s)):
+                raise FileNotFoundError(f"{index} lists shard {s}, which is missing: re-download the checkpoint")
+        return [os.path.join(folder, s) for s in shards]
+    single = os.path.join(folder, "model.safetensors")
+    if os.path.isfile(single):
+        return [single]
+    raise FileNotFoundError(f"{folder}: no model.safetensors or model.safetensors.index.json")
+
+
+def our_name(key):
+    """Checkpoint key -> our parameter name; None for tensors a text model does not use."""
+    if key.startswith("model.language_model."):  # Qwen3.5's multimodal layout
+        return "model." + key[len("model.language_model."):]
+    if key.startswith(("model.visual.", "mtp.")) or key.endswith("rotary_emb.inv_freq"):
+        return None  # vision tower, multi-token-prediction head, old checkpoints' saved RoPE tables
+    return key
+
+
+def set_param(model, name, tensor):
+    module, _, leaf = name.rpartition(".")
+    setattr(model.get_submodule(module), leaf, nn.Parameter(tensor))
+
+
+def load_weights(model, folder, dtype, device):
+    """Load tensor by tensor into a meta-device model (assigning, never holding two full copies), each cast to the
+    one model dtype (HF casts A_log, dt_bias and norms too). lm_head.weight if present, else the tied embedding."""
+    from safetensors import safe_open
+    from safetensors import SafetensorError
+
+    expected = dict(model.named_parameters(remove_duplicate=False))
+    loaded = set()
+    for path in weight_files(folder):
+        name_ = os.path.basename(path)
+        try:
+            with safe_open(path, framework="pt", device="cpu") as f:
+                for key in f.keys():
+                    name = our_name(key)
+                    if name is None:
+                        continue
+                    if name not in expected:
+                        raise CheckpointError(f"{name_}: unexpected tensor {key!r} for this config.json "
+                                              f"({model.config.family}, {model.config.num_hidden_layers} layers)")
+                    shape = list(f.get_slice(key).get_shape())
+                    if shape != list(expected[name].shape):
+                        raise CheckpointError(f"{name_}: tensor {key!r} has shape {shape}, config.json implies "
+                                              f"{list(expected[name].shape)}")
+                    set_param(model, name, f.get_tensor(key).to(device=device, dtype=dtype))
+                    loaded.add(name)
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"{path}: unreadable safetensors file ({e}); re-download it") from None
+    if "lm_head.weight" not in loaded and model.config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+        loaded.add("lm_head.weight")
+    missing = [n for n in expected if n not in loaded]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"{folder}: tensor {missing[0]!r} is missing from the safetensors files{more}")
+    rot = model.model.rotary
+    rot.inv_freq = rot._inv_freq(device)  # a non-persistent buffer: built here, fp32, never loaded
