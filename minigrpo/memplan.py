@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minigrpo.grpo import LOGIT_BYTES
+from minigrpo.logprobs import LOGIT_BYTES
 from minigrpo.lora import DEFAULT_TARGETS, inject_lora
 from minigrpo.model import Block, Qwen, QwenConfig, RMSNorm, Rotary, attention_mask_4d
 

@@ -8,6 +8,7 @@ import torch
 
 import eval as ev
 from minigrpo import evals
+from minigrpo.common import derive_seed
 from minigrpo.tasks.mdp import MDPTask
 
 
@@ -41,6 +42,11 @@ def spy(monkeypatch):
     return seen
 
 
+def batch_seed(sample_seed, k=0):
+    """The sampler's seed for eval batch k (minigrpo/evals/common.py)."""
+    return derive_seed(sample_seed, "eval batch", k)
+
+
 def run_mdp(mdp_run, tmp_path, *flags):
     return ev.main(["--task", "mdp", "--model", str(mdp_run / "sft"), "--max-new-tokens", "2", "--temperature",
                     "1.0", "--out", str(tmp_path / "out"), "--quiet", *flags])
@@ -49,19 +55,19 @@ def run_mdp(mdp_run, tmp_path, *flags):
 def test_records_from_pipeline_json_sampling_from_its_own_seed(mdp_run, tmp_path, spy):
     run_mdp(mdp_run, tmp_path)
     assert spy["records"] == [3]                                      # pipeline.json's records
-    assert spy["sample"] and set(spy["sample"]) == {0}                # the sampler's own default seed: 0, not 3
+    assert spy["sample"] and set(spy["sample"]) == {batch_seed(0)}    # the sampler's own default seed: 0, not 3
     report = (tmp_path / "out" / "report.md").read_text()
     assert "seed 3 (sampling seed 0)" in report and "sampling seed 0" in report
 
 
 def test_seed_flag_picks_records_only(mdp_run, tmp_path, spy):
     run_mdp(mdp_run, tmp_path, "--seed", "1")
-    assert spy["records"] == [1] and set(spy["sample"]) == {0}
+    assert spy["records"] == [1] and set(spy["sample"]) == {batch_seed(0)}
 
 
 def test_sample_seed_flag_picks_sampling_only(mdp_run, tmp_path, spy):
     run_mdp(mdp_run, tmp_path, "--sample-seed", "7")
-    assert spy["records"] == [3] and set(spy["sample"]) == {7 * 1_000_003}
+    assert spy["records"] == [3] and set(spy["sample"]) == {batch_seed(7)}
 
 
 def test_sampling_seed_changes_sampled_answers_not_records(mdp_run, tmp_path):
@@ -74,4 +80,4 @@ def test_sampling_seed_changes_sampled_answers_not_records(mdp_run, tmp_path):
 def test_other_tasks_sample_with_seed(tmp_path, spy):
     ev.main(["--task", "synthetic", "--model", "tiny", "--limit", "2", "--max-new-tokens", "2", "--seed", "4",
              "--out", str(tmp_path / "out"), "--quiet"])
-    assert set(spy["sample"]) == {4 * 1_000_003}
+    assert set(spy["sample"]) == {batch_seed(4)}
