@@ -51,7 +51,7 @@ def test_collate_masks_only_truncated_rows():
     on = train.collate(seqs, 0, torch.device("cpu"), mask_truncated=True).mask
     off = train.collate(seqs, 0, torch.device("cpu"), mask_truncated=False).mask
     assert off.sum(-1).tolist() == [float(len(s.completion_ids)) for s in seqs]
-    assert on.sum(-1).tolist() == [0.0 if s.finish == "length" else float(len(s.completion_ids)) for s in seqs]
+    assert on.sum(-1).tolist() == [0.0 if s.finish_reason == "length" else float(len(s.completion_ids)) for s in seqs]
 
 
 @pytest.mark.parametrize("agg", ["token", "seq"])
@@ -66,14 +66,14 @@ def test_truncated_completions_get_no_gradient(agg):
         for p in params:
             p.normal_(0, 0.05)    # B != 0: the policy differs from the base
     seqs = seqs_with_finishes()
-    kept = [s for s in seqs if s.finish != "length"]
+    kept = [s for s in seqs if s.finish_reason != "length"]
     masked = gradient(model, params, seqs, mask_truncated=True, agg=agg)
     without = gradient(model, params, kept, mask_truncated=False, agg=agg)   # same 4 seqs, 2 micro-batches
     assert sum(float(g.abs().sum()) for g in masked) > 0
     for a, b in zip(masked, without):
         assert torch.allclose(a, b, atol=1e-7, rtol=1e-5)
     for s in seqs:      # other tokens and advantages for the truncated ones: the same gradient
-        if s.finish == "length":
+        if s.finish_reason == "length":
             s.advantage = -7.0
             s.completion_ids = [(t * 7 + 3) % VOCAB for t in s.completion_ids]
     again = gradient(model, params, seqs, mask_truncated=True, agg=agg)
@@ -89,7 +89,7 @@ def test_mask_truncated_through_the_cli(tmp_path):
     with spread: `zero_spread` < 1 and `truncated` == 1.0 in metrics.jsonl of the run without the flag.)"""
     def run(name, *extra):
         cmd = [sys.executable, "train.py", "--task", "synthetic", "--model", "tiny", "--tasks-per-step", "8",
-               "--group-size", "4", "--max-new-tokens", "3", "--steps", "1", "--seed", "16", "--quiet",
+               "--group-size", "4", "--max-new-tokens", "3", "--steps", "1", "--seed", "10", "--quiet",
                "--lora-r", "4", "--beta", "0.04", "--runs-dir", str(tmp_path), "--run-name", name, *extra]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=True, timeout=600)

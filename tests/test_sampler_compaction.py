@@ -2,6 +2,8 @@
 the loop ends once every row is done), and an int seed means seed + i for prompt i."""
 import torch
 
+from minigrpo.common import derive_seed
+
 from minigrpo.model import Qwen
 from minigrpo.sampler import sample
 
@@ -35,10 +37,11 @@ def test_finished_rows_stop_costing_work():
     assert max(rows) < 6 and rows == sorted(rows, reverse=True)     # rows done at step 1 were already dropped
 
 
-def test_int_seed_is_seed_plus_prompt_index():
+def test_int_seed_is_derive_seed_of_seed_and_prompt_index():
     model = Qwen.from_pretrained("tiny")
     a = sample(model, PROMPTS, n=2, max_new_tokens=6, seed=40, vocab_size=VOCAB, stop_ids=())
-    b = sample(model, PROMPTS, n=2, max_new_tokens=6, seed=[40, 41, 42], vocab_size=VOCAB, stop_ids=())
+    b = sample(model, PROMPTS, n=2, max_new_tokens=6, seed=[derive_seed(40, i) for i in range(3)], vocab_size=VOCAB,
+               stop_ids=())
     c = sample(model, PROMPTS, n=2, max_new_tokens=6, seed=[40, 40, 40], vocab_size=VOCAB, stop_ids=())
     assert [s.completion_ids for s in a] == [s.completion_ids for s in b]
     assert [s.completion_ids for s in a] != [s.completion_ids for s in c]

@@ -35,12 +35,21 @@ def test_static_with_stop_ids_and_strings(kind):
     """Rows that stop early keep decoding in the static batch (no compaction); what is returned is the same."""
     model = Qwen.from_pretrained(kind)
     tok = Tokenizer.from_pretrained("tiny")
-    kw = dict(n=3, max_new_tokens=24, seed=3, tokenizer=tok)
-    free = sample(model, PROMPTS, stop_ids=(), **kw)
-    stop_id = free[0].completion_ids[5]
-    text = free[4].text
-    a = next(a for a in range(len(text) // 3, len(text) - 2) if "\ufffd" not in text[a:a + 2])
-    stops = dict(stop_ids=[stop_id], stop_strings=[text[a:a + 2]])
+    for seed in range(32):    # the first seed whose rows end by a stop id, by a stop string and by length
+        kw = dict(n=3, max_new_tokens=24, seed=seed, tokenizer=tok)
+        free = sample(model, PROMPTS, stop_ids=(), **kw)
+        stop_id = free[0].completion_ids[5]
+        text = free[4].text
+        a = next((a for a in range(len(text) // 3, len(text) - 2) if "\ufffd" not in text[a:a + 2]), None)
+        if a is None:
+            continue
+        stops = dict(stop_ids=[stop_id], stop_strings=[text[a:a + 2]])
+        plain = sample(model, PROMPTS, **stops, **kw)
+        reasons = {s.finish_reason for s in plain}
+        if plain[0].finish_reason == "eos" and plain[4].finish_reason == "stop" and "length" in reasons:
+            break
+    else:
+        raise AssertionError("no seed in 0..31 gives rows ending by stop id, stop string and length")
     for sync_every in (1, 5):
         static = sample(model, PROMPTS, static=True, sync_every=sync_every, **stops, **kw)
         assert_same(static, sample(model, PROMPTS, sync_every=sync_every, **stops, **kw))
