@@ -23,14 +23,9 @@ always plain data.
 
 import base64
 import builtins
-import datetime
-import decimal
-import fractions
 import json
-import pathlib
 import struct
 import sys
-import uuid
 
 MAX_MESSAGE = 64 << 20      # bytes; a longer message is a protocol error (the case fails)
 MAX_DEPTH = 200             # nesting of a value; deeper is a protocol error
@@ -118,6 +113,34 @@ def _all_native(values):
     return set(map(type, values)) <= _NATIVE
 
 
+def _stdlib_value(v, t, codec, depth):
+    """The encoding of a datetime-family, Decimal, Fraction, UUID or path value, else None. Their modules are
+    looked up, never imported: a value of one of these types exists only once its module is, and the sandboxed
+    child starts faster without them."""
+    m = sys.modules
+    if (dt := m.get("datetime")) is not None:
+        if t is dt.datetime:
+            return ["dt", v.isoformat()]
+        if t is dt.date:
+            return ["date", v.isoformat()]
+        if t is dt.time:
+            return ["time", v.isoformat()]
+        if t is dt.timedelta:
+            return ["td", v.days, v.seconds, v.microseconds]
+        if t is dt.timezone:
+            return ["tz", codec.encode(v.utcoffset(None), depth + 1)]
+    if (dec := m.get("decimal")) is not None and t is dec.Decimal:
+        return ["dec", str(v)]
+    if (fr := m.get("fractions")) is not None and t is fr.Fraction:
+        return ["frac", str(v)]
+    if (uu := m.get("uuid")) is not None and t is uu.UUID:
+        return ["uuid", str(v)]
+    if (pl := m.get("pathlib")) is not None and t in (pl.PurePosixPath, pl.PureWindowsPath, pl.PosixPath,
+                                                         pl.WindowsPath):
+        return ["path", t.__name__, str(v)]
+    return None
+
+
 def _library_types():
     """{type: tag} of optional library types present in this interpreter (numpy, pandas), looked up lazily."""
     found = {}
@@ -170,24 +193,9 @@ class Codec:
         if t.__module__ == "collections" and t.__name__ in ("OrderedDict", "defaultdict", "Counter", "deque"):
             # stdlib containers whose comparison we trust: sent as a plain dict / list (by value)
             return ["D", self._pairs(v, depth)] if isinstance(v, dict) else ["L", self._items(v, depth)]
-        if t is datetime.datetime:
-            return ["dt", v.isoformat()]
-        if t is datetime.date:
-            return ["date", v.isoformat()]
-        if t is datetime.time:
-            return ["time", v.isoformat()]
-        if t is datetime.timedelta:
-            return ["td", v.days, v.seconds, v.microseconds]
-        if t is datetime.timezone:
-            return ["tz", self.encode(v.utcoffset(None), depth + 1)]
-        if t is decimal.Decimal:
-            return ["dec", str(v)]
-        if t is fractions.Fraction:
-            return ["frac", str(v)]
-        if t is uuid.UUID:
-            return ["uuid", str(v)]
-        if t in (pathlib.PurePosixPath, pathlib.PureWindowsPath, pathlib.PosixPath, pathlib.WindowsPath):
-            return ["path", t.__name__, str(v)]
+        known = _stdlib_value(v, t, self, depth)
+        if known is not None:
+            return known
         lib = _library_types().get(t)
         if lib:
             return self._encode_library(lib, v, depth)
@@ -278,25 +286,8 @@ class Codec:
                 return self._decode_shared(e[1], e[2], e[3], depth)
             if tag == "R":
                 return self.shared[e[1]]
-            if tag == "dt":
-                return datetime.datetime.fromisoformat(e[1])
-            if tag == "date":
-                return datetime.date.fromisoformat(e[1])
-            if tag == "time":
-                return datetime.time.fromisoformat(e[1])
-            if tag == "td":
-                return datetime.timedelta(days=e[1], seconds=e[2], microseconds=e[3])
-            if tag == "tz":
-                return datetime.timezone(self.decode(e[1], depth + 1))
-            if tag == "dec":
-                return decimal.Decimal(e[1])
-            if tag == "frac":
-                return fractions.Fraction(e[1])
-            if tag == "uuid":
-                return uuid.UUID(e[1])
-            if tag == "path":
-                cls = {"PurePosixPath": pathlib.PurePosixPath, "PureWindowsPath": pathlib.PureWindowsPath}
-                return cls.get(e[1], pathlib.PurePosixPath)(e[2])
+            if tag in ("dt", "date", "time", "td", "tz", "dec", "frac", "uuid", "path"):
+                return self._decode_stdlib(e, depth)
             if tag in ("nd", "ndo", "np", "df", "ser"):
                 return self._decode_library(e, depth)
             if tag == "H":
@@ -306,6 +297,28 @@ class Codec:
         except (IndexError, KeyError, TypeError, ValueError, OverflowError, RecursionError) as err:
             raise ProtocolError(f"malformed value ({type(err).__name__})") from None
         raise ProtocolError(f"unknown value tag {str(tag)[:20]!r}")
+
+    def _decode_stdlib(self, e, depth):
+        tag = e[0]
+        if tag in ("dt", "date", "time", "td", "tz"):
+            import datetime
+            if tag == "td":
+                return datetime.timedelta(days=e[1], seconds=e[2], microseconds=e[3])
+            if tag == "tz":
+                return datetime.timezone(self.decode(e[1], depth + 1))
+            return {"dt": datetime.datetime, "date": datetime.date, "time": datetime.time}[tag].fromisoformat(e[1])
+        if tag == "dec":
+            import decimal
+            return decimal.Decimal(e[1])
+        if tag == "frac":
+            import fractions
+            return fractions.Fraction(e[1])
+        if tag == "uuid":
+            import uuid
+            return uuid.UUID(e[1])
+        import pathlib
+        cls = {"PurePosixPath": pathlib.PurePosixPath, "PureWindowsPath": pathlib.PureWindowsPath}
+        return cls.get(e[1], pathlib.PurePosixPath)(e[2])
 
     def _decode_items(self, items, depth):
         if type(items) is not list:
