@@ -34,7 +34,6 @@ Input on stdin: {"code": ..., "checks": [{"test", "timeout", "memory_mb", ...}, 
 line {"results": [[passed, reason], ...], "weaknesses": [...]}.
 """
 
-import asyncio
 import builtins
 import collections.abc
 import importlib.util
@@ -326,7 +325,8 @@ def main():
     results = []
     for check in job["checks"]:
         time.process_time = real_clock
-        asyncio.set_event_loop(None)
+        if "asyncio" in sys.modules:    # a criterion's own event loop does not leak into the next
+            sys.modules["asyncio"].set_event_loop(None)
         results.append(list(run_criterion(job["code"], check)))
     from minigrpo.sandbox import isolation
     print(json.dumps({"results": results, "weaknesses": isolation()[1]}), flush=True)
