@@ -65,8 +65,11 @@ def test_isolation_is_probed_once_and_named():
 def test_python_paths_leave_out_the_project_and_its_ancestors(monkeypatch):
     monkeypatch.setattr(sys, "path", sys.path + [ROOT, os.path.join(ROOT, "minigrpo"), "/", "/work", ""])
     keep, left_out = sandbox_mounts.python_paths.__wrapped__()
+    own = {os.path.realpath(x) for x in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     for p in keep:
-        assert not sandbox_mounts._under(ROOT, p) and not sandbox_mounts._under(p, ROOT), p
+        assert not sandbox_mounts._under(ROOT, p), p       # no kept path holds the project
+        # inside the project only the interpreter's own virtualenv (CI builds one in the checkout)
+        assert not sandbox_mounts._under(p, ROOT) or any(sandbox_mounts._under(os.path.realpath(p), x) for x in own), p
     assert {ROOT, os.path.join(ROOT, "minigrpo"), "/"} <= set(left_out)
     under = sandbox_mounts._under
     assert any(under(sys.prefix, p) or under(os.path.realpath(sys.prefix), p) for p in keep)
