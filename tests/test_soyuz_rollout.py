@@ -171,7 +171,7 @@ def test_train_soyuz_tiny_end_to_end(tmp_path):
     in [0, 1]; the turn-1 reward and the recovery metrics recomputed from the logged per-turn scores."""
     from minigrpo.tasks.soyuz import BAD
     cmd = [sys.executable, "train.py", "--task", "soyuz", "--model", "tiny", "--steps", "2", "--tasks-per-step", "2",
-           "--group-size", "2", "--max-new-tokens", "24", "--lr", "1e-3", "--runs-dir", str(tmp_path),
+           "--group-size", "2", "--max-new-tokens", "24", "--lr", "1e-3", "--seed", "1", "--runs-dir", str(tmp_path),
            "--run-name", "s", "--quiet"]
     out = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                          timeout=600)
