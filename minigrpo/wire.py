@@ -404,6 +404,21 @@ class Codec:
                 self.sent[mid] = self._contents(obj)
         return out
 
+    def preregister(self, message):
+        """Create (empty) every container the message body sends in full that we do not hold yet, so that a sync
+        entry naming it (an old container that now holds a new one) resolves before the body is decoded."""
+        stack = [v for k, v in message.items() if k != "sync"] if isinstance(message, dict) else []
+        while stack:
+            e = stack.pop()
+            if type(e) is list:
+                if len(e) == 4 and e[0] == "M" and isinstance(e[1], str) and e[1][:1] != self.side \
+                        and e[1] not in self.shared and e[2] in ("list", "dict", "set", "bytearray"):
+                    obj = {"list": list, "dict": dict, "set": set, "bytearray": bytearray}[e[2]]()
+                    self.shared[e[1]], self.shared_ids[id(obj)] = obj, e[1]
+                stack.extend(e)
+            elif type(e) is dict:
+                stack.extend(e.values())
+
     def apply(self, changes):
         for mid, contents in changes or ():
             obj = self.shared.get(mid)

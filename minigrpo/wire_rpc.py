@@ -48,6 +48,7 @@ class Endpoint:
             message = read_message(self.rfile)
             if not isinstance(message, dict):
                 raise ProtocolError("message is not an object")
+            self.codec.preregister(message)
             self.codec.apply(message.get("sync"))
             if "op" in message:
                 self.reply_to(message)
@@ -152,6 +153,9 @@ def serve(rfile, wfile):
             message = read_message(rfile)
         except PeerGone:
             return
+        if not isinstance(message, dict):
+            raise ProtocolError("message is not an object")
+        endpoint.codec.preregister(message)
         endpoint.codec.apply(message.get("sync"))
         endpoint.reply_to(message)
 
