@@ -22,8 +22,6 @@ import urllib.error
 import urllib.request
 import weakref
 
-from minigrpo.common import kill_process_group
-
 class BackendError(RuntimeError):
     pass
 
@@ -42,7 +40,7 @@ def run_capped(argv, stdin_text, timeout, max_output, cwd=None):
         while chunk := stream.read(65536):
             if len(buf) + len(chunk) > cap:
                 over.set()
-                kill_process_group(proc, wait=False)
+                _killpg(proc)
                 return
             buf += chunk
 
@@ -60,7 +58,7 @@ def run_capped(argv, stdin_text, timeout, max_output, cwd=None):
     try:
         rc = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        kill_process_group(proc, wait=False)
+        _killpg(proc)
         proc.wait()
         raise BackendError(f"{argv[0]} timed out after {timeout}s") from None
     finally:
@@ -71,6 +69,13 @@ def run_capped(argv, stdin_text, timeout, max_output, cwd=None):
     if rc != 0:
         raise BackendError(f"{argv[0]} exited {rc}: {err.decode(errors='replace').strip()[-300:]}")
     return out.decode("utf-8", "replace")
+
+
+def _killpg(proc):
+    try:
+        os.killpg(proc.pid, 9)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 class CommandBackend:
