@@ -2,11 +2,12 @@
 parser defaults, and with --resume the run's saved config.json does; a flag given on the command line wins over
 both. Every resolved value goes to runs/<name>/config.json."""
 import argparse
+import math
 import time
 
 from minigrpo.presets import PRESETS
 from minigrpo.runs import RunFolder
-from minigrpo.tasks import TASKS
+from minigrpo.tasks import TASKS, task_class
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,6 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--judge-mode", choices=["hybrid", "llm"], default="hybrid",
                    help="LLM judges: hybrid (machine checks decide their criteria, the LLM the rest) or llm (the LLM "
                         "grades every criterion, as the seed did)")
+    # two-turn tasks (soyuz): the recovery shaping of minigrpo/tasks/twoturn.py
+    p.add_argument("--recovery-coef", type=float, default=0.5,
+                   help="turn-1 reward = s1 + coef (s1 - s0); the seed's 0.5; 0 = the final score alone")
+    p.add_argument("--turn0-guard", action=argparse.BooleanOptionalAction, default=True,
+                   help="turn-0 tokens trained on turn 0's own score (default); --no-turn0-guard trains them on the "
+                        "shaped final reward, which pays for a bad start (the climb hack)")
     # LoRA (--lora-r 0 = full fine-tune)
     p.add_argument("--lora-r", type=int, default=32)
     p.add_argument("--lora-alpha", type=float, default=32)
@@ -110,6 +117,19 @@ def resolve_args(argv=None) -> argparse.Namespace:
         parser.set_defaults(**RunFolder.saved_config(given.get("runs_dir", parser.get_default("runs_dir")),
                                                      given.get("run_name")))
     args = parser.parse_args(argv)
+    check_task_flags(args, given)
     if args.run_name is None:
         args.run_name = f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}"
     return args
+
+
+def check_task_flags(args, given):
+    """The flags that only some tasks read: refused, with one line naming the flag, where they would be ignored."""
+    if not math.isfinite(args.recovery_coef) or args.recovery_coef < 0:
+        raise SystemExit(f"--recovery-coef {args.recovery_coef}: must be a finite number >= 0 (the seed's 0.5; 0 = "
+                         "the final score alone)")
+    turns = task_class(args.task).turns
+    for key in ("recovery_coef", "turn0_guard"):
+        if key in given and turns < 2:
+            flag = "--no-turn0-guard" if key == "turn0_guard" and not given[key] else f"--{key.replace('_', '-')}"
+            raise SystemExit(f"{flag}: only two-turn tasks (soyuz) use it, not --task {args.task}")

@@ -13,8 +13,8 @@ A task is any object with these members (duck-typed; there is no base class to i
     step_metrics(seqs) -> dict       # extra per-step metrics ({} for most tasks)
     from_args(args) (classmethod)    # the task as train.py's flags configure it
 
-Single-turn tasks take `rollout`, `details`, `step_metrics` and `from_args` from SingleTurnTask; a task with more
-than one turn (soyuz: answer -> critique -> revision) writes its own (minigrpo/tasks/soyuz.py).
+Single-turn tasks take `rollout`, `details`, `step_metrics` and `from_args` from SingleTurnTask; the two-turn tasks
+(soyuz: answer -> critique -> revision) share minigrpo/tasks/twoturn.py's rollout, rewards and metrics.
 """
 
 from dataclasses import dataclass, field

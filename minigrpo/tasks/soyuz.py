@@ -7,25 +7,22 @@ For every task and each of its G samples (shared/seeds/000_*.txt):
              answer is bad (s0 < 0.5), a lighter revision request when it is good
     turn 1   the model revises, with the whole conversation as its prompt -> judge -> s1
 
-Rewards: turn 0 = s0; turn 1 = s1 + 0.5·(s1 − s0) (grpo.recovery_rewards). Advantages are group-relative per turn
-(the G turn-0 answers of a task form one group, their G revisions another); each turn's own tokens get that turn's
-advantage; the critique and the earlier turn are prompt, never trained. Zero-spread groups are found on raw scores.
-
-Judging runs in the judge's worker pool while the sampler generates the next chunk of tasks, so the sampler is not
-idle while the judge works; the turn-1 critique of a chunk waits only for that chunk's own verdicts.
+The rollout, the rewards and the seed's metrics are minigrpo/tasks/twoturn.py's, shared with the revise task: turn 0
+= s0 (the guard), turn 1 = s1 + 0.5·(s1 − s0) (grpo.recovery_rewards; --recovery-coef, --no-turn0-guard);
+advantages group-relative per turn, zero spread found on raw scores. What is soyuz's own: the judge, which grades in
+its worker pool while the sampler generates the next chunk of tasks (the turn-1 critique of a chunk waits only for
+that chunk's own verdicts), the critique's wording, and the stop rule for a judge that is down.
 """
 import os
-from collections import deque
 
-from minigrpo import grpo
 from minigrpo.checks import missing_packages, sandbox_isolation
-from minigrpo.common import derive_seed, mean, read_json
+from minigrpo.common import read_json
 from minigrpo.judge import make_judge
 from minigrpo.runs import StopRun
-from minigrpo.tasks import Seq
+from minigrpo.tasks import twoturn
+from minigrpo.tasks.twoturn import BAD, recovery_metrics  # noqa: F401  (BAD: a harsh critique below it)
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "soyuz_tasks.json")
-BAD = 0.5  # below this a turn-0 answer counts as bad: harsh critique, and it counts for "recovery"
 JUDGE_DOWN_STEPS = 3    # steps in a row in which every grader call failed stop the run (a grader that is down)
 QUOTED_REASONS = {None, "python", "count", "syllables", "rhyme"}   # whose reasons the critique may quote: an LLM
 # grader's (no machine check), the python driver's own (criterion line, failure kind; never the test or the
@@ -94,9 +91,10 @@ class SoyuzTask:
 
     @classmethod
     def from_args(cls, args):
-        """train.py's judge flags; the judge's verdict cache lives in the run folder."""
+        """train.py's judge and shaping flags; the judge's verdict cache lives in the run folder."""
         opts = dict(judge=args.judge, workers=args.judge_workers, hybrid=args.judge_mode == "hybrid",
-                    cache_path=os.path.join(args.runs_dir, args.run_name, "judge_cache.sqlite"))
+                    cache_path=os.path.join(args.runs_dir, args.run_name, "judge_cache.sqlite"),
+                    coef=args.recovery_coef, turn0_guard=args.turn0_guard)
         if args.data:
             opts["data"] = args.data
         if args.judge_model:
@@ -106,9 +104,9 @@ class SoyuzTask:
         return cls(**opts)
 
     def __init__(self, data: str | None = None, judge: str = "local", workers: int = 8, cache_path=None,
-                 coef: float = 0.5, chunk: int = 1, judge_obj=None, **judge_opts):
+                 coef: float = 0.5, turn0_guard: bool = True, chunk: int = 1, judge_obj=None, **judge_opts):
         self.tasks = load_tasks(data or DATA)
-        self.coef = coef
+        self.coef, self.turn0_guard = coef, turn0_guard     # the shaping (twoturn.turn_seqs)
         self.chunk = chunk        # tasks per sampler call: small chunks let judging overlap generation
         self.judge = judge_obj or make_judge(judge, workers=workers, cache_path=cache_path,
                                                 **judge_opts)
@@ -127,45 +125,19 @@ class SoyuzTask:
         v = self.judge.grade(ex, completion)
         return None if v is None else v.score
 
-    # -- the two-turn rollout ----------------------------------------------------------------------------------
+    # -- the two-turn rollout (minigrpo/tasks/twoturn.py, shared with revise) --------------------------------
+
+    def submit(self, ex: dict, answer: str):
+        return self.judge.submit(ex, answer)          # graded in the judge's worker pool
+
+    def critique_for(self, ex: dict, verdict) -> str:
+        return critique(verdict, ex)
 
     def rollout(self, generate, tok, examples, seeds, args):
         """`generate(prompts, seeds, n)` -> per prompt a list of n samples. Returns the Seqs of both turns, each
-        rollout's turn 0 followed by its turn 1.
-
-        The pipeline, chunk by chunk: generate turn 0 of chunk k and hand its answers to the judge's pool; while
-        the judge works, generate turn 0 of chunk k+1; then write chunk k's critiques from its verdicts and
-        generate its revisions, whose verdicts are collected only at the very end."""
-        chunks = [range(i, min(i + self.chunk, len(examples))) for i in range(0, len(examples), self.chunk)]
-        judging, revised = deque(), []
+        rollout's turn 0 followed by its turn 1 (twoturn.rollout: judging overlaps generation chunk by chunk)."""
         judge_stats = self.judge.stats()
-
-        def answer(idx):     # turn 0 of one chunk; verdicts arrive later
-            prompts = [tok.chat(self.messages(examples[i]), enable_thinking=args.enable_thinking) for i in idx]
-            groups = generate(prompts, [seeds[i] for i in idx], args.group_size)
-            return [(i, p, s, self.judge.submit(examples[i], s.text)) for i, p, g in zip(idx, prompts, groups)
-                    for s in g]
-
-        def revise(items):   # turn 1 of one chunk, once its turn-0 verdicts are in
-            firsts = [(i, p, s, fut.result()) for i, p, s, fut in items]
-            convs = [self.messages(examples[i]) + [{"role": "assistant", "content": s.text},
-                                                   {"role": "user", "content": critique(v, examples[i])}]
-                     for i, _, s, v in firsts]
-            prompts = [tok.chat(c, enable_thinking=args.enable_thinking) for c in convs]
-            # each revision is its own prompt; its seed differs from every turn-0 seed of the step
-            revs = generate(prompts, [derive_seed(seeds[i], "revision", k) for k, (i, *_) in enumerate(firsts)], 1)
-            return [(first, p1, r[0], self.judge.submit(examples[first[0]], r[0].text))
-                    for first, p1, r in zip(firsts, prompts, revs)]
-
-        for idx in chunks:
-            judging.append(answer(idx))
-            while len(judging) > 1 or (judging and all(f.done() for *_, f in judging[0])):
-                revised += revise(judging.popleft())
-        while judging:
-            revised += revise(judging.popleft())
-        out = []
-        for (i, prompt0, s0, v0), prompt1, s1, fut in revised:
-            out += self._seqs(examples[i], prompt0, s0, v0, prompt1, s1, fut.result())
+        out = twoturn.rollout(self, generate, tok, examples, seeds, args)
         self._count_ungraded(judge_stats)
         return out
 
@@ -182,34 +154,8 @@ class SoyuzTask:
                             f"steps in a row ({failed} of {calls} in the last); check the judge command or server; "
                             "the last checkpoint is intact")
 
-    def _seqs(self, ex, prompt0, s0, v0, prompt1, s1, v1):
-        score0 = None if v0 is None else v0.score
-        score1 = None if v1 is None else v1.score
-        shaped = grpo.recovery_rewards(score0, score1, coef=self.coef)
-        mk = lambda turn, prompt, s, score, reward, v: Seq(
-            ex["id"], turn, prompt, list(s.completion_ids), list(s.logprobs), s.finish_reason, s.text, score,
-            reward, info={"judge": None if v is None else v.reason,
-                          "failed": [] if v is None else [r.id for r in v.results if r.passed is False]})
-        return [mk(0, prompt0, s0, score0, score0, v0), mk(1, prompt1, s1, score1, shaped, v1)]
-
     # -- metrics as the seed reports them ------------------------------------------------------------------------
 
     def step_metrics(self, seqs) -> dict:
         return recovery_metrics(seqs)
 
-
-def recovery_metrics(seqs) -> dict:
-    """Per rollout (turn 0, turn 1) pairs, in the order the rollout emits them (turn 0 then its turn 1)."""
-    t0 = [s for s in seqs if s.turn == 0]
-    t1 = [s for s in seqs if s.turn == 1]
-    pairs = [(a.score, b.score) for a, b in zip(t0, t1) if a.score is not None and b.score is not None]
-    bad = [(a, b) for a, b in pairs if a < BAD]
-    good = [(a, b) for a, b in pairs if a >= BAD]
-    return {
-        "turn0_score": mean([a for a, _ in pairs]),
-        "final_score": mean([b for _, b in pairs]),
-        "recovery": mean([b - a for a, b in bad]),
-        "bad_to_good": mean([float(b >= BAD) for _, b in bad]),
-        "good_to_bad": mean([float(b < BAD) for _, b in good]),
-        "bad_start_share": len(bad) / len(pairs) if pairs else None,
-    }
