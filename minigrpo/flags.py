@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--judge-mode", choices=["hybrid", "llm"], default="hybrid",
                    help="LLM judges: hybrid (machine checks decide their criteria, the LLM the rest) or llm (the LLM "
                         "grades every criterion, as the seed did)")
-    # two-turn tasks (soyuz): the recovery shaping of minigrpo/tasks/twoturn.py
+    # two-turn tasks (soyuz, revise): the recovery shaping of minigrpo/tasks/twoturn.py
     p.add_argument("--recovery-coef", type=float, default=0.5,
                    help="turn-1 reward = s1 + coef (s1 - s0); the seed's 0.5; 0 = the final score alone")
     p.add_argument("--turn0-guard", action=argparse.BooleanOptionalAction, default=True,
@@ -132,4 +132,4 @@ def check_task_flags(args, given):
     for key in ("recovery_coef", "turn0_guard"):
         if key in given and turns < 2:
             flag = "--no-turn0-guard" if key == "turn0_guard" and not given[key] else f"--{key.replace('_', '-')}"
-            raise SystemExit(f"{flag}: only two-turn tasks (soyuz) use it, not --task {args.task}")
+            raise SystemExit(f"{flag}: only two-turn tasks (soyuz, revise) use it, not --task {args.task}")

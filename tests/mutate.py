@@ -35,7 +35,7 @@ GRPO = ["tests/test_grpo.py", "tests/test_grpo_*.py", "tests/test_mask_truncated
 SAMPLER = ["tests/test_sampler.py", "tests/test_sampler_*.py", *GOLDEN]
 LORA = ["tests/test_lora.py", "tests/test_lora_*.py", *GOLDEN]
 TRAIN = [*GOLDEN, "tests/test_mask_truncated.py", "tests/test_grpo_model.py", "tests/test_soyuz_rollout.py"]
-SOYUZ = ["tests/test_soyuz_rollout.py", "tests/test_grpo.py"]
+SOYUZ = ["tests/test_soyuz_rollout.py", "tests/test_revise.py", "tests/test_grpo.py"]
 
 MUTANTS = [
     # ---- the ones issue 17 names ------------------------------------------------------------------------------
@@ -52,6 +52,8 @@ MUTANTS = [
      "grpo.token_logprobs(model, b.ids, b.attn, temperature=1.0,", TRAIN),
     ("recovery_coef_soyuz", "coef: float = 0.5, turn0_guard: bool = True, chunk: int = 1,",
      "coef: float = 0.25, turn0_guard: bool = True, chunk: int = 1,", SOYUZ),
+    ("turn0_guard_ignored", "reward0 = score0 if guard else shaped", "reward0 = score0", SOYUZ),
+    ("turn0_guard_always_off", "reward0 = score0 if guard else shaped", "reward0 = shaped", SOYUZ),
     ("recovery_coef_grpo_default", "def recovery_rewards(s_prev, s, coef=0.5, cap=None):",
      "def recovery_rewards(s_prev, s, coef=0.25, cap=None):", SOYUZ),
     ("raw_scores_dropped_in_grpo", "raw = s if raw_scores is None else _as_list(raw_scores)", "raw = s", GRPO),

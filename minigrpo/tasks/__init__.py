@@ -3,7 +3,7 @@
 A task is any object with these members (duck-typed; there is no base class to inherit):
 
     name: str
-    turns: int = 1                   # 2 for soyuz: answer -> critique -> revision
+    turns: int = 1                   # 2 for soyuz and revise: answer -> critique -> revision
     stop_strings: list[str] = []     # extra sampler stop strings, e.g. ["</answer>"]
     examples(split) -> list[dict]    # split: "train" | "val" | "eval"; every dict has a unique "id"
     messages(ex) -> list[dict]       # the chat messages of the prompt
@@ -14,12 +14,12 @@ A task is any object with these members (duck-typed; there is no base class to i
     from_args(args) (classmethod)    # the task as train.py's flags configure it
 
 Single-turn tasks take `rollout`, `details`, `step_metrics` and `from_args` from SingleTurnTask; the two-turn tasks
-(soyuz: answer -> critique -> revision) share minigrpo/tasks/twoturn.py's rollout, rewards and metrics.
+(soyuz, revise: answer -> critique -> revision) share minigrpo/tasks/twoturn.py's rollout, rewards and metrics.
 """
 
 from dataclasses import dataclass, field
 
-TASKS = ("synthetic", "soyuz", "gsm8k", "mdp")
+TASKS = ("synthetic", "soyuz", "gsm8k", "mdp", "revise")
 
 
 def task_class(name: str):
@@ -36,6 +36,9 @@ def task_class(name: str):
     if name == "mdp":
         from minigrpo.tasks.mdp import MDPTask
         return MDPTask
+    if name == "revise":
+        from minigrpo.tasks.revise import RevisionTask
+        return RevisionTask
     raise ValueError(f"--task {name!r} is not a task: choose one of {', '.join(TASKS)}")
 
 
