@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args):
     """Every flag problem we can see before loading anything, as one actionable line."""
+    if args.task not in EVALS:
+        raise UsageError(f"--task {args.task}: no eval.py evaluation; its experiment evaluates base and trained "
+                         "(python train.py --task revise --model tiny --experiment)")
     for flag in ("limit", "max_new_tokens", "batch_size", "group_size", "judge_workers"):
         value = getattr(args, flag)
         if value is not None and value < 1:

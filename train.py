@@ -3,6 +3,7 @@
     python train.py --task synthetic --model tiny           # CPU, about a minute: the reward rises
     python train.py --task soyuz                             # GPU: the soyuz reference run (its preset)
     python train.py --task mdp --model tiny                  # the verifier-MDP pipeline (SFT, DPO, GRPO, report)
+    python train.py --task revise --model tiny --experiment  # two-turn shaping arms on a CPU (base, 3 arms, report)
     torchrun --nproc_per_node 8 train.py --task gsm8k        # several GPUs: DDP by explicit all-reduce
 
 One optimizer step, as the data flows (DESIGN.md):
@@ -393,6 +394,9 @@ def main(argv=None):
     if args.task == "mdp":    # the verifier-MDP pipeline: SFT, DPO, then GRPO through this file's train()
         from minigrpo.tasks.mdp_pipeline import run_pipeline
         return run_pipeline(args, trainer=train)
+    if args.experiment:       # the revise experiment: a base, three shaping arms x seeds through train(), report
+        from minigrpo.tasks.revise_pipeline import run_experiment
+        return run_experiment(args, trainer=train)
     try:
         train(args)
     except StopRun as e:      # a run-policy rule (a judge that is down): one line; the last checkpoint is intact

@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--turn0-guard", action=argparse.BooleanOptionalAction, default=True,
                    help="turn-0 tokens trained on turn 0's own score (default); --no-turn0-guard trains them on the "
                         "shaped final reward, which pays for a bad start (the climb hack)")
+    p.add_argument("--experiment", action="store_true",
+                   help="revise: the whole experiment (format pretraining, three shaping arms at two seeds, report)")
     # LoRA (--lora-r 0 = full fine-tune)
     p.add_argument("--lora-r", type=int, default=32)
     p.add_argument("--lora-alpha", type=float, default=32)
@@ -133,3 +135,14 @@ def check_task_flags(args, given):
         if key in given and turns < 2:
             flag = "--no-turn0-guard" if key == "turn0_guard" and not given[key] else f"--{key.replace('_', '-')}"
             raise SystemExit(f"{flag}: only two-turn tasks (soyuz, revise) use it, not --task {args.task}")
+    if args.experiment and args.task != "revise":
+        raise SystemExit(f"--experiment: only --task revise has one (--task {args.task} runs one training run; "
+                         "--task mdp runs its pipeline without the flag)")
+    if args.experiment and args.model != "tiny":
+        raise SystemExit(f"--experiment: the revise experiment pretrains --model tiny from scratch, not "
+                         f"{args.model} (train another model on --task revise without --experiment)")
+    clash = [f for f in ("recovery_coef", "turn0_guard", "resume") if f in given]
+    if args.experiment and clash:
+        flag = clash[0].replace("_", "-")
+        raise SystemExit(f"--{'no-' if given[clash[0]] is False else ''}{flag}: --experiment runs its own arms and "
+                         "folders (minigrpo/tasks/revise_pipeline.py ARMS); drop it, or run one arm without --experiment")

@@ -1,5 +1,5 @@
-"""Reports for eval.py and the verifier MDP: JSON files, a Markdown table comparing models side by side, PNG
-plots, and the MDP's solve-rate tables.
+"""Reports for eval.py, the verifier MDP and the revise experiment: JSON files, a Markdown table comparing models side
+by side, PNG plots, the MDP's solve-rate tables and the revise experiment's table in the soyuz seed's shape.
 
 Results are nested plain dicts: {model label: {eval set: {metric: value}}}, e.g. {"base": {"gsm8k":
 {"strict_accuracy": 0.669, ...}}, "adapter": {...}}. Plots use matplotlib's Agg backend (no display needed);
@@ -249,3 +249,125 @@ def write_mdp_report(results: dict, out_dir: str) -> dict:
     paths["solve_rate_vs_budget.png"] = os.path.join(out_dir, "solve_rate_vs_budget.png")
     plot_solve_rate(results, paths["solve_rate_vs_budget.png"])
     return paths
+
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The revise experiment's report (minigrpo/tasks/revise_pipeline.py): the soyuz seed's metrics, base vs each trained
+# arm, from {seed: {"base" | arm: metrics}}; metrics as twoturn.recovery_metrics, plus "pairs" [(s0, s1)] per eval
+# rollout (the same prompts and sample seeds for every policy of a seed) and, for arms, the training "curve"
+
+REVISE_METRICS = (("reward (final score)", "final_score"), ("turn-0 score", "turn0_score"), ("recovery", "recovery"),
+                  ("bad->good", "bad_to_good"), ("good->bad", "good_to_bad"), ("bad-start share", "bad_start_share"))
+
+
+def _policies(results):
+    return list(dict.fromkeys(p for per_seed in results.values() for p in per_seed))
+
+
+def _seed_values(results, policy, key):
+    return [per_seed[policy][key] for per_seed in results.values() if per_seed[policy].get(key) is not None]
+
+
+def revise_table(results) -> tuple:
+    """(header, rows): one row per metric, one column per policy: the mean over seeds [each seed's value]."""
+    policies = _policies(results)
+    rows = []
+    for label, key in REVISE_METRICS:
+        cells = []
+        for p in policies:
+            vals = _seed_values(results, p, key)
+            cells.append("–" if not vals else f"{sum(vals) / len(vals):.3f} [" +
+                         ", ".join(f"{v:.2f}" for v in vals) + "]")
+        rows.append([label] + cells)
+    return ["metric"] + [p if p == "base" else f"{p} (trained)" for p in policies], rows
+
+
+def revise_differences(results, baseline: str | None = None) -> tuple:
+    """(header, rows): each arm - base, and each other arm - the first arm, on the final and the turn-0 score, in
+    points (x 100), with a paired bootstrap 95% interval over the eval rollouts of every seed pooled (rollout i of a
+    seed had the same prompt and sample seed under every policy, so the prompt's difficulty cancels)."""
+    policies = _policies(results)
+    arms = [p for p in policies if p != "base"]
+    pairs = [(a, "base") for a in arms] + [(a, baseline or arms[0]) for a in arms[1:]]
+    header = ["difference", "score", "points", "95% low", "95% high", "reading"]
+    rows = []
+    for a, b in pairs:
+        for name, k in (("final", 1), ("turn-0", 0)):
+            xa = [x[k] for per_seed in results.values() for x in per_seed[a]["pairs"]]
+            xb = [x[k] for per_seed in results.values() for x in per_seed[b]["pairs"]]
+            diff, lo, hi = paired_bootstrap(xa, xb)
+            reading = "within noise" if lo <= 0 <= hi else ("above" if lo > 0 else "below")
+            rows.append([f"{a} - {b}", name, f"{diff:+.1f}", f"{lo:+.1f}", f"{hi:+.1f}", reading])
+    return header, rows
+
+
+def _markdown(header, rows) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]) + "\n"
+
+
+def plot_revise(results, path: str, smooth: int = 5) -> str:
+    """Left: each metric, base and every trained arm (bars: mean over seeds; dots: each seed). Right: each arm's
+    turn-0 (solid) and final (dashed) score during training, mean over seeds, trailing mean over `smooth` steps."""
+    plt = _pyplot()
+    policies = _policies(results)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.2))
+    metrics = REVISE_METRICS[:5]
+    width = 0.8 / len(policies)
+    for j, p in enumerate(policies):
+        xs = [i + (j - (len(policies) - 1) / 2) * width for i in range(len(metrics))]
+        vals = [_seed_values(results, p, key) for _, key in metrics]
+        left.bar(xs, [sum(v) / len(v) if v else 0.0 for v in vals], width, label=p, color=f"C{j}", alpha=0.8)
+        for x, v in zip(xs, vals):
+            left.plot([x] * len(v), v, "k.", markersize=3)
+    left.set_xticks(range(len(metrics)), [label.replace(" (", "\n(") for label, _ in metrics])
+    left.set(ylim=(min(0.0, *(v for p in policies for _, k in metrics for v in _seed_values(results, p, k))), 1.05),
+             title="base vs trained (held-out prompts, sampled)")
+    left.legend(fontsize=8)
+    left.grid(axis="y", alpha=0.3)
+    for j, p in enumerate(policies):
+        curves = [per_seed[p]["curve"] for per_seed in results.values() if "curve" in per_seed[p]]
+        if not curves:
+            continue
+        n = min(len(c) for c in curves)
+        for key, style in (("turn0_score", "-"), ("final_score", "--")):
+            ys = [sum(c[i][key] for c in curves) / len(curves) for i in range(n)]
+            right.plot([c["step"] for c in curves[0][:n]], _smooth(ys, smooth), style, color=f"C{j}",
+                       label=f"{p}: {'turn-0' if key == 'turn0_score' else 'final'}")
+    right.set(xlabel="GRPO step", ylabel="score (training rollouts)", title="during training (mean over seeds)")
+    right.legend(fontsize=7)
+    right.grid(alpha=0.3)
+    return _save(fig, plt, path)
+
+
+def write_revise_report(results, out_dir: str) -> dict:
+    """revise_table.{md,csv}, revise_differences.{md,csv} and revise.png in out_dir; returns {file name: path}. The
+    CSV of the table has one row per (policy, seed) and per policy its mean over seeds."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {name: os.path.join(out_dir, name) for name in
+             ("revise_table.md", "revise_table.csv", "revise_differences.md", "revise_differences.csv", "revise.png")}
+    differences = revise_differences(results)
+    for name, (header, rows) in (("revise_table", revise_table(results)), ("revise_differences", differences)):
+        with open(paths[f"{name}.md"], "w") as f:
+            f.write(_markdown(header, rows))
+    with open(paths["revise_differences.csv"], "w", newline="") as f:
+        csv.writer(f).writerows([differences[0]] + differences[1])
+    keys = [key for _, key in REVISE_METRICS]
+    table = [["policy", "seed", *keys, "rollouts"]]
+    for p in _policies(results):
+        for seed, per_seed in results.items():
+            table.append([p, seed, *(_round(per_seed[p].get(k)) for k in keys), len(per_seed[p]["pairs"])])
+        table.append([p, "mean", *(_round(_mean(_seed_values(results, p, k))) for k in keys), ""])
+    with open(paths["revise_table.csv"], "w", newline="") as f:
+        csv.writer(f).writerows(table)
+    plot_revise(results, paths["revise.png"])
+    return paths
+
+
+def _mean(xs):
+    return sum(xs) / len(xs) if xs else None
+
+
+def _round(x):
+    return "" if x is None else round(x, 4)

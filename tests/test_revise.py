@@ -179,7 +179,11 @@ def test_flags_reach_the_task(task, tmp_path):
     (["--task", "soyuz", "--recovery-coef", "nan"], "--recovery-coef nan"),
     (["--task", "synthetic", "--no-turn0-guard"], "--no-turn0-guard"),
     (["--task", "gsm8k", "--recovery-coef", "0.5"], "--recovery-coef"),
+    (["--task", "synthetic", "--experiment"], "--experiment"),
     (["--task", "mdp", "--recovery-coef", "0"], "--recovery-coef"),
+    (["--task", "revise", "--model", "tiny-qwen3.5", "--experiment"], "--experiment"),
+    (["--task", "revise", "--experiment", "--no-turn0-guard"], "--no-turn0-guard"),
+    (["--task", "revise", "--experiment", "--recovery-coef", "0"], "--recovery-coef"),
 ])
 def test_bad_shaping_flags_are_one_line_errors(argv, flag, capsys, tmp_path):
     with pytest.raises(SystemExit) as e:

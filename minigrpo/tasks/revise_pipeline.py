@@ -1,0 +1,186 @@
+"""The revise experiment end to end: `python train.py --task revise --model tiny --experiment` (issue 18).
+
+What shared/seeds/000's two-turn mechanics do, shown on a CPU: the recovery shaping s1 + coef·(s1 − s0) and the
+guard that keeps turn-0 tokens on their own raw score, each taken away in turn. For each seed:
+
+    base    a from-scratch tiny Qwen (mdp_pipeline.scratch_model) pretrained on the answer format only
+            (format_items): turn 0 answers with the prompt's letters in a random order, turn 1 repeats that answer
+            whatever the critique says. It knows what an answer and a revision look like, neither how to sort nor
+            what a critique is for: everything the arms show, GRPO taught
+    arms    from that same base, one GRPO run per arm through train.py's loop (the `trainer`), with train.py's flags
+            (the revise preset) and only the shaping changed:
+              coef 0.5 + guard     the seed's recipe
+              coef 0               the final score alone (guard on)
+              coef 0.5, no guard   turn-0 tokens trained on the shaped final reward: the climb hack
+    eval    base and each trained policy roll out the held-out eval split (letter sets no train prompt has) through
+            the same two-turn rollout, `eval_samples` rollouts per prompt at temperature 1 with fixed seeds: the
+            policy as it samples in training, the seed's metrics over it
+
+The report (report.write_revise_report) holds the seed's table shape, base vs trained per arm, averaged over the
+seeds and per seed, the differences with paired bootstrap intervals, and a PNG; everything lands in the run folder.
+"""
+import argparse
+import copy
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from minigrpo import report
+from minigrpo.common import derive_seed, pick_device
+from minigrpo.report import read_metrics
+from minigrpo.sampler import sample
+from minigrpo.supervised import sft_loop
+from minigrpo.tasks.mdp_pipeline import TINY_MDP, Clock, save_model, scratch_model
+from minigrpo.tasks.revise import RevisionTask, critique, grade, shuffled
+from minigrpo.tasks.twoturn import recovery_metrics
+from minigrpo.tokenizer import Tokenizer
+
+ARMS = {                                   # name: (recovery coef, turn-0 guard)
+    "coef 0.5 + guard": (0.5, True),
+    "coef 0": (0.0, True),
+    "coef 0.5, no guard": (0.5, False),
+}
+
+
+@dataclass
+class ExperimentConfig:
+    scratch: dict = field(default_factory=lambda: dict(TINY_MDP))   # the mdp quickstart's tiny model
+    seeds: int = 2                  # --seed, --seed + 1, ...
+    arms: tuple = tuple(ARMS)
+    base_steps: int = 400           # the base's pretraining (sft_loop): batches of `batch`
+    base_lr: float = 3e-3
+    format_copies: int = 2          # random answers per train prompt in the format data
+    p_sorted: float = 0.5           # share of sorted turn-0 demonstrations
+    p_fixed: float = 0.5            # share of turn-1 demonstrations that apply the critique
+    batch: int = 16                 # sft_loop's micro-batch; grad_accum 1
+    grad_accum: int = 1
+    warmup: float = 0.05
+    eval_split: str = "eval"
+    eval_limit: int = 64            # eval prompts (the whole held-out split)
+    eval_samples: int = 4           # rollouts per eval prompt, temperature 1
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# The base: format-only pretraining
+
+def format_items(tok, task, copies: int, seed: int, p_sorted: float, p_fixed: float) -> list:
+    """(prompt ids, answer ids) pairs of mixed quality, two per train prompt and copy: turn 0 answers the letters
+    sorted with probability p_sorted, else in a random order; turn 1 sees that answer and its true critique, and
+    applies the critique (writes the sorted letters) with probability p_fixed, else repeats the answer."""
+    rng = np.random.default_rng(derive_seed(seed, "revise format"))
+    items = []
+    for ex in task.examples("train"):
+        for k in range(copies):
+            first = ex["target"] if rng.random() < p_sorted else shuffled(ex["target"], seed, "format", ex["id"], k)
+            second = ex["target"] if rng.random() < p_fixed else first
+            conv = task.messages(ex) + [{"role": "assistant", "content": first},
+                                        {"role": "user", "content": critique(ex, grade(ex, first))}]
+            items.append((tok.chat(task.messages(ex), enable_thinking=False), tok.encode(first) + [tok.im_end_id]))
+            items.append((tok.chat(conv, enable_thinking=False), tok.encode(second) + [tok.im_end_id]))
+    return items
+
+
+def pretrain_base(args, cfg, task, seed, device):
+    model = scratch_model(cfg.scratch, seed, device, torch.float32)
+    tok = Tokenizer.from_pretrained("tiny")
+    items = format_items(tok, task, cfg.format_copies, seed, cfg.p_sorted, cfg.p_fixed)
+    sft_loop(model, tok, list(model.parameters()), items, cfg.base_steps, cfg.base_lr, cfg,
+             derive_seed(seed, "revise base"), "base", args.quiet)
+    return model, tok
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# Evaluation: the held-out prompts through the training rollout, sampled with fixed seeds
+
+def evaluate(model, tok, task, args, cfg, seed) -> dict:
+    """The seed's metrics over eval_samples sampled rollouts of each eval prompt, and per rollout its (turn-0,
+    final) scores in a fixed order (the pairs the bootstrap resamples)."""
+    examples = task.examples(cfg.eval_split)[:cfg.eval_limit]
+    eargs = argparse.Namespace(group_size=cfg.eval_samples, enable_thinking=False)
+    seeds = [derive_seed(seed, "revise eval", i) for i in range(len(examples))]
+
+    def generate(prompts, ss, n):
+        out = sample(model, prompts, n=n, max_new_tokens=args.max_new_tokens, temperature=1.0, tokenizer=tok,
+                     seed=list(ss))
+        return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    model.eval()
+    with torch.no_grad():
+        seqs = task.rollout(generate, tok, examples, seeds, eargs)
+    m = recovery_metrics(seqs)
+    m["pairs"] = [(a.score, b.score) for a, b in zip(seqs[0::2], seqs[1::2])]
+    return m
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# One arm: GRPO from the base through train.py's loop
+
+def arm_args(args, name, run_dir, seed) -> argparse.Namespace:
+    coef, guard = ARMS[name]
+    slug = name.replace(" ", "").replace(",", "-").replace("+", "-").replace(".", "")
+    return argparse.Namespace(**{**vars(args), "seed": seed, "recovery_coef": coef, "turn0_guard": guard,
+                                 "experiment": False, "runs_dir": run_dir, "run_name": f"seed{seed}-{slug}",
+                                 "resume": False, "quiet": True, "lora_r": 0, "beta": 0.0})
+
+
+def run_arm(base, tok, args, cfg, name, run_dir, seed, trainer):
+    """A copy of the base trained by `trainer` (train.py's train) with this arm's shaping; its eval and curve."""
+    model = copy.deepcopy(base)
+    params = [p for p in model.parameters() if p.requires_grad]
+    aargs = arm_args(args, name, run_dir, seed)
+    task = RevisionTask(coef=aargs.recovery_coef, turn0_guard=aargs.turn0_guard)
+    trainer(aargs, policy=(model, tok, params, None), task=task)
+    result = evaluate(model, tok, task, args, cfg, seed)
+    result["curve"] = [{k: r.get(k) for k in ("step", "turn0_score", "final_score")}
+                       for r in read_metrics(os.path.join(run_dir, aargs.run_name, "metrics.jsonl"))]
+    return result
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# The experiment
+
+def run_experiment(args, trainer, cfg: ExperimentConfig | None = None) -> dict:
+    """Every seed's base and arms, then the report. `trainer` is train.py's train(args, policy=, task=).
+    Returns {"results": {seed: {"base" | arm: metrics}}, "run": folder, "time": ...}."""
+    cfg = cfg or ExperimentConfig()
+    device = pick_device(args.device)
+    run_dir = os.path.join(args.runs_dir, args.run_name)
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "experiment.json"), "w") as f:
+        json.dump({"args": vars(args), "config": asdict(cfg)}, f, indent=2, default=str)
+    task, clock, results = RevisionTask(), Clock(), {}
+    print(f"revise experiment: {cfg.seeds} seeds x {len(cfg.arms)} arms, {args.steps} GRPO steps each, "
+          f"{len(task.examples(cfg.eval_split)[:cfg.eval_limit])} eval prompts x {cfg.eval_samples}; run={run_dir}",
+          file=sys.stderr)
+    for seed in range(args.seed, args.seed + cfg.seeds):
+        torch.manual_seed(seed)
+        base, tok = pretrain_base(args, cfg, task, seed, device)
+        save_model(base, os.path.join(run_dir, f"seed{seed}-base"))
+        results[seed] = {"base": evaluate(base, tok, task, args, cfg, seed)}
+        log_result(seed, "base", results[seed]["base"])
+        clock.lap(f"seed {seed} base")
+        for name in cfg.arms:
+            results[seed][name] = run_arm(base, tok, args, cfg, name, run_dir, seed, trainer)
+            log_result(seed, name, results[seed][name])
+            clock.lap(f"seed {seed} {name}")
+    paths = report.write_revise_report(results, run_dir)
+    total = clock.total()
+    report.write_json({"results": results, "time": {**clock.rows, "total": total}},
+                      os.path.join(run_dir, "results.json"))
+    for name in ("revise_table.md", "revise_differences.md"):
+        with open(paths[name]) as f:
+            print("\n" + f.read().rstrip())
+    print(f"\ntotal {total['wall_s']}s wall, {total['cpu_s']}s cpu; report in {run_dir}")
+    return {"results": results, "run": run_dir, "time": total, "paths": paths}
+
+
+def log_result(seed, name, m):
+    fmt = lambda x: "-" if x is None else f"{x:.3f}"
+    print(f"  seed {seed} {name}: turn0 {fmt(m['turn0_score'])} final {fmt(m['final_score'])} "
+          f"recovery {fmt(m['recovery'])} bad->good {fmt(m['bad_to_good'])} good->bad {fmt(m['good_to_bad'])}",
+          file=sys.stderr)
+
