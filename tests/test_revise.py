@@ -78,6 +78,28 @@ def test_splits_hold_out_the_eval_letter_sets():
         task.examples("test")
 
 
+def test_base_demonstrations_mix_both_skills():
+    """The experiment's base data: turn-0 answers are the prompt's letters, sorted about half the time; a revision
+    follows the answer and its true critique and either applies it (the sorted letters) or repeats the answer."""
+    from minigrpo.tasks.revise_pipeline import base_items
+    tok, task = Tokenizer.from_pretrained("tiny"), RevisionTask()
+    items = base_items(tok, task, copies=2, seed=0, p_sorted=0.5, p_fixed=0.5)
+    exs = [ex for ex in task.examples("train") for _ in range(2)]
+    assert len(items) == 2 * len(exs)
+    sorted0 = fixed = wrong0 = 0
+    for ex, (p0, a0), (p1, a1) in zip(exs, items[0::2], items[1::2]):
+        first, second = tok.decode(a0[:-1]), tok.decode(a1[:-1])
+        assert a0[-1] == a1[-1] == tok.im_end_id and sorted(first) == sorted(ex["target"])
+        ask = f"<|im_start|>user\nsort {ex['letters']}<|im_end|>\n<|im_start|>assistant\n"
+        assert tok.decode(p0).startswith(ask) and tok.decode(p1).startswith(ask + f"{first}<|im_end|>")
+        assert f"user\n{critique(ex, grade(ex, first))}<|im_end|>" in tok.decode(p1)
+        assert second in (first, ex["target"])
+        sorted0 += first == ex["target"]
+        wrong0 += first != ex["target"]
+        fixed += first != ex["target"] and second == ex["target"]
+    assert 0.4 < sorted0 / len(exs) < 0.6 and 0.4 < fixed / wrong0 < 0.6
+
+
 # -----------------------------------------------------------------------------------------------------------------
 # The rollout: rewards per turn, with and without the guard
 
