@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from minigrpo import checkpoints, grpo
+from minigrpo import checkpoints, grpo, plots
 from minigrpo.common import derive_seed, left_pad, mean, pick_device, pick_dtype
 from minigrpo.dist import all_gather_objects, all_reduce_, assert_replicas_in_sync, init_distributed
 from minigrpo.flags import resolve_args
@@ -365,11 +365,13 @@ def checkpoint_due(step, n_steps, args) -> bool:
 
 
 def save(run, step, model, params, args, dist_info, state):
-    """Every rank checks the replicas agree; rank 0 writes checkpoints/step-N and keeps the latest few."""
+    """Every rank checks the replicas agree; rank 0 writes checkpoints/step-N, keeps the latest few and redraws
+    curves.png from metrics.jsonl (the last step is always a checkpoint, so the end of the run is drawn too)."""
     assert_replicas_in_sync(params, dist_info)
     if dist_info.main:
         checkpoints.save(run.ckpt_dir, step, model, state, lora=args.lora_r > 0)
         checkpoints.prune(run.ckpt_dir, args.keep_checkpoints)
+        plots.write_run_curves(run.path)      # never raises: a failed plot is one warning line
 
 
 def _fmt(x):
