@@ -35,7 +35,7 @@ from minigrpo.flags import resolve_args
 from minigrpo.lora import adapters_disabled, inject_lora
 from minigrpo.model import Qwen, enable_activation_checkpointing
 from minigrpo.optim import adamw
-from minigrpo.runs import ProgressBar, RunFolder, StopRun, epoch_summary, sample_records, step_metrics
+from minigrpo.runs import ProgressBar, RunFolder, StopRun, Tracker, epoch_summary, sample_records, step_metrics
 from minigrpo.sampler import sample
 from minigrpo.tasks import task_from_args
 from minigrpo.tokenizer import Tokenizer
@@ -65,6 +65,7 @@ def train(args, policy=None, task=None) -> dict:
               f"ranks={dist_info.world} steps={n_steps} trainable={sum(p.numel() for p in params):,} "
               f"run={run.path}", file=sys.stderr)
     bar = ProgressBar(n_steps, step, args.task, enabled=dist_info.main and not args.quiet)
+    tracker = Tracker(args.log_to if dist_info.main else None, run, vars(args), step)    # --log-to
     first_reward, last_reward = None, None
     while step < n_steps:
         epoch = data.epoch                                     # the epoch this step's examples come from
@@ -87,12 +88,14 @@ def train(args, policy=None, task=None) -> dict:
         last_reward = m["reward_mean"]
         if dist_info.main:
             run.append("metrics.jsonl", m)
+            tracker.log(m)
             for rec in sample_records(step, everyone, tok):
                 run.append("samples.jsonl", rec)
         if checkpoint_due(step, n_steps, args):
             save(run, step, model, params, args, dist_info, trainer_state(step, data, opt, sched, nonfinite))
         bar.update(m)
     bar.close()
+    tracker.close()
     if dist_info.main:
         print(epoch_summary(run.file("metrics.jsonl")), file=sys.stderr)
         print(f"mean reward: first step {_fmt(first_reward)} -> last step {_fmt(last_reward)}", file=sys.stderr)
