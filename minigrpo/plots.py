@@ -122,7 +122,7 @@ def draw_curves(rows: list[dict], out_path: str, title: str = "") -> str | None:
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        if len(ax.get_lines()) > 1 or name == "reward":
+        if len(keys) > 1 or name == "reward":            # the band has a legend entry of its own
             ax.legend(fontsize=7, loc="best")
     for ax in list(axes.flat)[len(drawn):]:
         ax.axis("off")
