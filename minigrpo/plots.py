@@ -102,7 +102,7 @@ def draw_curves(rows: list[dict], out_path: str, title: str = "") -> str | None:
     plt = pyplot()
     nrows = math.ceil(len(drawn) / 2)
     fig, axes = plt.subplots(nrows, 2, figsize=(11, 2.9 * nrows + 0.6), squeeze=False)
-    window = max(1, len(rows) // 50)                           # ~50 points of smoothing window over the run
+    window = max(1, len(rows) // 50)                           # smooth over 1/50 of the run
     for ax, (name, ylabel, keys) in zip(axes.flat, drawn):
         for i, (key, label) in enumerate(keys):
             xs, ys = series(rows, key)
