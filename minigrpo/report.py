@@ -1,5 +1,5 @@
 """Reports for eval.py and the verifier MDP: JSON files, a Markdown table comparing models side by side, PNG
-plots, and the MDP's solve-rate tables.
+plots (drawn with minigrpo/plots.py's plumbing), and the MDP's solve-rate tables.
 
 Results are nested plain dicts: {model label: {eval set: {metric: value}}}, e.g. {"base": {"gsm8k":
 {"strict_accuracy": 0.669, ...}}, "adapter": {...}}. Plots use matplotlib's Agg backend (no display needed);
@@ -11,6 +11,7 @@ import math
 import os
 
 from minigrpo.common import atomic_write
+from minigrpo import plots
 
 
 def write_json(obj, path: str) -> str:
@@ -56,34 +57,6 @@ def compare_table(results: dict, metrics: list[str], percent: tuple = ()) -> str
     return "\n".join(lines) + "\n"
 
 
-def read_metrics(path: str) -> list[dict]:
-    """The rows of a metrics.jsonl (one JSON object a line; blank or torn last lines skipped)."""
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a run killed mid-write leaves a torn last line
-    return rows
-
-
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")  # files only, never a window
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def _smooth(ys: list[float], window: int) -> list[float]:
-    """Trailing moving average: RL curves are noisy step to step."""
-    out, acc = [], []
-    for y in ys:
-        acc = (acc + [y])[-window:]
-        out.append(sum(acc) / len(acc))
-    return out
-
-
 def curve_keys(rows: list[dict]) -> list[str]:
     """The numeric metrics worth a curve by default: rewards, scores and accuracies."""
     keys = dict.fromkeys(k for r in rows for k, v in r.items()
@@ -94,12 +67,12 @@ def curve_keys(rows: list[dict]) -> list[str]:
 def plot_curves(metrics: str | list[dict], out_path: str, keys: list[str] | None = None, smooth: int = 1,
                 x_key: str = "step") -> str | None:
     """One panel per metric against the step (the row number when rows have no `x_key`); None if nothing to draw."""
-    rows = read_metrics(metrics) if isinstance(metrics, str) else metrics
+    rows = plots.read_metrics(metrics) if isinstance(metrics, str) else metrics
     keys = keys or curve_keys(rows)
     keys = [k for k in keys if any(k in r for r in rows)]
     if not keys:
         return None
-    plt = _pyplot()
+    plt = plots.pyplot()
     cols = min(2, len(keys))
     nrows = math.ceil(len(keys) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(6 * cols, 3.2 * nrows), squeeze=False)
@@ -108,18 +81,18 @@ def plot_curves(metrics: str | list[dict], out_path: str, keys: list[str] | None
         xs, ys = [p[0] for p in pts], [float(p[1]) for p in pts]
         if smooth > 1:
             ax.plot(xs, ys, alpha=0.25, color="C0")
-        ax.plot(xs, _smooth(ys, max(1, smooth)), color="C0")
+        ax.plot(xs, plots.smooth(ys, max(1, smooth)), color="C0")
         ax.set_title(key)
         ax.set_xlabel(x_key)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(keys):]:
         ax.axis("off")
-    return _save(fig, plt, out_path)
+    return plots.save(fig, out_path)
 
 
 def plot_bars(results: dict, out_path: str, metric: str = "strict_accuracy", percent: bool = True) -> str:
     """Grouped bars: one group per eval set, one bar per model, the value written on each bar."""
-    plt = _pyplot()
+    plt = plots.pyplot()
     labels = list(results)
     sets = list(dict.fromkeys(s for label in labels for s in results[label]))
     width = 0.8 / max(1, len(labels))
@@ -136,15 +109,7 @@ def plot_bars(results: dict, out_path: str, metric: str = "strict_accuracy", per
         ax.set_ylim(0, 105)
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
-    return _save(fig, plt, out_path)
-
-
-def _save(fig, plt, out_path: str) -> str:
-    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(out_path, dpi=120)
-    plt.close(fig)
-    return out_path
+    return plots.save(fig, out_path)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -215,10 +180,7 @@ def mdp_markdown_table(header: list, rows: list) -> str:
 
 def plot_solve_rate(results: dict, path: str):
     """Solve rate (hidden-all) against probe budget, one line per policy."""
-    import matplotlib
-    matplotlib.use("Agg")                                   # files only: no display on servers or in tests
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    fig, ax = plots.pyplot().subplots(figsize=(5.5, 3.8))
     for name, r in results.items():
         budgets = sorted(r["overall"])
         ax.plot(budgets, [100 * r["overall"][b]["solved"] for b in budgets], marker="o", label=name)
@@ -226,9 +188,7 @@ def plot_solve_rate(results: dict, path: str):
     ax.set_xticks(budgets)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    plots.save(fig, path)
 
 
 def write_mdp_report(results: dict, out_dir: str) -> dict:
