@@ -29,14 +29,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from minigrpo import checkpoints, grpo
+from minigrpo import checkpoints, grpo, plots
 from minigrpo.common import derive_seed, left_pad, mean, pick_device, pick_dtype
 from minigrpo.dist import all_gather_objects, all_reduce_, assert_replicas_in_sync, init_distributed
 from minigrpo.flags import resolve_args
 from minigrpo.lora import adapters_disabled, inject_lora
 from minigrpo.model import Qwen, enable_activation_checkpointing
 from minigrpo.optim import adamw
-from minigrpo.runs import ProgressBar, RunFolder, StopRun, epoch_summary, sample_records, step_metrics
+from minigrpo.runs import ProgressBar, RunFolder, StopRun, Tracker, epoch_summary, sample_records, step_metrics
 from minigrpo.sampler import sample
 from minigrpo.tasks import task_from_args
 from minigrpo.tokenizer import Tokenizer
@@ -66,6 +66,7 @@ def train(args, policy=None, task=None) -> dict:
               f"ranks={dist_info.world} steps={n_steps} trainable={sum(p.numel() for p in params):,} "
               f"run={run.path}", file=sys.stderr)
     bar = ProgressBar(n_steps, step, args.task, enabled=dist_info.main and not args.quiet)
+    tracker = Tracker(args.log_to if dist_info.main else None, run, vars(args), step)    # --log-to
     first_reward, last_reward = None, None
     while step < n_steps:
         epoch = data.epoch                                     # the epoch this step's examples come from
@@ -88,12 +89,14 @@ def train(args, policy=None, task=None) -> dict:
         last_reward = m["reward_mean"]
         if dist_info.main:
             run.append("metrics.jsonl", m)
+            tracker.log(m)
             for rec in sample_records(step, everyone, tok):
                 run.append("samples.jsonl", rec)
         if checkpoint_due(step, n_steps, args):
             save(run, step, model, params, args, dist_info, trainer_state(step, data, opt, sched, nonfinite))
         bar.update(m)
     bar.close()
+    tracker.close()
     if dist_info.main:
         print(epoch_summary(run.file("metrics.jsonl")), file=sys.stderr)
         print(f"mean reward: first step {_fmt(first_reward)} -> last step {_fmt(last_reward)}", file=sys.stderr)
@@ -366,11 +369,13 @@ def checkpoint_due(step, n_steps, args) -> bool:
 
 
 def save(run, step, model, params, args, dist_info, state):
-    """Every rank checks the replicas agree; rank 0 writes checkpoints/step-N and keeps the latest few."""
+    """Every rank checks the replicas agree; rank 0 writes checkpoints/step-N, keeps the latest few and redraws
+    curves.png from metrics.jsonl (the last step is always a checkpoint, so the end of the run is drawn too)."""
     assert_replicas_in_sync(params, dist_info)
     if dist_info.main:
         checkpoints.save(run.ckpt_dir, step, model, state, lora=args.lora_r > 0)
         checkpoints.prune(run.ckpt_dir, args.keep_checkpoints)
+        plots.write_run_curves(run.path)      # never raises: a failed plot is one warning line
 
 
 def _fmt(x):

@@ -29,8 +29,9 @@ prompts left-padded to --prompt tokens, completions right-padded (pads masked in
 
 Each stack runs in its own subprocess. Peak memory on CPU: the process's peak resident set (VmHWM, reset through
 /proc/self/clear_refs after the warm-up step) minus its resident set after loading the model, adding LoRA and
-reading every weight once (safetensors files are mapped lazily), so it counts activations, logits, gradients and
-the AdamW state, not the weights. The children run with glibc's MALLOC_MMAP_THRESHOLD_=1 MiB (unless you set it):
+reading every weight once (safetensors files are mapped lazily), and minus the growth of its file-backed resident
+pages (RssFile: the code of torch's kernels that the first backward pages in), so it counts activations, logits,
+gradients and the AdamW state, not the weights or the library. The children run with glibc's MALLOC_MMAP_THRESHOLD_=1 MiB (unless you set it):
 by default glibc raises its mmap threshold to 32 MiB after the first large free, and from then on freed tensors
 below that stay in the heap, so peak RSS measured the allocator's history (+0.4-0.8 GB on either stack) more than
 the tensors alive at once. With the threshold fixed, peak RSS tracks live tensors, as CUDA's max_memory_allocated
@@ -38,7 +39,7 @@ does. On CUDA: max_memory_allocated minus memory_allocated at the same point. Ti
 after one warm-up step. The parity lines compare the two stacks' loss and gradient norm at every step (same
 inputs, same weights).
 
-Measured on the 2-core CPU box (fp32, 28 layers):
+Measured on the 2-core CPU box (fp32, 28 layers; before RssFile was subtracted, so both peaks include the code pages):
     python bench/train_step.py --seq 256 --prompt 64 --grad-checkpoint     (B=2, 192 completion tokens; idle box)
         ours 38.8 s (best 37.1), peak 0.53 GB   hf+peft 41.3 s (best 40.6), peak 0.97 GB  ->  0.94x time, 0.55x peak
     python bench/train_step.py --repeats 1              (B=2, T=128, no checkpointing; shared box, times noisy)
@@ -230,6 +231,11 @@ def reset_peak(device):
         f.write("5")  # resets VmHWM, the peak resident set (Linux >= 4.0)
 
 
+def code_bytes(device):
+    """File-backed resident pages (shared libraries' code, mapped files): 0 on CUDA, where nothing counts them."""
+    return 0 if device == "cuda" else rss_bytes("RssFile")
+
+
 def used(device, peak):
     if device == "cuda":
         return torch.cuda.max_memory_allocated() if peak else torch.cuda.memory_allocated()
@@ -246,7 +252,7 @@ def child(args):
     with torch.no_grad():  # safetensors weights may be mapped lazily: page them all in before the baseline
         for t in model.state_dict().values():
             t.sum()
-    base = used(args.device, peak=False)
+    base, code0 = used(args.device, peak=False), code_bytes(args.device)
     losses, norms, times, phases = [], [], [], []
     for i in range(1 + args.repeats):
         if i == 1:
@@ -272,7 +278,9 @@ def child(args):
         if i > 0:
             times.append(time.perf_counter() - t0)
             phases.append(marks)
-    peak = used(args.device, peak=True) - base
+    # the library code the first backward (or the checkpointed recompute) pages in is resident too, and counted
+    # in VmHWM: 27-45 MB on the tiny model, more than its activations. It is not memory the step allocates.
+    peak = used(args.device, peak=True) - base - (code_bytes(args.device) - code0)
     med = {k: statistics.median(p[k] for p in phases) for k in phases[0]}
     print(json.dumps({"peak": peak, "base": base, "times": times, "phases": med, "losses": losses, "norms": norms}))
 

@@ -343,7 +343,8 @@ def run_python_checks(checks, answer):
 
 def _run_driver(code, checks):
     job = json.dumps({"code": code, "checks": checks})
-    limit = sum(float(c.get("timeout", SANDBOX_DEFAULTS["timeout"])) + 2 for c in checks) + _DRIVER_MARGIN
+    from minigrpo.pydriver import WALL_FACTOR     # a criterion's timeout is CPU seconds; its wall limit is this x
+    limit = sum(WALL_FACTOR * float(c.get("timeout", SANDBOX_DEFAULTS["timeout"])) + 2 for c in checks) + _DRIVER_MARGIN
     with tempfile.TemporaryDirectory(prefix="minigrpo-driver-") as folder:
         with open(os.path.join(folder, "solution.py"), "w") as f:    # for code-inspection criteria
             f.write(code)

@@ -6,7 +6,7 @@ import math
 import time
 
 from minigrpo.presets import PRESETS
-from minigrpo.runs import RunFolder
+from minigrpo.runs import TRACKERS, RunFolder, require_tracker
 from minigrpo.tasks import TASKS, task_class
 
 
@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-limit", type=int, default=64, help="val examples per eval")
     p.add_argument("--resume", action="store_true", help="continue runs/<run-name> from its latest checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--log-to", choices=sorted(TRACKERS),
+                   help="also send each step's metrics to TensorBoard (runs/<name>/tensorboard) or Weights & Biases "
+                        "(optional packages: pip install tensorboard / wandb)")
     p.add_argument("--plan", action="store_true",
                    help="print the run's memory plan from the model's config.json and exit (minigrpo/memplan.py)")
     return p
@@ -122,6 +125,7 @@ def resolve_args(argv=None) -> argparse.Namespace:
     check_task_flags(args, given)
     if args.run_name is None:
         args.run_name = f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}"
+    require_tracker(args.log_to)
     return args
 
 

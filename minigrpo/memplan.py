@@ -18,8 +18,10 @@ peak = weights + trainable + max(rollout, training): the sampler's cache is free
 Activations are not guessed from a formula: one decoder layer of each kind is built at the config's width (random
 values, no checkpoint read), LoRA injected as the run would, and run forward at two lengths on the CPU while
 `torch.autograd.graph.saved_tensors_hooks` adds up every tensor autograd keeps for backward. That gives bytes per
-token and per token^2 (the attention mask SDPA keeps) for this code as it is. During backward one layer's
-gradients are alive at a time; the plan counts them as one more layer's activations. On CUDA the attention kernel
+token and per token^2 (the attention mask SDPA keeps) for this code as it is. The same run measures the layer's
+backward: the most bytes its gradients and temporaries hold beyond the saved activations (a tensor counts from the
+op that makes it until its storage is freed), which is the working set the plan adds on top of the saved ones; with
+checkpointing, one layer is recomputed and backpropagated at a time. On CUDA the attention kernel
 differs from the CPU's (memory-efficient attention with a mask keeps the same O(T) output + log-sum-exp and an
 O(T^2) mask); a GPU peak is checked by bench/device.py, which prints the plan next to the measured step.
 
@@ -33,6 +35,9 @@ import os
 from dataclasses import dataclass
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from minigrpo.logprobs import LOGIT_BYTES
 from minigrpo.lora import DEFAULT_TARGETS, inject_lora
@@ -99,28 +104,73 @@ def cache_bytes(cfg, rows, slots, dtype_bytes):
 def _saved_bytes(fn, skip):
     """Run fn() and add up the storage of every tensor autograd saves for backward (each storage once; the
     storages in `skip`, e.g. parameters and inputs shared by all layers, not at all)."""
-    seen, total = set(skip), 0
+    return _measure(fn, skip, backward=False)[0]
+
+
+class _LiveBytes(TorchDispatchMode):
+    """Bytes of every tensor storage an op made and that is still alive, and the most at once since `peak` was
+    last set: each op's outputs are counted once, and dropped when their storage is freed."""
+
+    def __init__(self):
+        super().__init__()
+        self.alive, self.live, self.peak = {}, 0, 0
+
+    def sweep(self):
+        for ptr in [p for p, (ref, _) in self.alive.items() if ref.expired()]:
+            self.live -= self.alive.pop(ptr)[1]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.sweep()
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                st = t.untyped_storage()
+                if st.data_ptr() and st.data_ptr() not in self.alive:
+                    self.alive[st.data_ptr()] = (StorageWeakRef(st), st.nbytes())
+                    self.live += st.nbytes()
+        self.peak = max(self.peak, self.live)
+        return out
+
+
+def _measure(fn, skip, backward=True):
+    """(bytes autograd saves in fn(), bytes its backward holds at most beyond them). The backward runs from a
+    gradient of ones on fn()'s output, so every saved tensor is used and freed as in training."""
+    seen, saved = set(skip), 0
 
     def pack(t):
-        nonlocal total
+        nonlocal saved
         st = t.untyped_storage()
         if st.data_ptr() not in seen:
             seen.add(st.data_ptr())
-            total += st.nbytes()
+            saved += st.nbytes()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return total
+    counter = _LiveBytes()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), counter:
+        y = fn()
+        if not backward:
+            return saved, 0
+        counter.sweep()
+        after_forward = counter.peak = counter.live
+        y.backward(torch.ones_like(y))
+    return saved, counter.peak - after_forward
 
 
 @dataclass
 class LayerCost:
     per_token: float      # bytes per token
     per_token2: float     # bytes per token^2 of one sequence (the attention mask, CPU and CUDA kernels alike)
+    backward: "LayerCost | None" = None   # the same form for the backward's working set beyond the saved bytes
 
     def bytes(self, B, T):
         return B * (self.per_token * T + self.per_token2 * T * T)
+
+    @staticmethod
+    def fit(lengths, measured):
+        """Bytes per token and per token^2 from B=1 measurements at two lengths."""
+        (t1, m1), (t2, m2) = zip(lengths, measured)
+        b = (m2 / t2 - m1 / t1) / (t2 - t1)
+        return LayerCost(m1 / t1 - b * t1, b)
 
 
 def layer_costs(cfg, dtype, lora_r, targets=DEFAULT_TARGETS, lengths=(128, 256)):
@@ -148,10 +198,9 @@ def layer_costs(cfg, dtype, lora_r, targets=DEFAULT_TARGETS, lengths=(128, 256))
             cos, sin = rot(torch.arange(T)[None], x.dtype)
             shared = [t.untyped_storage().data_ptr() for t in (cos, sin, mask, real)]
             shared += [p.untyped_storage().data_ptr() for p in block.parameters()]
-            measured.append(_saved_bytes(lambda: block(x, cos, sin, mask, real), shared))
-        (t1, m1), (t2, m2) = zip(lengths, measured)
-        b = (m2 / t2 - m1 / t1) / (t2 - t1)
-        costs[kind] = LayerCost(m1 / t1 - b * t1, b)
+            measured.append(_measure(lambda: block(x, cos, sin, mask, real), shared))
+        costs[kind] = LayerCost.fit(lengths, [m[0] for m in measured])
+        costs[kind].backward = LayerCost.fit(lengths, [m[1] for m in measured])
         del block
     norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.family == "qwen3_5").to(wdtype)  # before the head
     x = torch.randn(1, 128, cfg.hidden_size, dtype=wdtype, requires_grad=True)
@@ -166,12 +215,13 @@ def _rotary(cfg):
 def activation_bytes(cfg, costs, B, T, dtype_bytes, checkpointing):
     """Saved activations of one micro-batch, and the most alive at once during its backward."""
     layers = [costs[k].bytes(B, T) for k in cfg.layer_types]
+    grads = max(costs[k].backward.bytes(B, T) for k in cfg.layer_types)  # one layer's backward at a time
     final = costs["final_norm"].bytes(B, T)
     mask = B * T * T  # the (B, 1, T, T) bool attention mask, built once per forward
-    if checkpointing:  # each layer keeps its input; in backward one layer is recomputed, then its gradients
+    if checkpointing:  # each layer keeps its input; in backward one layer is recomputed, then backpropagated
         saved = len(layers) * B * T * cfg.hidden_size * dtype_bytes + final + mask
-        return saved + 2 * max(layers)
-    return sum(layers) + final + mask + max(layers)
+        return saved + max(costs[k].bytes(B, T) + costs[k].backward.bytes(B, T) for k in cfg.layer_types)
+    return sum(layers) + final + mask + grads
 
 
 def logprob_bytes(cfg, rows, dtype_bytes, entropy=True):

@@ -34,10 +34,12 @@ Input on stdin: {"code": ..., "checks": [{"test", "timeout", "memory_mb", ...}, 
 line {"results": [[passed, reason], ...], "weaknesses": [...]}.
 """
 
+import binascii
 import builtins
 import collections.abc
 import importlib.util
 import json
+import marshal
 import sys
 import threading
 import time
@@ -46,9 +48,15 @@ import traceback
 from minigrpo import wire, wire_rpc
 from minigrpo.sandbox import Limits, Sandbox
 
-# The sandboxed child's program: the channel's codec, then its request/reply and server (see wire_rpc.py)
+# The sandboxed child's program: the channel's codec, then its request/reply and server (see wire_rpc.py). It is
+# compiled here once and handed over as marshalled bytecode (the child runs this same interpreter), so that no
+# sandbox spends its start-up compiling 650 lines.
 CHILD_SOURCE = open(wire.__file__).read() + "\n" + open(wire_rpc.__file__).read()
+CHILD_PROGRAM = "import binascii as _b, marshal as _m\nexec(_m.loads(_b.a2b_base64(%r)))\n" % binascii.b2a_base64(
+    marshal.dumps(compile(CHILD_SOURCE, "<sandbox child>", "exec")), newline=False).decode()
 TEST_FILE = "<criterion>"
+WALL_FACTOR = 3         # a criterion's wall-clock limit, in multiples of its `timeout` (which is CPU seconds)
+WATCH_EVERY = 0.05      # seconds between two readings of the sandbox's CPU and wall time
 
 
 class CaseFailed(Exception):
@@ -162,21 +170,30 @@ class DriverEndpoint(wire_rpc.Endpoint):
 # One sandboxed answer process
 
 class Answer:
-    """The answer's sandboxed process and the driver's end of its channel, with a wall-clock deadline."""
+    """The answer's sandboxed process and the driver's end of its channel, with its time limits: the criterion's
+    `timeout` in CPU seconds of the whole sandbox, and WALL_FACTOR times that in wall seconds (for an answer that
+    sleeps or blocks). CPU time does not grow when the machine is loaded, so an honest answer passes on a busy
+    host (8 judge workers on 2 cores, beside training) as on an idle one."""
 
     def __init__(self, code, limits, files=None):
         self.limits, self.failure = limits, None
         self.sandbox = Sandbox({**(files or {}), "solution.py": code}, limits)
-        proc = self.sandbox.start([sys.executable, "-I", "-c", CHILD_SOURCE])
+        proc = self.sandbox.start(python_source=CHILD_PROGRAM)
         self.endpoint = DriverEndpoint("d", proc.stdout, proc.stdin, self._proxy, self._serve)
         self.cpu_budget = None
-        self.timer = threading.Timer(limits.timeout, self._time_out)
-        self.timer.daemon = True
-        self.timer.start()
+        self.closed = threading.Event()
+        threading.Thread(target=self._watch, daemon=True).start()
 
-    def _time_out(self):
-        self.failure = self.failure or f"timed out after {self.limits.timeout:g}s"
-        self.sandbox.close()
+    def _watch(self):
+        while not self.closed.wait(WATCH_EVERY):
+            if self.cpu_seconds() > self.limits.cpu_budget:
+                self.failure = self.failure or f"timed out: used its {self.limits.cpu_budget:g}s of CPU"
+            elif self.sandbox.wall_seconds() > self.limits.timeout:
+                self.failure = self.failure or f"timed out after {self.limits.timeout:g}s (wall clock)"
+            else:
+                continue
+            self.sandbox.close()
+            return
 
     def _proxy(self, hid, kind, info):
         if kind == "class" and "exception" in info:
@@ -224,7 +241,7 @@ class Answer:
             raise CaseFatal(self.failure)
 
     def close(self):
-        self.timer.cancel()
+        self.closed.set()
         self.sandbox.close()
 
 
@@ -257,7 +274,8 @@ def _test_line(tb):
 
 def run_criterion(code, check):
     """(passed: bool, reason) for one python check on the answer's code."""
-    limits = Limits(timeout=float(check.get("timeout", 10.0)), memory_mb=int(check.get("memory_mb", 2048)),
+    seconds = float(check.get("timeout", 10.0))
+    limits = Limits(timeout=WALL_FACTOR * seconds, cpu_s=seconds, memory_mb=int(check.get("memory_mb", 2048)),
                     nproc=int(check.get("nproc", 64)), fsize_mb=int(check.get("fsize_mb", 16)))
     files = {f"{name}.py": source for name, source in check.get("stub_if_missing", {}).items()
              if importlib.util.find_spec(name) is None}

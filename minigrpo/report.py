@@ -1,5 +1,6 @@
 """Reports for eval.py, the verifier MDP and the revise experiment: JSON files, a Markdown table comparing models side
-by side, PNG plots, the MDP's solve-rate tables and the revise experiment's table in the soyuz seed's shape.
+by side, PNG plots (drawn with minigrpo/plots.py's plumbing), the MDP's solve-rate tables and the revise experiment's
+table in the soyuz seed's shape.
 
 Results are nested plain dicts: {model label: {eval set: {metric: value}}}, e.g. {"base": {"gsm8k":
 {"strict_accuracy": 0.669, ...}}, "adapter": {...}}. Plots use matplotlib's Agg backend (no display needed);
@@ -11,6 +12,7 @@ import math
 import os
 
 from minigrpo.common import atomic_write
+from minigrpo import plots
 
 
 def write_json(obj, path: str) -> str:
@@ -56,34 +58,6 @@ def compare_table(results: dict, metrics: list[str], percent: tuple = ()) -> str
     return "\n".join(lines) + "\n"
 
 
-def read_metrics(path: str) -> list[dict]:
-    """The rows of a metrics.jsonl (one JSON object a line; blank or torn last lines skipped)."""
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a run killed mid-write leaves a torn last line
-    return rows
-
-
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")  # files only, never a window
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def _smooth(ys: list[float], window: int) -> list[float]:
-    """Trailing moving average: RL curves are noisy step to step."""
-    out, acc = [], []
-    for y in ys:
-        acc = (acc + [y])[-window:]
-        out.append(sum(acc) / len(acc))
-    return out
-
-
 def curve_keys(rows: list[dict]) -> list[str]:
     """The numeric metrics worth a curve by default: rewards, scores and accuracies."""
     keys = dict.fromkeys(k for r in rows for k, v in r.items()
@@ -94,12 +68,12 @@ def curve_keys(rows: list[dict]) -> list[str]:
 def plot_curves(metrics: str | list[dict], out_path: str, keys: list[str] | None = None, smooth: int = 1,
                 x_key: str = "step") -> str | None:
     """One panel per metric against the step (the row number when rows have no `x_key`); None if nothing to draw."""
-    rows = read_metrics(metrics) if isinstance(metrics, str) else metrics
+    rows = plots.read_metrics(metrics) if isinstance(metrics, str) else metrics
     keys = keys or curve_keys(rows)
     keys = [k for k in keys if any(k in r for r in rows)]
     if not keys:
         return None
-    plt = _pyplot()
+    plt = plots.pyplot()
     cols = min(2, len(keys))
     nrows = math.ceil(len(keys) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(6 * cols, 3.2 * nrows), squeeze=False)
@@ -108,18 +82,18 @@ def plot_curves(metrics: str | list[dict], out_path: str, keys: list[str] | None
         xs, ys = [p[0] for p in pts], [float(p[1]) for p in pts]
         if smooth > 1:
             ax.plot(xs, ys, alpha=0.25, color="C0")
-        ax.plot(xs, _smooth(ys, max(1, smooth)), color="C0")
+        ax.plot(xs, plots.smooth(ys, max(1, smooth)), color="C0")
         ax.set_title(key)
         ax.set_xlabel(x_key)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(keys):]:
         ax.axis("off")
-    return _save(fig, plt, out_path)
+    return plots.save(fig, out_path)
 
 
 def plot_bars(results: dict, out_path: str, metric: str = "strict_accuracy", percent: bool = True) -> str:
     """Grouped bars: one group per eval set, one bar per model, the value written on each bar."""
-    plt = _pyplot()
+    plt = plots.pyplot()
     labels = list(results)
     sets = list(dict.fromkeys(s for label in labels for s in results[label]))
     width = 0.8 / max(1, len(labels))
@@ -136,15 +110,7 @@ def plot_bars(results: dict, out_path: str, metric: str = "strict_accuracy", per
         ax.set_ylim(0, 105)
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
-    return _save(fig, plt, out_path)
-
-
-def _save(fig, plt, out_path: str) -> str:
-    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(out_path, dpi=120)
-    plt.close(fig)
-    return out_path
+    return plots.save(fig, out_path)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -215,10 +181,7 @@ def mdp_markdown_table(header: list, rows: list) -> str:
 
 def plot_solve_rate(results: dict, path: str):
     """Solve rate (hidden-all) against probe budget, one line per policy."""
-    import matplotlib
-    matplotlib.use("Agg")                                   # files only: no display on servers or in tests
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    fig, ax = plots.pyplot().subplots(figsize=(5.5, 3.8))
     for name, r in results.items():
         budgets = sorted(r["overall"])
         ax.plot(budgets, [100 * r["overall"][b]["solved"] for b in budgets], marker="o", label=name)
@@ -226,9 +189,7 @@ def plot_solve_rate(results: dict, path: str):
     ax.set_xticks(budgets)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    plots.save(fig, path)
 
 
 def write_mdp_report(results: dict, out_dir: str) -> dict:
@@ -310,7 +271,7 @@ def _markdown(header, rows) -> str:
 def plot_revise(results, path: str, smooth: int = 5) -> str:
     """Left: each metric, base and every trained arm (bars: mean over seeds; dots: each seed). Right: each arm's
     turn-0 (solid) and final (dashed) score during training, mean over seeds, trailing mean over `smooth` steps."""
-    plt = _pyplot()
+    plt = plots.pyplot()
     policies = _policies(results)
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.2))
     metrics = REVISE_METRICS[:5]
@@ -333,12 +294,12 @@ def plot_revise(results, path: str, smooth: int = 5) -> str:
         n = min(len(c) for c in curves)
         for key, style in (("turn0_score", "-"), ("final_score", "--")):
             ys = [sum(c[i][key] for c in curves) / len(curves) for i in range(n)]
-            right.plot([c["step"] for c in curves[0][:n]], _smooth(ys, smooth), style, color=f"C{j}",
+            right.plot([c["step"] for c in curves[0][:n]], plots.smooth(ys, smooth), style, color=f"C{j}",
                        label=f"{p}: {'turn-0' if key == 'turn0_score' else 'final'}")
     right.set(xlabel="GRPO step", ylabel="score (training rollouts)", title="during training (mean over seeds)")
     right.legend(fontsize=7)
     right.grid(alpha=0.3)
-    return _save(fig, plt, path)
+    return plots.save(fig, path)
 
 
 def write_revise_report(results, out_dir: str) -> dict:

@@ -4,13 +4,17 @@
     runs/<name>/metrics.jsonl        one line per optimizer step
     runs/<name>/samples.jsonl        prompts, completions, scores (and judge reasons) per step
     runs/<name>/checkpoints/step-N/  weights + trainer state (minigrpo/checkpoints.py: save, load, list, prune)
+    runs/<name>/curves.png           the metrics drawn against step (minigrpo/plots.py)
+    runs/<name>/tensorboard/         with --log-to tensorboard (W&B: runs/<name>/wandb_id names the W&B run)
 
 config.json is written to a temporary name and renamed into place (rename is atomic on POSIX). The append-only
 logs are cut back to the checkpoint's step on resume, so the resumed run's logs equal an uninterrupted run's.
 """
+import importlib
 import json
 import math
 import os
+import secrets
 
 import numpy as np
 import torch
@@ -150,6 +154,69 @@ def epoch_summary(metrics_path, max_rows: int = 10) -> str:
         label = f"{block[0]}" if len(block) == 1 else f"{block[0]}-{block[-1]}"
         lines.append(f"| {label} | {len(rs)} | {sum(rs) / len(rs):.3f} | {rs[0]:.3f} | {rs[-1]:.3f} |")
     return "\n".join(lines)
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# --log-to: the same per-step metrics, also sent to TensorBoard or Weights & Biases. Neither package is a
+# requirement of minigrpo: the flag checks its package at start, before any model is loaded.
+
+TRACKERS = {"tensorboard": ("torch.utils.tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}  # module, pip
+
+
+def require_tracker(kind: str | None):
+    """Exit with one line that names the flag and the package to install when --log-to's package is missing."""
+    if kind is None:
+        return
+    module, package = TRACKERS[kind]
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise SystemExit(f"--log-to {kind} needs the {package} package: pip install {package}") from None
+
+
+class Tracker:
+    """Each step's numbers (its metrics.jsonl line) to TensorBoard or W&B; a no-op for kind None (other ranks).
+
+    Resume appends, as metrics.jsonl does. TensorBoard writes into the same runs/<name>/tensorboard and hides the
+    events past the checkpoint (purge_step), as the log is cut back to it. W&B resumes the run whose id
+    runs/<name>/wandb_id holds; it ignores a step logged twice, so the steps between the checkpoint and a kill
+    keep their first values there. A run that starts at step 0 is a new W&B run."""
+
+    def __init__(self, kind: str | None, run: RunFolder, config: dict, step: int):
+        self.kind, self.writer = kind, None
+        if kind == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+            self.writer = SummaryWriter(run.file("tensorboard"), purge_step=step + 1)
+        elif kind == "wandb":
+            import wandb
+            self.writer = wandb.init(project=os.environ.get("WANDB_PROJECT", "minigrpo"),
+                                     name=os.path.basename(run.path), id=wandb_id(run, new=step == 0),
+                                     resume="allow", config=config, dir=run.path)
+
+    def log(self, m: dict):
+        scalars = {k: float(v) for k, v in m.items()
+                   if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if self.kind == "tensorboard":
+            for k, v in scalars.items():
+                self.writer.add_scalar(k, v, m["step"])
+            self.writer.flush()            # a step takes seconds; a killed run loses no logged step
+        elif self.kind == "wandb":
+            self.writer.log(scalars, step=m["step"])
+
+    def close(self):
+        if self.kind == "tensorboard":
+            self.writer.close()
+        elif self.kind == "wandb":
+            self.writer.finish()
+
+
+def wandb_id(run: RunFolder, new: bool) -> str:
+    """The W&B run id of this run folder: made and saved on a fresh start, read back on --resume."""
+    path = run.file("wandb_id")
+    if new or not os.path.exists(path):
+        atomic_write(path, secrets.token_hex(4) + "\n")
+    with open(path) as f:
+        return f.read().strip()
 
 
 class ProgressBar:

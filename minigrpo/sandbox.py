@@ -112,16 +112,17 @@ class Sandbox:
         self._lock = threading.Lock()
 
     # --- start ---------------------------------------------------------------------------------------------------
-    def start(self, argv):
+    def start(self, argv=(), python_source=None):
+        """Start `argv`, or with `python_source` the sandbox's Python running that program (`python -I -c`)."""
         if self.proc is not None:
             raise RuntimeError("Sandbox.start called twice")
         try:
-            return self._start(list(argv))
+            return self._start(list(argv), python_source)
         except BaseException:
             self.close()
             raise
 
-    def _start(self, argv):
+    def _start(self, argv, python_source):
         if self.mode is None:
             self.mode, weak = best_mode()
             self.weaknesses += weak
@@ -149,7 +150,7 @@ class Sandbox:
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
                "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                "NUMEXPR_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
-        payload = launcher_argv(lim, uid, mode, has_cgroup=self._cg is not None) + argv
+        payload = launcher_argv(lim, uid, mode, self._cg is not None, python_source) + argv
         if mode.startswith("bwrap"):
             self.workdir = WORKDIR
             inner = bwrap_command(lim, self.files, self._fds, uid, mode == "bwrap-userns", payload)

@@ -19,8 +19,11 @@ from minigrpo.sandbox_host import UidSlot, pids_of_uid
 # ------------------------------------------------------------------------------------------------------------------
 # The launcher and the stub
 
-def launcher_argv(limits, uid, mode, has_cgroup):
-    """The launcher's command line (the payload's argv follows it): the rlimits to set, and the uid to drop to."""
+def launcher_argv(limits, uid, mode, has_cgroup, python_source=None):
+    """The launcher's command line (the payload's argv follows it): the rlimits to set, and the uid to drop to.
+    With `python_source`, the launcher does not exec a payload: it is the payload's first lines, and the whole is
+    one `python -I -c` (one interpreter start fewer per sandbox; only the Python installation's own start-up code
+    runs before the limits and the uid drop, never anything of the answer's)."""
     rl = [("RLIMIT_CORE", 0), ("RLIMIT_FSIZE", int(limits.fsize_mb) << 20),
           ("RLIMIT_CPU", int(limits.cpu_budget) + 1)]
     if not has_cgroup:
@@ -32,30 +35,39 @@ def launcher_argv(limits, uid, mode, has_cgroup):
     elif uid is not None and mode != "bwrap-pool":
         rl.append(("RLIMIT_NPROC", int(limits.nproc)))
     conf = json.dumps({"rlimits": rl, "uid": uid})
+    if python_source is not None:
+        return [sys.executable, "-I", "-c", _DROP + python_source, conf]
     return [sys.executable, "-I", "-S", "-c", _LAUNCHER, conf]
 
 
-# Runs first inside the sandbox: lower the limits, drop to the sandbox uid, no-new-privs, exec the payload.
-_LAUNCHER = r"""
-import json, os, resource, sys
-c = json.loads(sys.argv[1])
-for name, v in c["rlimits"]:
-    r = getattr(resource, name)
-    hard = resource.getrlimit(r)[1]
-    v = v if hard == resource.RLIM_INFINITY else min(v, hard)
-    resource.setrlimit(r, (v, v))
-if c["uid"] is not None:
-    os.setgroups([])
-    os.setresgid(c["uid"], c["uid"], c["uid"])
-    os.setresuid(c["uid"], c["uid"], c["uid"])
-    if os.getuid() != c["uid"] or os.geteuid() != c["uid"]:
-        os._exit(126)
-try:
-    import ctypes
-    ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)   # PR_SET_NO_NEW_PRIVS
-except Exception:
-    pass
-import signal
+# Runs first inside the sandbox: lower the limits, drop to the sandbox uid, no-new-privs; then (_LAUNCHER) exec
+# the payload, or (_DROP + a program) go on as that program.
+_DROP = r"""
+import json as _json, os as _os, resource as _resource, sys as _sys
+def _drop(c):
+    os, resource, sys = _os, _resource, _sys
+    for name, v in c["rlimits"]:
+        r = getattr(resource, name)
+        hard = resource.getrlimit(r)[1]
+        v = v if hard == resource.RLIM_INFINITY else min(v, hard)
+        resource.setrlimit(r, (v, v))
+    if c["uid"] is not None:
+        os.setgroups([])
+        os.setresgid(c["uid"], c["uid"], c["uid"])
+        os.setresuid(c["uid"], c["uid"], c["uid"])
+        if os.getuid() != c["uid"] or os.geteuid() != c["uid"]:
+            os._exit(126)
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)   # PR_SET_NO_NEW_PRIVS
+    except Exception:
+        pass
+_drop(_json.loads(_sys.argv[1]))
+del _drop, _json, _os, _resource, _sys
+"""
+
+_LAUNCHER = _DROP + r"""
+import os, signal, sys
 for name in ("SIGPIPE", "SIGXFSZ"):     # Python ignores these; an exec'd payload should start with the defaults
     signal.signal(getattr(signal, name), signal.SIG_DFL)
 try:

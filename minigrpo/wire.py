@@ -24,6 +24,7 @@ always plain data.
 import base64
 import builtins
 import json
+import operator
 import struct
 import sys
 
@@ -113,6 +114,27 @@ def _all_native(values):
     return set(map(type, values)) <= _NATIVE
 
 
+def _snapshot(v):
+    """What a shared container holds now, by identity: the objects in it (a dict: its keys, then its values), or a
+    bytearray's bytes."""
+    if type(v) is bytearray:
+        return bytes(v)
+    if type(v) is dict:
+        return list(v), list(v.values())
+    return list(v)      # list; a set in its (stable while unchanged) iteration order
+
+
+def _unchanged(v, snap):
+    """Whether v holds the very objects its snapshot does, in the same order. By identity, not ==: 1 -> True or
+    1 -> 1.0 is a change (the wire keeps exact types), and an unchanged container costs no encoding to check."""
+    if type(v) is bytearray:
+        return v == snap
+    if type(v) is dict:
+        return type(snap) is tuple and len(v) == len(snap[0]) and all(map(operator.is_, v, snap[0])) \
+            and all(map(operator.is_, v.values(), snap[1]))
+    return type(snap) is list and len(v) == len(snap) and all(map(operator.is_, v, snap))
+
+
 def _stdlib_value(v, t, codec, depth):
     """The encoding of a datetime-family, Decimal, Fraction, UUID or path value, else None. Their modules are
     looked up, never imported: a value of one of these types exists only once its module is, and the sandboxed
@@ -166,7 +188,7 @@ class Codec:
         self.proxies = {}                           # peer hid -> local proxy
         self.proxy_refs = {}                        # id(proxy) -> the peer's handle it stands for
         self.shared, self.shared_ids = {}, {}       # mid -> container; id(container) -> mid
-        self.sent = {}                              # mid -> contents as last sent or received (to find changes)
+        self.sent = {}                              # mid -> snapshot as last sent or received (to find changes)
         self.counter = 0
 
     def _new_id(self, prefix):
@@ -228,7 +250,7 @@ class Codec:
         mid = self._new_id("m")
         self.shared[mid], self.shared_ids[id(v)] = v, mid
         contents = self._contents(v, depth)
-        self.sent[mid] = self._contents(v)     # as the next sync will see it (nested containers by reference)
+        self.sent[mid] = _snapshot(v)          # as the next sync will see it (nested containers by reference)
         return ["M", mid, type(v).__name__, contents]
 
     def _encode_library(self, tag, v, depth):
@@ -333,7 +355,7 @@ class Codec:
             obj = {"list": list, "dict": dict, "set": set, "bytearray": bytearray}[kind]()
             self.shared[mid], self.shared_ids[id(obj)] = obj, mid
         self._fill(obj, contents, depth)
-        self.sent[mid] = self._contents(obj)
+        self.sent[mid] = _snapshot(obj)
         return obj
 
     def _fill(self, obj, contents, depth=0):
@@ -398,10 +420,9 @@ class Codec:
         """[[mid, contents], ...] of the shared containers whose contents changed since last sent or received."""
         out = []
         for mid, obj in list(self.shared.items()):
-            contents = self._contents(obj)
-            if contents != self.sent.get(mid):
-                out.append([mid, contents])
-                self.sent[mid] = self._contents(obj)
+            if not _unchanged(obj, self.sent.get(mid)):
+                out.append([mid, self._contents(obj)])
+                self.sent[mid] = _snapshot(obj)
         return out
 
     def preregister(self, message):
@@ -425,4 +446,4 @@ class Codec:
             if obj is None:
                 raise ProtocolError("sync of an unknown container")
             self._fill(obj, contents)
-            self.sent[mid] = self._contents(obj)
+            self.sent[mid] = _snapshot(obj)

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from minigrpo import report
+from minigrpo import plots, report
 from minigrpo.evals import gsm8k as ge
 from minigrpo.tasks import gsm8k as g
 
@@ -371,7 +371,7 @@ def test_plots_are_written(tmp_path):
     lines = [json.dumps({"step": i, "reward_mean": i / 10, "reward_std": 0.1, "kl": 0.01 * i, "acc": i / 20})
              for i in range(12)]
     metrics.write_text("\n".join(lines) + '\n{"step": 12, "rew')  # a torn last line is skipped
-    assert report.curve_keys(report.read_metrics(str(metrics))) == ["reward_mean", "reward_std", "acc"]
+    assert report.curve_keys(plots.read_metrics(str(metrics))) == ["reward_mean", "reward_std", "acc"]
     out = report.plot_curves(str(metrics), str(tmp_path / "plots" / "curves.png"), smooth=3)
     results = {"base": {"gsm8k": {"strict_accuracy": 0.669}, "svamp": {"strict_accuracy": 0.767}},
                "adapter": {"gsm8k": {"strict_accuracy": 0.873}, "svamp": {"strict_accuracy": 0.867}}}

@@ -310,3 +310,49 @@ def test_a_callback_does_not_reach_the_tests_globals(judge):
     attack = ("def f(callback):\n    try:\n        return callback.__globals__['SECRET']\n"
               "    except Exception:\n        return None")
     assert judge.grade(_one_criterion(test), fenced(attack)).score == 1.0       # it ran, and found nothing
+
+
+# -- the channel itself ----------------------------------------------------------------------------------------------
+
+FORGE = """
+import json, os, struct
+def _forge(value):
+    # a reply written straight onto every descriptor the channel could be on, ahead of the real one
+    data = json.dumps({"ok": value, "sync": []}).encode()
+    frame = struct.pack(">I", len(data)) + data
+    for fd in range(3, 40):
+        try:
+            os.write(fd, frame * 4)
+        except OSError:
+            pass
+"""
+
+
+@pytest.mark.parametrize("forged, then", [
+    ("True", "return []"),                                                         # a truthy reply, then ours
+    ("[[1, 5], [6, 9]]", "return []"),                                             # a plausible value
+    ("[['R', 'dm%d' % i] for i in range(1, 40)] + [['H', 'dh%d' % i, 'callable', {}] for i in range(1, 40)]",
+     "return []"),                                                                 # the driver's own ids, guessed
+    ("True", "import os\n    os._exit(0)"),                                        # forge, then leave
+], ids=["truthy", "plausible", "guessed_ids", "forge_then_exit"])
+def test_forged_replies_on_the_channel_do_not_pay(judge, forged, then):
+    attack = FORGE + f"""
+def merge_intervals(iv):
+    if any(s > e for s, e in iv):
+        raise ValueError
+    _forge({forged})
+    {then}
+"""
+    assert_no_gain(judge, "interval-merge", fenced(attack))
+
+
+@pytest.mark.parametrize("exc", [
+    "class Skipped(BaseException):\n    pass",                # what pytest.skip raises: not an Exception
+    "class Skipped(AssertionError):\n    pass",               # an assertion of the answer's own
+    "import unittest\nSkipped = unittest.SkipTest",
+    "Skipped = KeyboardInterrupt",
+    "Skipped = GeneratorExit",
+], ids=["base_exception", "assertion_subclass", "skip_test", "keyboard_interrupt", "generator_exit"])
+def test_raising_what_a_test_runner_treats_as_skip_or_stop_does_not_pay(judge, exc):
+    attack = exc + "\ndef merge_intervals(iv):\n    raise Skipped('skipped')"
+    assert_no_gain(judge, "interval-merge", fenced(attack))

@@ -10,7 +10,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIBRARY = os.path.join(ROOT, "minigrpo")
 RUNTIME = {"torch", "tokenizers", "safetensors", "huggingface_hub", "numpy", "tqdm", "matplotlib", "regex"}   # pyproject
 OPTIONAL = {"pyarrow",   # gsm8k's parquet reader, imported on use with an actionable error when missing
-            "pandas"}    # the judge's wire decodes a DataFrame an answer returns, only when one crosses
+            "pandas",    # the judge's wire decodes a DataFrame an answer returns, only when one crosses
+            "wandb"}     # train.py --log-to wandb, imported on use; checked at start with an actionable error
 TOP_LEVEL = {os.path.splitext(n)[0] for n in os.listdir(ROOT) if n.endswith(".py") or
              os.path.isdir(os.path.join(ROOT, n))} - {"minigrpo"}    # train, eval, judge, mdp, bench, tests, ...
 

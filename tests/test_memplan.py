@@ -68,8 +68,4 @@ def test_plan_within_25_percent_of_a_measured_step():
         sys.path.pop(0)
     for ckpt, planned, measured in memplan_check.check(memplan_check.parse(["--batch", "8", "--seq", "256",
                                                                             "--prompt", "128"])):
-        # Without checkpointing the plan is within 25% in every venv tried. With it, the plan matched (0.87x) in the
-        # development venv but was 0.55x of the measured peak RSS in CI's fresh venv (same torch): an open gap
-        # (issue 19's note), bounded here at 50% so a larger regression still fails.
-        bound = 0.5 if ckpt else 0.25
-        assert abs(planned / measured - 1) < bound, (ckpt, planned, measured)
+        assert abs(planned / measured - 1) < 0.25, (ckpt, planned, measured)

@@ -94,7 +94,10 @@ def test_torchrun_two_ranks_match_one_process(tmp_path):
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     cmd = [torchrun, "--standalone", "--nproc_per_node", "2", "train.py", *SMALL, "--runs-dir", str(tmp_path),
            "--run-name", "two", *args]
-    subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, check=True, timeout=600)
+    # gloo picks its interface from the hostname unless told; a CI container's hostname may not resolve
+    env = {**ENV, "GLOO_SOCKET_IFNAME": ENV.get("GLOO_SOCKET_IFNAME", "lo")}
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
     w1, _ = final_weights(tmp_path / "one")
     w2, _ = final_weights(tmp_path / "two")
     for k in w1:

@@ -10,7 +10,7 @@ import shlex
 import sys
 import time
 
-from minigrpo import checkpoints, report
+from minigrpo import checkpoints, plots, report
 from minigrpo.common import derive_seed, mean, pick_device, pick_dtype
 from minigrpo.lora import adapters_disabled, fold_lora, load_adapter
 from minigrpo.model import Qwen
@@ -108,10 +108,10 @@ def run_curves(args, out) -> list:
     compliance of the training samples (samples.jsonl's reward details), which metrics.jsonl does not hold."""
     if args.run is None:
         return []
-    rows = report.read_metrics(os.path.join(args.run, "metrics.jsonl"))
+    rows = plots.read_metrics(os.path.join(args.run, "metrics.jsonl"))
     samples = os.path.join(args.run, "samples.jsonl")
     if os.path.exists(samples):
-        by_step = per_step_accuracy(report.read_metrics(samples))
+        by_step = per_step_accuracy(plots.read_metrics(samples))
         rows = [{**r, **by_step.get(r.get("step"), {})} for r in rows]
     keys = [k for k in ("reward_mean", "train_accuracy", "train_lenient_accuracy", "train_format_compliance",
                         "score_turn0", "recovery", "bad_start_share", "kl", "completion_len")

@@ -39,7 +39,7 @@ import torch
 
 from minigrpo import report
 from minigrpo.common import derive_seed, pick_device
-from minigrpo.report import read_metrics
+from minigrpo.plots import read_metrics
 from minigrpo.sampler import sample
 from minigrpo.supervised import sft_loop
 from minigrpo.tasks.mdp_pipeline import TINY_MDP, Clock, save_model, scratch_model
