@@ -137,16 +137,19 @@ def check_task_flags(args, given):
     turns = task_class(args.task).turns
     for key in ("recovery_coef", "turn0_guard"):
         if key in given and turns < 2:
-            flag = "--no-turn0-guard" if key == "turn0_guard" and not given[key] else f"--{key.replace('_', '-')}"
-            raise SystemExit(f"{flag}: only two-turn tasks (soyuz, revise) use it, not --task {args.task}")
+            raise SystemExit(f"{_flag(key, given)}: only two-turn tasks (soyuz, revise) use it, not --task {args.task}")
     if args.experiment and args.task != "revise":
         raise SystemExit(f"--experiment: only --task revise has one (--task {args.task} runs one training run; "
                          "--task mdp runs its pipeline without the flag)")
     if args.experiment and args.model != "tiny":
         raise SystemExit(f"--experiment: the revise experiment pretrains --model tiny from scratch, not "
                          f"{args.model} (train another model on --task revise without --experiment)")
-    clash = [f for f in ("recovery_coef", "turn0_guard", "resume") if f in given]
-    if args.experiment and clash:
-        flag = clash[0].replace("_", "-")
-        raise SystemExit(f"--{'no-' if given[clash[0]] is False else ''}{flag}: --experiment runs its own arms and "
-                         "folders (minigrpo/tasks/revise_pipeline.py ARMS); drop it, or run one arm without --experiment")
+    for key in ("recovery_coef", "turn0_guard", "resume"):
+        if args.experiment and key in given:
+            raise SystemExit(f"{_flag(key, given)}: --experiment sets it for each of its arms (minigrpo/tasks/"
+                             "revise_pipeline.py ARMS); drop it, or run one arm without --experiment")
+
+
+def _flag(key, given) -> str:
+    """The flag as the user typed it: --no-turn0-guard for turn0_guard=False."""
+    return f"--{'no-' if given[key] is False else ''}{key.replace('_', '-')}"
