@@ -5,15 +5,20 @@ it. A random byte-level model almost never writes it (1 chance in ~260 per byte)
 GRPO only has to raise the probability of one byte after the chat template's `assistant\\n`, which is the
 smallest real credit-assignment problem there is. It proves the loop learns, not that the model reasons.
 
-The train split holds each letter once, so a step of 8 tasks sees all eight: the pushes every group gives to "its"
+The train split holds each letter once, so a step of 4 tasks sees all four: the pushes every group gives to "its"
 letter's unconditional probability cancel out, and what is left to learn is reading the prompt. With a random
-draw of letters per step one letter wins early and the policy collapses to it (mean reward stuck near 1/8).
-"""
-import string
+draw of letters per step one letter wins early and the policy collapses to it (with eight letters the mean
+reward stuck near 1/8).
 
+Four letters, none of which occurs anywhere else in the prompt ("Repeat the letter", the template's "user" and
+"assistant"). With eight (a..h) the policy first learns to write letters whatever the prompt (entropy 5.5 -> 1.5
+in 40 steps, reward stuck at 1/8), settles on a subset of them, and the prompts whose letter it no longer writes
+give groups with no reward spread, hence no gradient: the preset's old run climbed to ~0.5 and fell back. With
+a..d, 'a' (in every prompt) was the letter the failed runs fell back to when they could not tell two apart.
+"""
 from minigrpo.tasks import SingleTurnTask
 
-CHARS = string.ascii_lowercase[:8]  # a..h: few enough that every character is seen often in a short run
+CHARS = "bcdf"  # few enough that every letter is written often from the start; none is elsewhere in the prompt
 
 
 class RepeatCharTask(SingleTurnTask):
