@@ -1,5 +1,5 @@
-"""Mutation check of the core: does the test suite catch one-line bugs in grpo.py, sampler.py, lora.py and the
-update path of train.py? Not a test module (pytest collects test_*.py only); run it by hand:
+"""Mutation check of the core: does the test suite catch one-line bugs in grpo.py, logprobs.py, sampler.py, lora.py
+and the update path of train.py? Not a test module (pytest collects test_*.py only); run it by hand:
 
     python tests/mutate.py                      # every mutant, one at a time
     python tests/mutate.py --only kl_k3_to_k1   # some of them (names, comma-separated)
@@ -32,6 +32,7 @@ DESELECT = ["tests/test_soyuz_rollout.py::test_judging_overlaps_generation"]
 # test sets, fastest-failing first (pytest -x stops at the first failure)
 GOLDEN = ["tests/test_golden_lora.py", "tests/test_train.py::test_golden_tiny_run"]
 GRPO = ["tests/test_grpo.py", "tests/test_grpo_*.py", "tests/test_mask_truncated.py", *GOLDEN]
+LOGPROBS = ["tests/test_logprobs.py", *GRPO]
 SAMPLER = ["tests/test_sampler.py", "tests/test_sampler_*.py", *GOLDEN]
 LORA = ["tests/test_lora.py", "tests/test_lora_*.py", *GOLDEN]
 TRAIN = [*GOLDEN, "tests/test_mask_truncated.py", "tests/test_grpo_model.py", "tests/test_soyuz_rollout.py"]
@@ -64,7 +65,7 @@ MUTANTS = [
     ("prefill_cache_shared_between_samples", "return self._map(lambda x: x.repeat_interleave(n, dim=0))",
      "return self._map(lambda x: x.unsqueeze(1).expand(-1, n, *x.shape[1:]).flatten(0, 1))", SAMPLER),
     ("adapters_disabled_not_restoring", "            m.disabled = was", "            m.disabled = True", LORA),
-    # ---- grpo.py ----------------------------------------------------------------------------------------------
+    # ---- grpo.py, logprobs.py -----------------------------------------------------------------------------------
     ("kl_sign_of_log_ratio", "d = ref_logp - logp  # log(ref / pi)", "d = logp - ref_logp  # log(ref / pi)", GRPO),
     ("kl_k3_without_minus_one", "return torch.exp(d) - d - 1.0", "return torch.exp(d) - d", GRPO),
     ("kl_k1_sign", "    if kind == \"k1\":\n        return -d", "    if kind == \"k1\":\n        return d", GRPO),
@@ -100,14 +101,14 @@ MUTANTS = [
     ("recovery_none_prev_shaped", "    if s_prev is None:\n        return float(s)",
      "    if s_prev is None:\n        return float(s) + coef", GRPO),
     ("fused_logits_without_temperature", "    if temperature != 1.0:\n        z = z.div_(temperature)",
-     "    if temperature != 1.0:\n        z = z", GRPO),
-    ("fused_grad_without_temperature", "return g.div_(temperature) if temperature != 1.0 else g", "return g", GRPO),
+     "    if temperature != 1.0:\n        z = z", LOGPROBS),
+    ("fused_grad_without_temperature", "return g.div_(temperature) if temperature != 1.0 else g", "return g", LOGPROBS),
     ("chunk_logits_without_temperature", "logits = logits.div_(temperature)  # in place",
-     "logits = logits  # in place", GRPO),
-    ("fused_vocab_mask_off", "        z[:, vocab_size:] = float(\"-inf\")", "        z[:, vocab_size:] = 0.0", GRPO),
+     "logits = logits  # in place", LOGPROBS),
+    ("fused_vocab_mask_off", "        z[:, vocab_size:] = float(\"-inf\")", "        z[:, vocab_size:] = 0.0", LOGPROBS),
     ("logprobs_without_attention_mask",
      "h = model.hidden(input_ids, attention_mask=attention_mask)[:, start:-1]",
-     "h = model.hidden(input_ids)[:, start:-1]", GRPO),
+     "h = model.hidden(input_ids)[:, start:-1]", LOGPROBS),
     ("span_mask_off_by_one", "return (pos >= starts) & (pos < starts + lengths)",
      "return (pos > starts) & (pos <= starts + lengths)", GRPO),
     ("dpo_margin_sign", "margin = chosen - rejected", "margin = rejected - chosen", GRPO),
