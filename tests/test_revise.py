@@ -3,13 +3,13 @@ scoring, the critique's content, the splits, the shaping flags (--recovery-coef,
 do to each turn's reward, for revise and soyuz alike."""
 import re
 from argparse import Namespace
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
 import train
 from minigrpo.flags import resolve_args
+from minigrpo.sampler import Sample
 from minigrpo.tasks import task_from_args, twoturn
 from minigrpo.tasks.revise import RevisionTask, critique, grade, letter_sets
 from minigrpo.tasks.soyuz import SoyuzTask
@@ -18,16 +18,9 @@ from minigrpo.tokenizer import Tokenizer
 EX = {"id": "t", "letters": "dbca", "target": "abcd"}
 
 
-@dataclass
-class FakeSample:
-    text: str
-    completion_ids: list
-    logprobs: list
-    finish_reason: str = "eos"
-
-
 def fake(tok, text):
-    return FakeSample(text, tok.encode(text) + [tok.im_end_id], [-0.5] * (len(text) + 1))
+    """What the sampler returns for `text` ended by EOS (the byte tokenizer: one id per character)."""
+    return Sample(0, tok.encode(text) + [tok.im_end_id], [-0.5] * (len(text) + 1), "eos", text)
 
 
 def apply_critique(previous: str, message: str, n: int) -> str:

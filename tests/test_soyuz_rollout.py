@@ -7,12 +7,12 @@ import sys
 import time
 from argparse import Namespace
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import pytest
 
 import train
 from minigrpo.judge import CriterionResult, Verdict
+from minigrpo.sampler import Sample
 from minigrpo.tasks.soyuz import SoyuzTask, critique, recovery_metrics
 from minigrpo.tokenizer import Tokenizer
 
@@ -20,14 +20,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASKS = [{"id": f"t{k}", "family": "writing", "prompt": f"Write poem {k}.",
           "criteria": [{"id": "c1", "text": "Mentions the sea", "check": None},
                        {"id": "c2", "text": "Has exactly four lines", "check": None}]} for k in range(3)]
-
-
-@dataclass
-class FakeSample:
-    text: str
-    completion_ids: list
-    logprobs: list
-    finish_reason: str = "eos"
 
 
 class ScriptedJudge:
@@ -65,7 +57,7 @@ def scripted_generate(tok, turn0_texts, delay=0.0, log=None):
                 texts = turn0_texts[:n]
             else:
                 texts = ["good answer" if "Scrap it" in text else "meh answer"]
-            out.append([FakeSample(t, tok.encode(t) + [tok.im_end_id], [-0.5] * (len(t) + 1)) for t in texts])
+            out.append([Sample(0, tok.encode(t) + [tok.im_end_id], [-0.5] * (len(t) + 1), "eos", t) for t in texts])
         return out
     return generate
 
