@@ -31,7 +31,7 @@ import torch
 
 from minigrpo import checkpoints, grpo, plots
 from minigrpo.common import derive_seed, left_pad, mean, pick_device, pick_dtype
-from minigrpo.dist import all_gather_objects, all_reduce_, assert_replicas_in_sync, init_distributed
+from minigrpo.dist import all_gather_objects, all_reduce_, assert_replicas_in_sync, finish_distributed, init_distributed
 from minigrpo.flags import resolve_args
 from minigrpo.lora import adapters_disabled, inject_lora
 from minigrpo.model import Qwen, enable_activation_checkpointing
@@ -404,6 +404,7 @@ def main(argv=None):
         return run_experiment(args, trainer=train)
     try:
         train(args)
+        finish_distributed()  # torchrun: the process group is torn down before exit, not by it
     except StopRun as e:      # a run-policy rule (a judge that is down): one line; the last checkpoint is intact
         print(f"train.py: {e}", file=sys.stderr)
         raise SystemExit(1) from None
