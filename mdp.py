@@ -24,9 +24,9 @@ def cmd_baselines(args):
     if args.planner:   # the ceiling without the target (minigrpo/mdp_planner.py), between the heuristics and the oracle
         oracle = results.pop("oracle")
         results.update(planner=mdp.evaluate(planner_policy, records), oracle=oracle)
-    (h1, r1), (h2, r2) = report.mdp_tables(results)
+    tables = (*report.mdp_tables(results), report.mdp_choice_table(results))
     print(f"{len(records)} {args.split} records ({args.per_cell} per regime x library size), seed {args.seed}\n")
-    print(report.mdp_markdown_table(h1, r1) + "\n\n" + report.mdp_markdown_table(h2, r2))
+    print("\n\n".join(report.mdp_markdown_table(header, rows) for header, rows in tables))
     if args.out:
         for path in report.write_mdp_report(results, args.out).values():
             print("wrote", path)

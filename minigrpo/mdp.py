@@ -401,15 +401,47 @@ def build_states(records: list, states_per_record: int = MAX_BUDGET, oracle_prob
 # ----------------------------------------------------------------------------------------------------------------
 # Evaluation: play each record from its start with a budget of b probes, for every b
 
-def play(policy_fn, records: list, budget: int, scramble: bool = False, batched: bool = False) -> list:
+def play(policy_fn, records: list, budget: int, scramble: bool = False, batched: bool = False,
+         moves: list | None = None) -> list:
     """Final states after `budget` steps of `policy_fn(text, state) -> letter` on every record. With batched=True
-    the policy is called once per step with all records' (texts, states) and returns a list of letters."""
+    the policy is called once per step with all records' (texts, states) and returns a list of letters. `moves`,
+    if given, receives every (state, letter) the policy played."""
     states = [new_state(rec, budget) for rec in records]
     for _ in range(budget):
         texts = [state_text(s, scramble) for s in states]
         letters = policy_fn(texts, states) if batched else [policy_fn(t, s) for t, s in zip(texts, states)]
+        if moves is not None:
+            moves.extend(zip(states, letters))
         states = [advance(s, letter) for s, letter in zip(states, letters)]
     return states
+
+
+def choice_stats(moves: list) -> dict:
+    """How a policy's probes compare with the rules', over the (state, letter) moves it played. Counted at the
+    states where some probe still splits the survivors ("states"; "idle" counts the others, where every letter is
+    as good as any): the share of its letters among minimax's best (smallest largest group: the ranking the
+    compact prompt shows; ties included), among max-split's best (fewest expected survivors), among the oracle's
+    best (highest action value with the probes left), and that repeat a letter already probed. An invalid answer
+    is none of these."""
+    counts = {"minimax_best": 0, "max_split_best": 0, "oracle_best": 0, "repeat": 0}
+    idle = 0
+    for state, letter in moves:
+        w, T = world(state["record"]), mask_of(state["probed"])
+        splits = w.splits(T)
+        if all(len(g) == 1 for g in splits):          # no probe splits the survivors: nothing to choose between
+            idle += 1
+            continue
+        if letter not in LETTERS:
+            continue
+        a = LETTERS.index(letter)
+        largest, survivors = [g[0] for g in splits], expected_survivors(state)
+        values = w.action_values(T, state["left"])
+        counts["minimax_best"] += largest[a] == min(largest)
+        counts["max_split_best"] += survivors[a] == min(survivors)
+        counts["oracle_best"] += values[a] >= values.max() - 1e-12
+        counts["repeat"] += letter in state["probed"]
+    n = len(moves) - idle
+    return {"states": n, "idle": idle, **{k: v / n if n else float("nan") for k, v in counts.items()}}
 
 
 def _mean(rows: list) -> dict:
@@ -419,16 +451,19 @@ def _mean(rows: list) -> dict:
 
 def evaluate(policy_fn, records: list, budgets=(0, 1, 2, 3), scramble: bool = False, batched: bool = False) -> dict:
     """Per-budget metrics {"overall": {b: {solved, exact, survivors}}, "by_regime": {regime: {b: ...}},
-    "by_lib": {L: {b: ...}}}; each budget is a separate game (a budget-aware policy sees `left=b` at the start)."""
-    rows = []
+    "by_lib": {L: {b: ...}}, "solved_by_record": {b: [0/1 per record]}, "choices": choice_stats(...) of its moves
+    in the largest budget's games}; each budget is a separate game (a budget-aware policy sees `left=b` at the
+    start)."""
+    rows, moves = [], []
     for b in budgets:
-        for s in play(policy_fn, records, b, scramble, batched):
+        for s in play(policy_fn, records, b, scramble, batched, moves if b == max(budgets) else None):
             rec = s["record"]
             rows.append({"budget": b, "regime": rec["regime"], "lib_size": rec["lib_size"],
                          **world(rec).metrics(mask_of(s["probed"]))})
     out = {"overall": {b: _mean([r for r in rows if r["budget"] == b]) for b in budgets},
            # each record's outcome, in record order: what a paired comparison of two policies resamples
-           "solved_by_record": {b: [r["solved"] for r in rows if r["budget"] == b] for b in budgets}}
+           "solved_by_record": {b: [r["solved"] for r in rows if r["budget"] == b] for b in budgets},
+           "choices": choice_stats(moves)}
     for key, name in (("regime", "by_regime"), ("lib_size", "by_lib")):
         groups = sorted({r[key] for r in rows})
         out[name] = {g: {b: _mean([r for r in rows if r[key] == g and r["budget"] == b]) for b in budgets}

@@ -167,11 +167,22 @@ def mdp_difference_table(results: dict, pairs=MDP_DIFFERENCES) -> tuple:
     return header, rows
 
 
+def mdp_choice_table(results: dict) -> tuple:
+    """(header, rows): how each policy's probes compare with the rules' in its largest-budget games
+    (mdp.choice_stats): the states counted, then the share of its letters among minimax's, max-split's and the
+    oracle's best and that repeat a probe, in percent. Policies evaluated without "choices" are left out."""
+    header = ["policy", "states", "minimax-best", "max-split-best", "oracle-best", "repeats"]
+    keys = ("minimax_best", "max_split_best", "oracle_best", "repeat")
+    rows = [[name, r["choices"]["states"]] + [100 * r["choices"][k] for k in keys]
+            for name, r in results.items() if "choices" in r]
+    return header, rows
+
+
 def mdp_markdown_table(header: list, rows: list) -> str:
     """Rates get a % sign; the survivors column is a plain count; differences are signed points."""
     def cell(h, x):
-        if isinstance(x, str):
-            return x
+        if isinstance(x, (str, int)):
+            return str(x)
         if h in ("points", "95% low", "95% high"):
             return f"{x:+.1f}"
         return f"{x:.1f}" + ("" if h.startswith("survivors") else "%")
@@ -195,12 +206,13 @@ def plot_solve_rate(results: dict, path: str):
 def write_mdp_report(results: dict, out_dir: str) -> dict:
     """Writes overall_by_policy_budget.{md,csv} (solved at each budget, exact and survivors at the top one),
     regime_split.{md,csv}, differences.{md,csv} (MDP_DIFFERENCES present in results, with paired bootstrap 95%
-    intervals; header only when none is) and solve_rate_vs_budget.png into out_dir; returns {file name: path}. CSV
-    rates and differences are in percent (points)."""
+    intervals; header only when none is), probe_choices.{md,csv} (mdp_choice_table) and solve_rate_vs_budget.png
+    into out_dir; returns {file name: path}. CSV rates and differences are in percent (points)."""
     os.makedirs(out_dir, exist_ok=True)
     paths = {}
-    tables = (*mdp_tables(results), mdp_difference_table(results))
-    for name, (header, rows) in zip(("overall_by_policy_budget", "regime_split", "differences"), tables):
+    tables = (*mdp_tables(results), mdp_difference_table(results), mdp_choice_table(results))
+    names = ("overall_by_policy_budget", "regime_split", "differences", "probe_choices")
+    for name, (header, rows) in zip(names, tables):
         for ext in ("md", "csv"):
             paths[f"{name}.{ext}"] = os.path.join(out_dir, f"{name}.{ext}")
         with open(paths[f"{name}.md"], "w") as f:

@@ -239,7 +239,9 @@ def test_mdp_takes_the_prompt_style_from_the_pipeline_run(tmp_path, mdp_run, mon
     start = {"compact": "left=", "full": "Find the hidden program."}[style]
     assert len(seen) == 6 * 8 and all(s.startswith(start) for s in seen)   # budgets 0..3: 6 steps, 8 records
     assert set(res["results"]) == {"model", "random", "minimax", "max-split", "oracle"}
-    assert f"prompt style: {style}" in (tmp_path / "out" / "report.md").read_text()
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert f"prompt style: {style}" in report and "| policy | states | minimax-best |" in report
+    assert res["results"]["model"]["choices"]["states"] > 0
 
 
 def test_mdp_plays_the_pipeline_runs_eval_records(tmp_path, mdp_run, monkeypatch):

@@ -176,6 +176,46 @@ def test_states_are_informative_and_rewards_in_range():
         assert oracle_values[mdp.LETTERS.index(e["oracle"])] == oracle_values.max()
 
 
+def test_choice_stats_score_each_rule_by_its_own_letters(eval_records):
+    """Each rule's own letters are 100% its best; repeats and invalid answers are no rule's; the states counted are
+    those of the largest budget's games where some probe still splits the survivors."""
+    res = mdp.baselines(eval_records)
+    for name, key in (("minimax", "minimax_best"), ("max-split", "max_split_best"), ("oracle", "oracle_best")):
+        assert res[name]["choices"][key] == 1.0 and res[name]["choices"]["repeat"] == 0.0
+    choices = res["random"]["choices"]
+    assert 0 < choices["minimax_best"] < 1 and 0 < choices["repeat"] < 1
+    # the same counts by hand, from the prompt's view of each state (its "splits": one group = splits nothing)
+    want = {"states": 0, "minimax_best": 0, "max_split_best": 0, "oracle_best": 0, "repeat": 0}
+    for state in (s for rec in eval_records for s in _budget3_states(mdp.random_policy(0), rec)):
+        splits = mdp.view(state)["splits"]
+        if max(len(g) for g in splits) == 1:
+            continue
+        a = mdp.LETTERS.index(mdp.random_policy(0)("", state))
+        largest, survivors = [max(g) for g in splits], [sum(b * b for b in g) for g in splits]
+        value = mdp.world(state["record"]).action_values(mdp.mask_of(state["probed"]), state["left"])
+        want["states"] += 1
+        want["minimax_best"] += largest[a] == min(largest)
+        want["max_split_best"] += survivors[a] == min(survivors)
+        want["oracle_best"] += value[a] == max(value)
+        want["repeat"] += mdp.LETTERS[a] in state["probed"]
+    assert choices["states"] == want["states"] and choices["idle"] == 3 * len(eval_records) - want["states"]
+    for key in ("minimax_best", "max_split_best", "oracle_best", "repeat"):
+        assert choices[key] == want[key] / want["states"], key
+    always_a = mdp.evaluate(lambda text, state: "A", eval_records)["choices"]
+    assert always_a["repeat"] > 0.5                            # after its first probe, A splits nothing
+    invalid = mdp.evaluate(lambda text, state: "?", eval_records)["choices"]
+    assert invalid["states"] > 0 and all(invalid[k] == 0 for k in ("minimax_best", "oracle_best", "repeat"))
+
+
+def _budget3_states(policy, record):
+    """The three decision states of one budget-3 game."""
+    state, out = mdp.new_state(record, 3), []
+    for _ in range(3):
+        out.append(state)
+        state = mdp.advance(state, policy("", state))
+    return out
+
+
 def test_report_files(tmp_path, eval_records):
     results = mdp.baselines(eval_records[:8])
     paths = report.write_mdp_report(results, str(tmp_path / "report"))
@@ -183,6 +223,11 @@ def test_report_files(tmp_path, eval_records):
         rows = list(csv.reader(open(paths[f"{name}.csv"])))
         assert [r[0] for r in rows[1:]] == ["random", "minimax", "max-split", "oracle"]
         assert open(paths[f"{name}.md"]).read().startswith("| policy |")
+    choices = {r["policy"]: r for r in csv.DictReader(open(paths["probe_choices.csv"]))}
+    assert list(choices) == ["random", "minimax", "max-split", "oracle"]
+    assert float(choices["minimax"]["minimax-best"]) == 100.0 and float(choices["oracle"]["oracle-best"]) == 100.0
+    assert int(choices["random"]["states"]) == results["random"]["choices"]["states"]
+    assert "| minimax | " in open(paths["probe_choices.md"]).read()
     assert open(paths["solve_rate_vs_budget.png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 

@@ -38,8 +38,8 @@ def test_shrunken_pipeline_sft_beats_random(tmp_path):
     solved = lambda name: sum(r["solved"] for r in res[name]["overall"].values())
     assert solved("SFT") > solved("random")
     assert list(res) == list(P.ORDER)
-    for name in ("overall_by_policy_budget.md", "regime_split.csv", "solve_rate_vs_budget.png", "results.json",
-                 "sft/model.safetensors", "dpo_adapter/adapter_model.safetensors",
+    for name in ("overall_by_policy_budget.md", "regime_split.csv", "probe_choices.md", "solve_rate_vs_budget.png",
+                 "results.json", "sft/model.safetensors", "dpo_adapter/adapter_model.safetensors",
                  "grpo_adapter/adapter_model.safetensors"):
         assert os.path.exists(tmp_path / "mdp" / name), name
     assert json.load(open(tmp_path / "mdp" / "results.json"))["time"]["total"]["wall_s"] > 0

@@ -65,7 +65,8 @@ def eval_mdp(args, out):
     results.update(task.baselines("eval"))
     paths = report.write_mdp_report(results, out)
     tables = []
-    for name in ("overall_by_policy_budget", "regime_split") + (("differences",) if "adapter" in results else ()):
+    names = ("overall_by_policy_budget", "regime_split", "probe_choices")
+    for name in names + (("differences",) if "adapter" in results else ()):
         with open(paths[f"{name}.md"]) as f:
             tables.append((name.replace("_", " "), f.read()))
     source = "--mdp-prompt" if args.mdp_prompt else "pipeline.json" if "prompt" in run else "default"

@@ -19,8 +19,10 @@ programs) and answers one letter; the verifier runs that probe (minigrpo/mdp.py)
     5. controls         process-DPO on shuffled rewards (MDPTask(shuffle_rewards=True)); the process-DPO policy
                         evaluated on prompts whose split summaries are scrambled across letters
     6. report           every policy plays the eval records greedily at budgets 0..3 (one batched sampler call
-                        per step over all records); report.write_mdp_report writes the seed's two tables (Markdown, CSV)
-                        and the plot into the run folder, with the SFT weights and the LoRA adapters
+                        per step over all records); report.write_mdp_report writes the seed's two tables
+                        (Markdown, CSV), the paired differences, how each policy's probes compare with the
+                        rules' (probe_choices) and the plot into the run folder, with the SFT weights and the
+                        LoRA adapters
 
 Stage settings live in PIPELINES, picked by --model: "tiny" is the CPU quickstart, any other model id the seed's
 GPU recipe (Qwen/Qwen3.5-4B: SFT 360 steps, DPO 160, GRPO 120 with G = 8, batch 2 x grad-accum 2).
@@ -373,7 +375,7 @@ def finish(results, invalid, clock, run_dir, args) -> dict:
     with open(os.path.join(run_dir, "results.json"), "w") as f:
         json.dump({"results": results, "invalid_answers": invalid, "time": {**clock.rows, "total": total}}, f,
                   indent=2, default=str)
-    for name in ("overall_by_policy_budget", "regime_split", "differences"):
+    for name in ("overall_by_policy_budget", "regime_split", "differences", "probe_choices"):
         with open(paths[f"{name}.md"]) as f:
             print("\n" + f.read().rstrip())
     bad = ", ".join(f"{k} {n}/{m}" for k, (n, m) in invalid.items() if n)
