@@ -32,7 +32,9 @@ def init_distributed(device) -> Dist:
 def finish_distributed():
     """Tear the process group down once training has ended on every rank. Left to the interpreter's exit, gloo's
     and NCCL's threads may meet their destructors first: C++ std::terminate ("terminate called without an active
-    exception", SIGABRT) in one rank after a run that completed, seen once in CI in a 2-rank gloo run."""
+    exception", SIGABRT) in one rank after a run that completed, seen once in CI in a 2-rank gloo run (the known
+    cause: pytorch/pytorch#190489). Only after a run that ended well: a rank that raised may leave the others
+    inside a collective, where a barrier would wait forever."""
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
         dist.barrier()              # no rank leaves while another still talks to it

@@ -107,6 +107,28 @@ def test_torchrun_two_ranks_match_one_process(tmp_path):
     assert [m["reward_mean"] for m in m1] == [m["reward_mean"] for m in m2]
 
 
+def test_the_process_group_is_torn_down_after_a_run(tmp_path, monkeypatch):
+    """train.py destroys the process group itself once a run has ended (dist.finish_distributed): left to the
+    interpreter's exit, gloo's worker threads can abort a rank with std::terminate after a run that completed
+    (pytorch/pytorch#190489; seen once in CI in the 2-rank test above). Shown on a 1-rank gloo group in a fresh
+    process; without a group (one process, no torchrun) it does nothing."""
+    code = ("import torch.distributed as dist\n"
+            "from minigrpo.dist import finish_distributed\n"
+            f"dist.init_process_group('gloo', init_method='file://{tmp_path / 'store'}', rank=0, world_size=1)\n"
+            "finish_distributed()\n"
+            "print('initialized' if dist.is_initialized() else 'destroyed')\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "destroyed", out.stderr[-2000:]
+    import train
+    calls = []
+    monkeypatch.setattr(train, "train", lambda args: calls.append("train"))
+    monkeypatch.setattr(train, "finish_distributed", lambda: calls.append("finish"))
+    train.main([*SMALL, "--runs-dir", str(tmp_path), "--steps", "1"])
+    assert calls == ["train", "finish"]
+    from minigrpo.dist import finish_distributed
+    finish_distributed()                                   # no group in this process: a no-op
+
+
 def test_three_non_finite_steps_stop_with_the_last_good_checkpoint(tmp_path, monkeypatch):
     """A non-finite gradient skips its step (weights untouched); three in a row stop the run with a clear error."""
     import train
