@@ -3,6 +3,7 @@ parser defaults, and with --resume the run's saved config.json does; a flag give
 both. Every resolved value goes to runs/<name>/config.json."""
 import argparse
 import math
+import os
 import time
 
 from minigrpo.presets import PRESETS
@@ -138,6 +139,10 @@ def check_task_flags(args, given):
     for key in ("recovery_coef", "turn0_guard"):
         if key in given and turns < 2:
             raise SystemExit(f"{_flag(key, given)}: only two-turn tasks (soyuz, revise) use it, not --task {args.task}")
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1 and (args.task == "mdp" or args.experiment):
+        what = "--task mdp" if args.task == "mdp" else "--experiment"
+        raise SystemExit(f"{what}: a pipeline of stages that run in one process (under torchrun every rank would "
+                         "run each stage and write the same run folder): run it with python, not torchrun")
     if args.experiment and args.task != "revise":
         raise SystemExit(f"--experiment: only --task revise has one (--task {args.task} runs one training run; "
                          "--task mdp runs its pipeline without the flag)")

@@ -58,6 +58,22 @@ def test_stage_flags_are_refused_not_ignored(flags, capsys):
     assert vars(resolve_args(["--task", "mdp", "--seed", "3", "--quiet"]))["seed"] == 3   # the flags it reads
 
 
+@pytest.mark.parametrize("argv, named", [(["--task", "mdp"], "--task mdp"),
+                                         (["--task", "revise", "--experiment"], "--experiment")])
+def test_pipelines_refuse_torchrun(argv, named, monkeypatch, capsys, tmp_path):
+    """The mdp pipeline and the revise experiment run their stages in one process: under torchrun (WORLD_SIZE > 1)
+    they are refused before anything runs, not run once per rank into the same run folder."""
+    import train
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit) as e:
+        train.main([*argv, "--model", "tiny", "--runs-dir", str(tmp_path)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"train.py: error: {named}:") and "not torchrun" in err[0]
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert resolve_args([*argv, "--model", "tiny"]).task == argv[1]
+
+
 def test_format_pretraining_answers_the_first_free_letter():
     """The from-scratch base learns the answer format and not to repeat a probe, nothing about which probe is
     good: its answer is the first letter not yet probed, whatever the probes' values (shuffled or not). Its data
