@@ -22,7 +22,9 @@ Per task (minigrpo/evals/<task>.py; what they share: minigrpo/evals/common.py):
     soyuz      the seed's metrics over one 2-turn rollout (answer -> critique -> revision) per task and sample:
                reward (final answer), turn-0 score, recovery, bad->good, good->bad; a per-task table
     synthetic  mean score
-    mdp        solve rate by probe budget, next to the random / minimax / max-split / oracle baselines (minigrpo/mdp.py)
+    mdp        solve rate by probe budget next to the random / minimax / max-split / oracle baselines, and which
+               probes it picks (probe_choices: among minimax's, max-split's, the oracle's best; repeats); the MDP
+               and its baselines are minigrpo/mdp.py
 """
 import argparse
 import os
