@@ -454,9 +454,9 @@ def evaluate(policy_fn, records: list, budgets=(0, 1, 2, 3), scramble: bool = Fa
     "by_lib": {L: {b: ...}}, "solved_by_record": {b: [0/1 per record]}, "choices": choice_stats(...) of its moves
     in the largest budget's games}; each budget is a separate game (a budget-aware policy sees `left=b` at the
     start)."""
-    rows, moves = [], []
+    rows, moves, top = [], [], max(budgets)
     for b in budgets:
-        for s in play(policy_fn, records, b, scramble, batched, moves if b == max(budgets) else None):
+        for s in play(policy_fn, records, b, scramble, batched, moves if b == top else None):
             rec = s["record"]
             rows.append({"budget": b, "regime": rec["regime"], "lib_size": rec["lib_size"],
                          **world(rec).metrics(mask_of(s["probed"]))})

@@ -179,7 +179,8 @@ def mdp_choice_table(results: dict) -> tuple:
 
 
 def mdp_markdown_table(header: list, rows: list) -> str:
-    """Rates get a % sign; the survivors column is a plain count; differences are signed points."""
+    """Rates get a % sign; the survivors column and integer counts (probe_choices' states) are plain numbers;
+    differences are signed points."""
     def cell(h, x):
         if isinstance(x, (str, int)):
             return str(x)
