@@ -319,6 +319,12 @@ def missing_packages(check):
     return [m for m in check.get("requires", []) if importlib.util.find_spec(m) is None]
 
 
+# A python check marked "evidence": "answer" decides its criterion from what the answer's own process reports (a
+# harness snippet's counters, a fake living beside the answer): the answer can forge that, so it is no evidence.
+# Such a criterion is unchecked here: the LLM grades it in hybrid and llm modes, local mode leaves it out.
+ANSWER_EVIDENCE = "unchecked: only the answer's own process could observe this (left to an LLM grader)"
+
+
 def run_python_checks(checks, answer):
     """[(True | False | None, reason), ...] for python checks on one answer, run by one driver process (each
     criterion in a fresh sandbox of its own). None only for a declared environment gap (a package in `requires`
@@ -326,7 +332,9 @@ def run_python_checks(checks, answer):
     out = [None] * len(checks)
     todo = []
     for i, check in enumerate(checks):
-        if missing := missing_packages(check):
+        if check.get("evidence") == "answer":
+            out[i] = (None, ANSWER_EVIDENCE)
+        elif missing := missing_packages(check):
             out[i] = (None, f"unchecked: package {missing} not installed")
         elif not (code := _target(check, answer, default="code")).strip():
             out[i] = (False, "no code found (no python/untagged fenced block)")
@@ -404,6 +412,8 @@ def validate_check(check, where="check"):
         validate_check(sub, f"{where}.checks[{i}]")
     if check["type"] == "not":
         validate_check(check["check"], f"{where}.check")
+    if check["type"] == "python" and check.get("evidence", "driver") not in ("driver", "answer"):
+        raise ValueError(f"{where}: python check 'evidence' must be \"driver\" or \"answer\"")
     try:
         if check["type"] == "regex":
             compile_pattern(check["pattern"], check.get("flags", ""))

@@ -21,6 +21,8 @@ Helpers a test sees besides the answer's names:
                                     data): for criteria that need the answer's objects in its own process (an event
                                     loop, a monkeypatched library, click's runner). The snippet holds inputs and
                                     fakes, never expected values: the asserts stay here.
+  memory_peak_mb()                  the most memory the sandbox (all its processes and files) has held so far, in
+                                    MB, read from its cgroup outside the answer; None where there is no cgroup
   solution_source                   the answer's code as text (for code-inspection criteria)
 
 A check may also carry `files` ({name: text}, placed in the sandbox's work folder before the answer starts, e.g.
@@ -327,8 +329,11 @@ def _scope(answer, code, names, module):
         codec = answer.endpoint.codec
         return answer.request("exec", source=source, kwargs=[[k, codec.encode(v)] for k, v in inputs.items()])
 
+    def memory_peak_mb():
+        return answer.sandbox.memory_peak_mb()
+
     helpers = {"__name__": "__criterion__", "raises": raises, "deadline": deadline, "in_sandbox": in_sandbox,
-               "solution": module, "solution_source": code}
+               "memory_peak_mb": memory_peak_mb, "solution": module, "solution_source": code}
     # the answer's names, as `from solution import *` would give them -- except any that would shadow a builtin
     # or one of our helpers (an answer's own `sorted` or `raises` must not decide a comparison)
     scope = {k: v for k, v in names.items() if k not in helpers and not hasattr(builtins, k)}

@@ -204,6 +204,11 @@ class Sandbox:
                 self._cpu_last = max(self._cpu_last, tree_ticks(self.proc.pid) / TICK)
             return self._cpu_last
 
+    def memory_peak_mb(self):
+        """Peak memory of the whole sandbox in MB, read from its cgroup (from outside); None without a cgroup."""
+        with self._lock:
+            return self._cg.memory_peak_mb() if self._cg is not None else None
+
     def wall_seconds(self):
         return 0.0 if self._t0 is None else time.monotonic() - self._t0
 

@@ -278,6 +278,16 @@ class Cgroup:
             pass
         return None
 
+    def memory_peak_mb(self):
+        """The most memory the whole tree has held at once (its tmpfs pages included), in MB, as the kernel counted
+        it; None where the cgroup does not keep a peak (v2 before Linux 5.19)."""
+        name = "memory.max_usage_in_bytes" if self.kind == "v1" else "memory.peak"
+        try:
+            with open(os.path.join(self.mem_dir, name)) as f:
+                return int(f.read()) / (1 << 20)
+        except (OSError, ValueError):
+            return None
+
     def kill_all(self, patience=5.0):
         """SIGKILL everything in the cgroup until it is empty (pids.max bounds how fast a fork bomb refills)."""
         if self.kind == "v2":
