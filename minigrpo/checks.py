@@ -350,24 +350,16 @@ def run_python_checks(checks, answer):
 
 
 def _run_driver(code, checks):
-    job = json.dumps({"code": code, "checks": checks})
-    from minigrpo.pydriver import WALL_FACTOR     # a criterion's timeout is CPU seconds; its wall limit is this x
+    from minigrpo.driver_host import run_driver     # here: the driver's host imports the sandbox, which is heavy
+    from minigrpo.pydriver import WALL_FACTOR       # a criterion's timeout is CPU seconds; its wall limit is this x
     limit = sum(WALL_FACTOR * float(c.get("timeout", SANDBOX_DEFAULTS["timeout"])) + 2 for c in checks) + _DRIVER_MARGIN
-    with tempfile.TemporaryDirectory(prefix="minigrpo-driver-") as folder:
-        with open(os.path.join(folder, "solution.py"), "w") as f:    # for code-inspection criteria
-            f.write(code)
-        env = {**os.environ, "PYTHONPATH": _PROJECT_ROOT, "PYTHONDONTWRITEBYTECODE": "1"}
-        try:
-            run = subprocess.run([sys.executable, "-m", "minigrpo.pydriver"], input=job, capture_output=True,
-                                 text=True, timeout=limit, cwd=folder, env=env, start_new_session=True)
-            results = json.loads(run.stdout.strip().splitlines()[-1])["results"]
-            if len(results) != len(checks):
-                raise ValueError("result count")
-        except (subprocess.TimeoutExpired, ValueError, IndexError, KeyError, TypeError, OSError) as e:
-            reason = f"the check driver failed ({type(e).__name__}); a failure of the judge never passes"
-            return [(False, reason)] * len(checks)
+    try:
+        results = run_driver(code, checks, limit)
+    except (ValueError, OSError) as e:
+        reason = f"the check driver failed ({type(e).__name__}); a failure of the judge never passes"
+        return [(False, reason)] * len(checks)
     note = _weaker_note()
-    return [(bool(passed) if passed is not None else False, str(reason) + note) for passed, reason in results]
+    return [(passed, reason + note) for passed, reason in results]
 
 
 def _weaker_note():

@@ -93,8 +93,9 @@ def isolation():
 class Sandbox:
     """One sandboxed process tree; see the module docstring. Use as a context manager, or call close()."""
 
-    def __init__(self, files=None, limits=None, env=None, _mode=None):
+    def __init__(self, files=None, limits=None, env=None, _mode=None, keep_fds=()):
         self.files = dict(files or {})
+        self.keep_fds = list(keep_fds)      # descriptors the payload inherits (a broker's socket), same numbers
         self.limits = limits or Limits()
         self.extra_env = dict(env or {})
         self.mode = _mode
@@ -163,7 +164,7 @@ class Sandbox:
         env.update({"HOME": self.workdir, "TMPDIR": self.workdir}, **self.extra_env)
         self.proc = subprocess.Popen(["/bin/sh", "-c", STUB, "sandbox"] + inner, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=cwd, env=env,
-                                     pass_fds=self._fds, start_new_session=True)
+                                     pass_fds=self._fds + self.keep_fds, start_new_session=True)
         self._t0 = time.monotonic()
         for fd in self._fds:
             with contextlib.suppress(OSError):

@@ -6,7 +6,8 @@ Messages are length-prefixed JSON. Values cross as type-tagged plain data, decid
 int`, never isinstance), so an answer's subclass of a builtin, an always-equal object or anything else that is not
 plain data never reaches the driver as something it could compare:
 
-    None, bool, int, float, complex, str, bytes, tuple, frozenset    by value
+    None, bool, int, float, complex, str, bytes, tuple, frozenset,
+    StandIn (an object made of members: functions and plain data)    by value
     list, dict, set, bytearray                                          shared: see below
     datetime, date, time, timedelta, timezone, Decimal, Fraction,
     UUID, PurePath, numpy arrays/scalars, pandas DataFrame/Series       by value (the few library types tests compare)
@@ -28,7 +29,7 @@ import operator
 import struct
 import sys
 
-MAX_MESSAGE = 64 << 20      # bytes; a longer message is a protocol error (the case fails)
+MAX_MESSAGE = 16 << 20      # bytes; a longer message is a protocol error (the case fails)
 MAX_DEPTH = 200             # nesting of a value; deeper is a protocol error
 _PLAIN_EXC = {}             # builtin exception classes by name, filled below
 
@@ -52,6 +53,31 @@ class Raised(Exception):
 for _name, _obj in vars(builtins).items():
     if isinstance(_obj, type) and issubclass(_obj, BaseException):
         _PLAIN_EXC[_name] = _obj
+
+
+class StandIn:
+    """An object made of members, which crosses by value: `StandIn(random=rng.random, name="x")` reaches the peer
+    as a fresh StandIn of its own whose `random` is a call-only stand-in for rng.random. It is how a test hands the
+    answer an object to call methods on (an rng, a clock, a fetcher, a database) while the object stays here."""
+
+    def __init__(self, **members):
+        self.__dict__.update(members)
+
+    def __repr__(self):
+        return f"StandIn({', '.join(sorted(vars(self)))})"
+
+
+def call_only_kind(v):
+    """'callable' for a function (Python or builtin, a bound method, a partial), 'iterator' for an iterator or
+    generator, else None: what the driver's side may hand over. A class is not a function here: calling one makes
+    an instance, which could not cross."""
+    t = type(v)
+    if t.__name__ in ("function", "builtin_function_or_method", "method", "method-wrapper") and \
+            t.__module__ == "builtins" or t.__module__ == "functools" and t.__name__ == "partial":
+        return "callable"
+    if hasattr(t, "__next__") and hasattr(t, "__iter__") and not isinstance(v, type):
+        return "iterator"
+    return None
 
 
 def builtin_base(cls):
@@ -180,10 +206,14 @@ class Codec:
     """One side's view of the shared values: its handles (objects the peer may call) and its shared containers.
 
     `side` is "c" (the sandboxed child) or "d" (the driver); ids made here carry it, so both sides' ids never clash.
-    `make_proxy(handle, kind, info)` builds the local stand-in for a peer object."""
+    `make_proxy(handle, kind, info)` builds the local stand-in for a peer object.
 
-    def __init__(self, side, make_proxy):
-        self.side, self.make_proxy = side, make_proxy
+    With `call_only` (the driver's side) only functions and iterators get a handle, as kind "callable" or
+    "iterator": the peer may call the one and step the other, and nothing else of them is reachable (see
+    `callable_kind`); any other object is refused, so no object of the driver but those ever crosses."""
+
+    def __init__(self, side, make_proxy, call_only=False):
+        self.side, self.make_proxy, self.call_only = side, make_proxy, call_only
         self.handles, self.handle_ids = {}, {}      # hid -> object we own; id(obj) -> hid
         self.proxies = {}                           # peer hid -> local proxy
         self.proxy_refs = {}                        # id(proxy) -> the peer's handle it stands for
@@ -210,6 +240,8 @@ class Codec:
             return ["T", self._items(v, depth)]
         if t is frozenset:
             return ["Z", self._items(v, depth)]
+        if t is StandIn:
+            return ["S", self._pairs(vars(v), depth)]
         if t in _MUTABLE:
             return self._encode_shared(v, depth)
         if t.__module__ == "collections" and t.__name__ in ("OrderedDict", "defaultdict", "Counter", "deque"):
@@ -268,6 +300,8 @@ class Codec:
                 self.encode(v.columns.name, depth + 1)]
 
     def _encode_handle(self, v):
+        if self.call_only:
+            return self._encode_call_only(v)
         hid = self.handle_ids.get(id(v))
         if hid is None or self.handles.get(hid) is not v:
             hid = self._new_id("h")
@@ -281,6 +315,17 @@ class Codec:
         if type(v).__name__ == "coroutine":
             kind = "coroutine"
         return ["H", hid, kind, info]
+
+    def _encode_call_only(self, v):
+        kind = call_only_kind(v)
+        if kind is None:
+            raise ProtocolError(f"a {type(v).__name__} object cannot be handed to the answer (only functions, "
+                                "iterators and plain data cross)")
+        hid = self.handle_ids.get(id(v))
+        if hid is None or self.handles.get(hid) is not v:
+            hid = self._new_id("h")
+            self.handles[hid], self.handle_ids[id(v)] = v, hid
+        return ["H", hid, kind, {"name": "callback" if kind == "callable" else "iterator"}]
 
     # -- decode ------------------------------------------------------------------------------------------------
     def decode(self, e, depth=0):
@@ -298,6 +343,8 @@ class Codec:
                 return base64.b64decode(e[1])
             if tag == "T":
                 return tuple(self._decode_items(e[1], depth))
+            if tag == "S":
+                return StandIn(**{str(k): self.decode(x, depth + 1) for k, x in e[1]})
             if tag == "Z":
                 return frozenset(self._decode_items(e[1], depth))
             if tag == "L":

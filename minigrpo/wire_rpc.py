@@ -24,8 +24,10 @@ class Endpoint:
     """`request(op, **fields)` sends a request and returns the decoded result, serving the peer's requests that
     arrive meanwhile with `handle(message)`. Both sides are single-threaded per request chain."""
 
-    def __init__(self, side, rfile, wfile, make_proxy, handle):
-        self.codec = Codec(side, make_proxy)
+    share_exception_classes = True      # an exception of a class of ours crosses with a handle to its class
+
+    def __init__(self, side, rfile, wfile, make_proxy, handle, call_only=False):
+        self.codec = Codec(side, make_proxy, call_only)
         self.rfile, self.wfile, self.handle = rfile, wfile, handle
 
     def exception(self, name, base, text, handle):
@@ -70,7 +72,8 @@ class Endpoint:
             raise
         except Exception as e:      # the handled code raised: send it over by name
             reply = {"raise": [type(e).__name__, builtin_base(type(e)), str(e)[:500]],
-                     "handle": self.codec.encode(type(e)) if type(e).__module__ != "builtins" else None}
+                     "handle": self.codec.encode(type(e)) if type(e).__module__ != "builtins"
+                     and self.share_exception_classes else None}
         except BaseException as e:  # exit, interrupt: never a normal result
             reply = {"exit": type(e).__name__}
             self.send(reply)

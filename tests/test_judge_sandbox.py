@@ -40,7 +40,7 @@ def test_infinite_loop_is_stopped():
 
 def test_hang_at_import_is_stopped():
     result, elapsed = grade("import time\ntime.sleep(60)", "pass")
-    assert result.passed is False and "timed out" in result.reason and elapsed < 30
+    assert result.passed is False and "stalled" in result.reason and elapsed < 15   # no CPU progress for 3 s
 
 
 def test_unbounded_allocation_fails_the_case():

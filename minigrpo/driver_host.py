@@ -1,0 +1,204 @@
+"""The judge's side of python checks: it starts the check driver confined, and brokers the answer's sandboxes.
+
+Who runs what, as which uid (the best isolation: root with bubblewrap and cgroups; minigrpo/sandbox.py):
+
+  judge process      the trainer's uid (often root). Holds the task file, the run folder, the verdict cache and
+                     the checkout. Runs no test code and no answer code: it starts the driver, serves the broker
+                     below, and reads the driver's one result line (checked: one (bool, str) per criterion).
+  driver sandbox     a pool uid of its own, its own mount namespace (no project tree, no run folders, no home, no
+                     host /tmp: the Python installation read-only, a private tmpfs), its own cgroup with a memory
+                     cap, an environment of a few fixed variables. Runs minigrpo/pydriver.py, which the judge hands
+                     over as bytecode in a file of its work folder (the project tree stays out of its view), and
+                     the hidden tests. Talks to the judge only through its stdin/stdout and the broker's socket.
+  answer sandbox     one per criterion, another pool uid, the same kind of confinement with the criterion's own
+                     limits. Runs the answer as module `solution` behind the plain-data channel (wire.py,
+                     wire_rpc.py), whose two pipe ends the broker hands to the driver.
+
+The broker (a thread of the judge process) makes and measures the answer's sandboxes for the driver, since only
+the judge may create cgroups and switch uids: `start` (criterion i: the judge takes files and limits from its own
+copy of the check; the driver can only lower the CPU time, and each criterion starts once), `cpu` and `memory` (the
+sandbox's cgroup, read from outside), `close`. It enforces each sandbox's own limits itself as well, so a driver
+that misbehaves cannot keep an answer running past them. So code that somehow ran in the driver could decide this
+answer's grades (as the driver does anyway), but not another sample's grade, the checkout, the judge's cache or the
+host: it has none of them in view and no uid that could write them.
+"""
+
+import binascii
+import functools
+import json
+import marshal
+import socket
+import threading
+
+from minigrpo import pydriver, standins, wire, wire_rpc
+from minigrpo.sandbox import Limits, Sandbox
+
+# The answer's program: the channel's codec, then its request/reply and server (see wire_rpc.py), compiled here
+# once and handed over as marshalled bytecode (the child runs this same interpreter).
+_CHILD_SOURCE = open(wire.__file__).read() + "\n" + open(wire_rpc.__file__).read()
+CHILD_PROGRAM = "import binascii as _b, marshal as _m\nexec(_m.loads(_b.a2b_base64(%r)))\n" % binascii.b2a_base64(
+    marshal.dumps(compile(_CHILD_SOURCE, "<sandbox child>", "exec")), newline=False).decode()
+
+# The driver's program: wire, wire_rpc, standins and pydriver as modules of a package `minigrpo` made in memory; the
+# bytecode comes as a file in the driver's work folder (too long for a command line).
+DRIVER_FILE = "driver.bin"
+DRIVER_PROGRAM = r"""
+import marshal, sys, types
+package = types.ModuleType("minigrpo")
+package.__path__ = []
+sys.modules["minigrpo"] = package
+with open("driver.bin", "rb") as f:
+    parts = marshal.load(f)
+for name, code in parts:
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    setattr(package, name.rpartition(".")[2], module)
+    exec(code, module.__dict__)
+del package, parts, module, name, code, f
+sys.modules["minigrpo.pydriver"].main()
+"""
+DRIVER_MEMORY_MB = 1536     # the driver's cgroup: test code, decoded replies (each at most wire.MAX_MESSAGE), pandas
+MAX_LIVE = 2                # answer sandboxes alive at once for one driver (it runs its criteria one at a time)
+WATCHDOG_EVERY = 0.1        # seconds between the broker's own checks of each answer sandbox's limits
+
+
+@functools.lru_cache(maxsize=None)
+def driver_bundle():
+    parts = []
+    for module in (wire, wire_rpc, standins, pydriver):
+        with open(module.__file__, encoding="utf-8") as f:
+            parts.append((module.__name__, compile(f.read(), f"<{module.__name__}>", "exec")))
+    return marshal.dumps(parts)
+
+
+def criterion_limits(check, cpu_s=None):
+    """The answer sandbox's limits for one check: its `timeout` in CPU seconds (lowered to cpu_s if given),
+    WALL_FACTOR times that in wall seconds, plus a second, so the driver's own watch normally ends it first."""
+    seconds = float(check.get("timeout", 10.0))
+    if cpu_s is not None:
+        seconds = max(0.05, min(seconds, float(cpu_s)))
+    return Limits(timeout=pydriver.WALL_FACTOR * seconds + 1.0, cpu_s=seconds,
+                  memory_mb=int(check.get("memory_mb", 2048)), nproc=int(check.get("nproc", 64)),
+                  fsize_mb=int(check.get("fsize_mb", 16)))
+
+
+def criterion_files(code, check):
+    import importlib.util
+    files = {f"{name}.py": source for name, source in check.get("stub_if_missing", {}).items()
+             if importlib.util.find_spec(name) is None}
+    files.update(check.get("files", {}))
+    files["solution.py"] = code
+    return files
+
+
+class Broker:
+    """Serves one driver's requests on its end of a SOCK_SEQPACKET socket pair, in a thread of the judge."""
+
+    def __init__(self, sock, code, checks):
+        self.sock, self.code, self.checks = sock, code, checks
+        self.live, self.started, self.lock, self.done = {}, set(), threading.Lock(), threading.Event()
+        self.threads = [threading.Thread(target=self._serve, daemon=True),
+                        threading.Thread(target=self._watchdog, daemon=True)]
+
+    def start(self):
+        for t in self.threads:
+            t.start()
+
+    def _serve(self):
+        while not self.done.is_set():
+            try:
+                data = self.sock.recv(65536)
+            except OSError:
+                break
+            if not data:
+                break
+            files = []
+            try:
+                reply, files = self._handle(json.loads(data))
+            except Exception as e:      # noqa: BLE001 - the driver is not trusted: a bad request is answered
+                reply = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+            try:
+                socket.send_fds(self.sock, [json.dumps(reply).encode()], [f.fileno() for f in files])
+            except OSError:
+                break
+            finally:
+                for f in files:         # the driver holds the channel now; the judge keeps no end of it
+                    f.close()
+        self.close()
+
+    def _handle(self, request):
+        op = request.get("op") if isinstance(request, dict) else None
+        if op == "start":
+            index = request["criterion"]
+            if type(index) is not int or not 0 <= index < len(self.checks) or index in self.started:
+                raise ValueError("no such criterion, or it was started already")
+            with self.lock:
+                if len(self.live) >= MAX_LIVE:
+                    raise ValueError("too many sandboxes at once")
+                self.started.add(index)
+            check = self.checks[index]
+            cpu_s = request.get("cpu_s")
+            sandbox = Sandbox(criterion_files(self.code, check),
+                              criterion_limits(check, cpu_s if type(cpu_s) in (int, float) else None))
+            proc = sandbox.start(python_source=CHILD_PROGRAM)
+            with self.lock:
+                self.live[f"s{index}"] = sandbox
+            return {"id": f"s{index}"}, [proc.stdout, proc.stdin]
+        with self.lock:
+            sandbox = self.live.get(request.get("id")) if op in ("cpu", "memory", "close") else None
+        if sandbox is None:
+            raise ValueError(f"unknown request {str(op)[:20]!r} or sandbox")
+        if op == "cpu":
+            return {"cpu": sandbox.cpu_seconds()}, []
+        if op == "memory":
+            return {"memory_mb": sandbox.memory_peak_mb()}, []
+        with self.lock:
+            self.live.pop(request["id"], None)
+        sandbox.close()
+        return {"closed": True}, []
+
+    def _watchdog(self):
+        while not self.done.wait(WATCHDOG_EVERY):
+            with self.lock:
+                over = [(k, sb) for k, sb in self.live.items() if sb.exceeded()]
+            for _, sandbox in over:
+                sandbox.close()
+
+    def close(self):
+        """Stop serving and kill every answer sandbox still alive. Idempotent."""
+        self.done.set()
+        with self.lock:
+            live, self.live = list(self.live.values()), {}
+        for sandbox in live:
+            sandbox.close()
+
+
+def run_driver(code, checks, limit):
+    """[(passed, reason), ...] from the confined driver for one answer's python checks; raises ValueError when
+    the driver gave no well-formed result (the caller fails every criterion: a failure of the judge never pays)."""
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    broker = Broker(parent, code, checks)
+    job = json.dumps({"code": code, "checks": checks, "broker_fd": child.fileno()}).encode()
+    limits = Limits(timeout=limit, cpu_s=limit, memory_mb=DRIVER_MEMORY_MB, nproc=64, fsize_mb=16)
+    try:
+        with Sandbox({"solution.py": code, DRIVER_FILE: driver_bundle()}, limits, keep_fds=[child.fileno()]) as sb:
+            sb.start(python_source=DRIVER_PROGRAM)
+            child.close()
+            broker.start()
+            out, _ = sb.communicate(job, timeout=limit)
+    finally:
+        broker.close()
+        child.close()
+        parent.close()
+    return parse_results(out, len(checks))
+
+
+def parse_results(out, n):
+    lines = out.decode("utf-8", "replace").strip().splitlines()
+    if not lines:
+        raise ValueError("the driver printed nothing")
+    results = json.loads(lines[-1]).get("results")
+    if type(results) is not list or len(results) != n or not all(
+            type(r) is list and len(r) == 2 and type(r[0]) is bool and type(r[1]) is str for r in results):
+        raise ValueError("the driver's result is not one (bool, str) per criterion")
+    return [(passed, reason[:500]) for passed, reason in results]

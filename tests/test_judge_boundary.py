@@ -1,0 +1,218 @@
+"""The driver's side of the boundary: no object of the driver is reachable from an answer, the test code runs with
+the driver's own builtins, the driver itself is confined, and one hostile answer costs a bounded time.
+
+Each attack is an answer to a real soyuz task, written as a policy would write it once it knew the judge: it must
+score no more than the same code without the trick, and nothing it tries may land outside its sandbox."""
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from minigrpo.checks import sandbox_isolation
+from minigrpo.judge import make_judge
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+with open(os.path.join(ROOT, "minigrpo", "data", "soyuz_tasks.json")) as f:
+    TASKS = {t["id"]: t for t in json.load(f)}
+WEAK = sandbox_isolation()[1]
+needs_full_sandbox = pytest.mark.skipif(bool(WEAK), reason=f"weaker sandbox here: {WEAK}")
+MARK = "/tmp/minigrpo-boundary-mark"
+
+
+@pytest.fixture(scope="module")
+def judge():
+    j = make_judge("local", workers=2)
+    yield j
+    j.close()
+
+
+def fenced(code):
+    return f"```python\n{code}\n```"
+
+
+def score(judge, task_id, code):
+    v = judge.grade(TASKS[task_id], fenced(code))
+    assert v is not None and v.score is not None
+    return v.score
+
+
+# What an answer that got hold of a driver frame would run there: every criterion's result set to a pass, and a
+# mark on the host's /tmp.
+ESCAPE = r'''
+_PAYLOAD = ("import sys\nfor f in list(sys._current_frames().values()):\n    while f is not None:\n"
+            "        if 'results' in f.f_locals and isinstance(f.f_locals['results'], list):\n"
+            "            f.f_locals['results'].extend([[True, 'tests passed']] * 20)\n        f = f.f_back\n"
+            "open('/tmp/minigrpo-boundary-mark', 'w').write('driver')\n")
+
+
+def _escape(obj):
+    chains = [("gi_frame",), ("gi_frame", "f_back"), ("f_back",), ("__self__",), ("__globals__",),
+              ("__closure__",), ("__func__", "__globals__"), ("gi_code",), ("__class__",), ("_target",),
+              ("__call__", "__self__")]
+    for chain in chains:
+        try:
+            x = obj
+            for name in chain:
+                x = getattr(x, name)
+            for key in ("f_builtins", "f_globals"):
+                try:
+                    getattr(x, key)["exec"](_PAYLOAD)
+                except Exception:
+                    pass
+            try:
+                x["__builtins__"]["exec"](_PAYLOAD)
+            except Exception:
+                pass
+        except Exception:
+            pass
+'''
+
+LOG_WRONG = '''
+def parse_line(line):
+    return None
+
+def summarize(lines):
+    {touch}
+    return {{"requests": 0, "malformed": 0, "status": {{}}, "bytes": 0, "top_paths": []}}
+'''
+
+
+def test_a_handed_generator_gives_no_driver_frame(judge):
+    if os.path.exists(MARK):
+        os.remove(MARK)
+    plain = score(judge, "regex-log-parser", LOG_WRONG.format(touch="pass"))
+    attack = ESCAPE + LOG_WRONG.format(touch="_escape(lines)")
+    assert score(judge, "regex-log-parser", attack) <= plain
+    assert not os.path.exists(MARK)
+
+
+SQL_WRONG = '''
+def find_user(conn, username):
+    {touch}
+    return None
+
+def search_products(conn, term, max_price):
+    return []
+
+def list_users(conn, order_by="username"):
+    raise ValueError(order_by)
+'''
+
+
+def test_a_database_stand_in_gives_no_driver_object(judge):
+    touch = ("_escape(conn)\n    _escape(conn.execute)\n"
+             "    for sql in (\"ATTACH DATABASE '/tmp/minigrpo-boundary-mark' AS x\", 'PRAGMA writable_schema=1'):\n"
+             "        try:\n            conn.execute(sql)\n        except Exception:\n            pass\n"
+             "    try:\n        _escape(conn.execute('SELECT 1'))\n    except Exception:\n        pass")
+    plain = score(judge, "sql-injection-fix", SQL_WRONG.format(touch="pass"))
+    assert score(judge, "sql-injection-fix", ESCAPE + SQL_WRONG.format(touch=touch)) <= plain
+    assert not os.path.exists(MARK)
+
+
+def test_builtins_listed_in_all_are_not_the_tests_builtins(judge):
+    # if the test ran with these builtins, every comparison and len() in it would be the answer's
+    trick = '''
+import builtins as _b
+__builtins__ = dict(vars(_b), len=lambda x: 4, isinstance=lambda *a: True, AssertionError=KeyError)
+__all__ = ["__builtins__", "parse_line", "summarize"]
+'''
+    plain = score(judge, "regex-log-parser", LOG_WRONG.format(touch="pass"))
+    assert score(judge, "regex-log-parser", trick + LOG_WRONG.format(touch="pass")) <= plain
+    names = '''
+__all__ = ["__builtins__", "__class__", "1bad", "class", "parse_line", "summarize"]
+'''
+    assert score(judge, "regex-log-parser", names + LOG_WRONG.format(touch="pass")) == plain
+
+
+def test_a_callback_serves_no_attribute(judge):
+    # weighted-choice hands the answer an rng stand-in whose random() is the driver's: counted there
+    attack = ESCAPE + '''
+class WeightedSampler:
+    def __init__(self, items, weights):
+        self.items = list(items)
+    def sample(self, rng):
+        _escape(rng)
+        _escape(rng.random)
+        return self.items[-1]
+    def sample_many(self, rng, k):
+        return [self.sample(rng) for _ in range(k)]
+'''
+    plain = attack.replace("_escape(rng)\n        _escape(rng.random)\n", "")
+    assert score(judge, "weighted-choice", attack) <= score(judge, "weighted-choice", plain)
+    assert not os.path.exists(MARK)
+
+
+# -- the driver itself is confined -------------------------------------------------------------------------------
+
+def _probe_task(test):
+    return {"id": "driver-probe", "prompt": "p", "criteria": [
+        {"id": "c1", "text": "t", "check": {"type": "python", "test": test, "timeout": 5}}]}
+
+
+@needs_full_sandbox
+def test_the_driver_runs_confined(judge, monkeypatch, tmp_path):
+    """The test code runs in the driver: what it can see there is what code that took the driver over could."""
+    monkeypatch.setenv("MINIGRPO_JUDGE_SECRET", "s3cret")
+    secret = tmp_path / "judge-secret.txt"      # a file of the judge's, in its temp folder
+    secret.write_text("s3cret")
+    test = f'''
+import os
+assert os.getuid() != 0 and os.geteuid() != 0
+assert not os.path.exists({ROOT!r}), "the checkout is visible"
+assert "MINIGRPO_JUDGE_SECRET" not in os.environ
+assert not os.path.exists({str(secret)!r})
+assert not os.path.exists({os.path.expanduser("~/.gitconfig")!r})
+for path in ({os.path.join(ROOT, "minigrpo", "pydriver.py")!r}, "/tmp/minigrpo-boundary-mark", "/etc/motd-x"):
+    try:
+        open(path, "w").write("x")
+    except OSError:
+        pass
+'''
+    before = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+    v = make_judge("local", workers=1).grade(_probe_task(test), fenced("X = 1"))
+    assert v.results[0].passed is True, v.results[0].reason
+    assert not os.path.exists(MARK)
+    after = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert after == before
+
+
+@needs_full_sandbox
+def test_a_driver_that_fills_its_memory_fails_its_criteria_and_the_judge_goes_on(judge):
+    # the answer hands 10 MB strings, one per call, to a list's append the test gave it: they pile up in the driver
+    test = "acc = []\npour(acc.append)\nassert len(acc) == 200\n"
+    task = {"id": "pour", "prompt": "p", "criteria": [
+        {"id": "c1", "text": "t", "check": {"type": "python", "test": test, "timeout": 20}}]}
+    answer = "def pour(cb):\n    s = 'x' * (10 << 20)\n    for i in range(200):\n        cb(s + str(i))"
+    v = judge.grade(task, fenced(answer))
+    assert v.results[0].passed is False
+    ok = judge.grade(TASKS["interval-merge"], open(os.path.join(ROOT, "tests", "data", "soyuz",
+                                                                 "interval-merge.good.md")).read())
+    assert ok.score == 1.0
+
+
+# -- one hostile answer costs a bounded time ----------------------------------------------------------------------
+
+# interval-merge has 10 python criteria of up to 6 s each. Without one budget per answer, a sleeper would cost a
+# stall per criterion (10 x 3 s, ~40 s with the starts) and a spinner 10 x 6 s of CPU; with it, the criteria run
+# until their timeouts add up to ANSWER_BUDGET x the largest one, and the rest fail at once.
+@pytest.mark.parametrize("attack", ["import time\ntime.sleep(600)", "import threading\nthreading.Event().wait()",
+                                    "while True:\n    pass"], ids=["sleep", "block", "spin"])
+def test_an_answer_that_never_imports_costs_about_two_criteria(judge, attack):
+    from minigrpo.pydriver import ANSWER_BUDGET
+    timeouts = [c["check"].get("timeout", 10.0) for c in TASKS["interval-merge"]["criteria"]
+                if (c.get("check") or {}).get("type") == "python"]
+    budget, expected = ANSWER_BUDGET * max(timeouts), 0
+    while budget > 0.05:
+        budget -= timeouts[expected]
+        expected += 1
+    t0 = time.monotonic()
+    v = judge.grade(TASKS["interval-merge"], fenced(attack))
+    elapsed = time.monotonic() - t0
+    assert v.score == 0.0
+    ran = [r.reason for r in v.results if r.passed is False and "spent its time budget" not in r.reason]
+    assert len(ran) == expected < len(timeouts), [r.reason for r in v.results]
+    if "pass" not in attack:     # a stall is seen in wall time (3 s each); a spinner's CPU time depends on the load
+        assert elapsed < 10 * expected, elapsed
