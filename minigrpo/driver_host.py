@@ -16,7 +16,8 @@ Who runs what, as which uid (the best isolation: root with bubblewrap and cgroup
 
 The broker (a thread of the judge process) makes and measures the answer's sandboxes for the driver, since only
 the judge may create cgroups and switch uids: `start` (criterion i: the judge takes files and limits from its own
-copy of the check; the driver can only lower the CPU time, and each criterion starts once), `cpu` and `memory` (the
+copy of the check; the driver can only lower the CPU time, and each criterion starts once, with at most one
+companion: the check's `implementation`, which a suite answer is run against), `cpu` and `memory` (the
 sandbox's cgroup, read from outside), `close`. It enforces each sandbox's own limits itself as well, so a driver
 that misbehaves cannot keep an answer running past them. So code that somehow ran in the driver could decide this
 answer's grades (as the driver does anyway), but not another sample's grade, the checkout, the judge's cache or the
@@ -30,7 +31,7 @@ import marshal
 import socket
 import threading
 
-from minigrpo import pydriver, standins, wire, wire_rpc
+from minigrpo import driver_answer, pydriver, standins, wire, wire_rpc
 from minigrpo.sandbox import Limits, Sandbox
 
 # The answer's program: the channel's codec, then its request/reply and server (see wire_rpc.py), compiled here
@@ -39,7 +40,7 @@ _CHILD_SOURCE = open(wire.__file__).read() + "\n" + open(wire_rpc.__file__).read
 CHILD_PROGRAM = "import binascii as _b, marshal as _m\nexec(_m.loads(_b.a2b_base64(%r)))\n" % binascii.b2a_base64(
     marshal.dumps(compile(_CHILD_SOURCE, "<sandbox child>", "exec")), newline=False).decode()
 
-# The driver's program: wire, wire_rpc, standins and pydriver as modules of a package `minigrpo` made in memory; the
+# The driver's program: wire, wire_rpc, standins, driver_answer and pydriver as modules of a package `minigrpo` made in memory; the
 # bytecode comes as a file in the driver's work folder (too long for a command line).
 DRIVER_FILE = "driver.bin"
 DRIVER_PROGRAM = r"""
@@ -65,7 +66,7 @@ WATCHDOG_EVERY = 0.1        # seconds between the broker's own checks of each an
 @functools.lru_cache(maxsize=None)
 def driver_bundle():
     parts = []
-    for module in (wire, wire_rpc, standins, pydriver):
+    for module in (wire, wire_rpc, standins, driver_answer, pydriver):
         with open(module.__file__, encoding="utf-8") as f:
             parts.append((module.__name__, compile(f.read(), f"<{module.__name__}>", "exec")))
     return marshal.dumps(parts)
@@ -129,21 +130,27 @@ class Broker:
     def _handle(self, request):
         op = request.get("op") if isinstance(request, dict) else None
         if op == "start":
-            index = request["criterion"]
-            if type(index) is not int or not 0 <= index < len(self.checks) or index in self.started:
+            index, role = request["criterion"], request.get("role", "answer")
+            if type(index) is not int or not 0 <= index < len(self.checks) or (index, role) in self.started:
                 raise ValueError("no such criterion, or it was started already")
+            check = self.checks[index]
+            if role == "answer":
+                files = criterion_files(self.code, check)
+            elif role == "implementation" and type(check.get("implementation")) is str:
+                files = {"solution.py": check["implementation"]}    # what a suite answer is run against
+            else:
+                raise ValueError("no such role for this criterion")
             with self.lock:
                 if len(self.live) >= MAX_LIVE:
                     raise ValueError("too many sandboxes at once")
-                self.started.add(index)
-            check = self.checks[index]
+                self.started.add((index, role))
             cpu_s = request.get("cpu_s")
-            sandbox = Sandbox(criterion_files(self.code, check),
-                              criterion_limits(check, cpu_s if type(cpu_s) in (int, float) else None))
+            sandbox = Sandbox(files, criterion_limits(check, cpu_s if type(cpu_s) in (int, float) else None))
             proc = sandbox.start(python_source=CHILD_PROGRAM)
+            key = f"s{index}-{role}"
             with self.lock:
-                self.live[f"s{index}"] = sandbox
-            return {"id": f"s{index}"}, [proc.stdout, proc.stdin]
+                self.live[key] = sandbox
+            return {"id": key}, [proc.stdout, proc.stdin]
         with self.lock:
             sandbox = self.live.get(request.get("id")) if op in ("cpu", "memory", "close") else None
         if sandbox is None:

@@ -51,7 +51,7 @@ __all__ = ["CriterionResult", "Verdict", "Judge", "make_judge", "run_check", "bu
            "InvalidVerdict", "BackendError", "load_tasks", "validate_task"]
 
 log = logging.getLogger("minigrpo.judge")
-PROMPT_VERSION = 2     # part of the cache key: change it when the prompt or the machine checks change meaning
+PROMPT_VERSION = 3     # part of the cache key: change it when the prompt or the machine checks change meaning
 
 
 @dataclasses.dataclass
@@ -115,6 +115,8 @@ def validate_task(task):
             raise ValueError(f"task {tid}: criterion {c['id']}: needs a string 'text'")
         if c.get("check") is not None:
             validate_check(c["check"], f"task {tid}: criterion {c['id']}")
+            if c["check"].get("only_if") is not None and c["check"]["only_if"] not in ids:
+                raise ValueError(f"task {tid}: criterion {c['id']}: only_if names no criterion of the task")
 
 
 def load_tasks(path):
@@ -167,6 +169,9 @@ CHECKLIST (grade each of these ids, no others):
 A criterion passes only if the answer clearly satisfies it; if in doubt, it fails. Reply with one JSON object:
 {{"criteria": [{{"id": "<id>", "passed": true or false, "reason": "<one short sentence>"}}, ...], "reason": "<one sentence overall>"}}
 """
+
+
+_UNCHECKED = CriterionResult("", None)
 
 
 class InvalidVerdict(ValueError):
@@ -313,6 +318,10 @@ class Judge:
                 log.warning("judge: check of criterion %s raised %r", c["id"], e)
                 passed, reason = False, f"check failed on this answer ({type(e).__name__})"
             out[c["id"]] = CriterionResult(c["id"], passed, reason)
+        for c in checked:    # "only_if": this criterion counts only when that one passed (a mutant caught by a suite
+            other = c["check"].get("only_if")    # counts only if the suite passes on the correct implementation)
+            if other is not None and out[c["id"]].passed is True and out.get(other, _UNCHECKED).passed is not True:
+                out[c["id"]] = CriterionResult(c["id"], False, f"counts only when criterion {other} passes")
         return out
 
     def _ask(self, task, answer, criteria):

@@ -1,0 +1,270 @@
+"""The driver's end of one answer: the answer's sandboxed process, seen from the check driver (minigrpo/pydriver.py).
+
+`Answer` asks the judge's broker (minigrpo/driver_host.py) for a sandbox running the answer, holds the driver's end
+of its channel (wire_rpc.Endpoint) and watches its time: its CPU seconds as the broker reads them from the
+sandbox's cgroup, its wall time, and stalls. `Remote` stands in for an object living in the sandbox; `_serve`
+answers the answer's callbacks into what the test handed it -- calling a function or stepping an iterator, nothing
+else of the driver (wire.Codec's call_only encodes nothing but those and plain data).
+"""
+
+import collections.abc
+import json
+import os
+import socket
+import threading
+import time
+
+from minigrpo import wire, wire_rpc
+
+WALL_FACTOR = 3         # a criterion's wall-clock limit, in multiples of its `timeout` (which is CPU seconds)
+WATCH_EVERY = 0.05      # seconds between two readings of the sandbox's CPU and wall time
+STALL_S = 3.0           # no CPU progress for this long while the driver awaits a reply: the answer sleeps or blocks
+
+
+class CaseFailed(Exception):
+    """Raised in the test's code when a case cannot go on (sandbox gone, protocol error, time limit)."""
+
+
+class CaseFatal(BaseException):
+    """Like CaseFailed, but not catchable by a test's `except Exception` (or `raises`): the answer is gone."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Stand-ins for the answer's objects
+
+class Remote:
+    """An object living in the sandbox. Calls and attribute reads are forwarded; equality, hashing and truth are
+    decided here (identity), never by the answer's code."""
+
+    __slots__ = ("_answer", "_ref", "__weakref__")
+
+    def __init__(self, answer, ref):
+        object.__setattr__(self, "_answer", answer)
+        object.__setattr__(self, "_ref", ref)
+
+    def _ask(self, op, *args, **fields):
+        codec = self._answer.endpoint.codec
+        return self._answer.request(op, target=self._ref, args=[codec.encode(a) for a in args], **fields)
+
+    def __call__(self, *args, **kwargs):
+        codec = self._answer.endpoint.codec
+        return self._answer.request("call", target=self._ref, args=[codec.encode(a) for a in args],
+                                    kwargs=[[k, codec.encode(v)] for k, v in kwargs.items()])
+
+    def __getattr__(self, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return self._ask("getattr", name=name)
+
+    def __setattr__(self, name, value):
+        self._ask("setattr", value, name=name)
+
+    def __len__(self):
+        n = self._ask("unary", name="len")
+        if type(n) is not int:
+            raise TypeError("len() of an answer object did not return an int")
+        return n
+
+    def __iter__(self):
+        it = self._ask("unary", name="iter")
+        return it if isinstance(it, Remote) else iter(it)
+
+    def __next__(self):
+        return self._ask("unary", name="next")
+
+    def __contains__(self, item):
+        found = self._ask("binary", item, name="contains")
+        if type(found) is not bool:
+            raise TypeError("`in` on an answer object did not return a bool")
+        return found
+
+    def __getitem__(self, key):
+        return self._ask("binary", key, name="getitem")
+
+    def __setitem__(self, key, value):
+        self._ask("binary", key, value, name="setitem")
+
+    def __delitem__(self, key):
+        self._ask("binary", key, name="delitem")
+
+    def __bool__(self):
+        raise TypeError("the truth of an answer object is not plain data (return a bool)")
+
+    def __repr__(self):
+        return f"<answer {self._ref[2]} {self._ref[3].get('name', '?')}>"
+
+    def __instancecheck__(self, obj):     # isinstance(x, AnswerClass)
+        return isinstance(obj, Remote) and obj._ref[3].get("cls") == self._ref[1]
+
+    def __await__(self):                  # an answer coroutine: run to completion in the sandbox
+        result = self._ask("await")
+        return result
+        yield  # noqa: unreachable -- makes this a generator, as __await__ must be
+
+
+collections.abc.Coroutine.register(Remote)    # so asyncio.run(answer_coroutine()) accepts it
+
+
+def _exception_mirror(name, base):
+    """A real exception class standing for one the answer defined: raised here when the answer raises it."""
+    parent = wire._PLAIN_EXC.get(base, Exception)
+    if not issubclass(parent, Exception):
+        parent = Exception
+    return type(str(name), (parent,), {"__module__": "solution"})
+
+
+class DriverEndpoint(wire_rpc.Endpoint):
+    share_exception_classes = False     # a test's exception crosses by name and base only, never as a handle
+
+    def __init__(self, rfile, wfile, make_proxy, handle):
+        super().__init__("d", rfile, wfile, make_proxy, handle, call_only=True)
+
+    def exception(self, name, base, text, handle):
+        if handle is not None:
+            try:
+                cls = self.codec.decode(handle)
+            except wire.ProtocolError:
+                cls = None
+            if getattr(cls, "__module__", None) == "solution" and isinstance(cls, type) and \
+                    issubclass(cls, Exception):     # a mirror of the answer's own exception class, made here
+                return cls(text)
+        builtin = wire._PLAIN_EXC.get(name)
+        if builtin is not None and issubclass(builtin, Exception):
+            return builtin(text)
+        return super().exception(name, base, text, handle)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The judge's broker, seen from here: sandboxes are made and measured by the judge, never by this process
+
+class Broker:
+    """Requests to the broker (minigrpo/driver_host.py) over a SOCK_SEQPACKET socket: one JSON message each way;
+    a started sandbox's two pipe ends come with the reply as passed file descriptors."""
+
+    def __init__(self, fd):
+        self.sock = socket.socket(fileno=fd)
+        self.lock = threading.Lock()
+
+    def ask(self, **request):
+        with self.lock:
+            self.sock.send(json.dumps(request).encode())
+            data, fds, _, _ = socket.recv_fds(self.sock, 65536, 2)
+        if not data:
+            raise CaseFatal("the judge's broker is gone")
+        reply = json.loads(data)
+        if "error" in reply:
+            raise CaseFatal(f"the sandbox could not be started ({str(reply['error'])[:200]})")
+        return reply, fds
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One sandboxed answer process
+
+class Answer:
+    """The answer's sandboxed process (made by the broker) and the driver's end of its channel, with its time
+    limits: `cpu_s` CPU seconds of the whole sandbox, WALL_FACTOR times that in wall seconds, and no stall longer
+    than STALL_S while a reply is awaited. CPU time does not grow when the machine is loaded, so an honest answer
+    passes on a busy host (8 judge workers on 2 cores, beside training) as on an idle one."""
+
+    def __init__(self, broker, index, cpu_s, role="answer"):
+        self.broker, self.index, self.cpu_s, self.failure, self.stalled = broker, index, cpu_s, None, False
+        self.companions = []            # other sandboxes of the same criterion (an implementation), closed with it
+        reply, fds = broker.ask(op="start", criterion=index, cpu_s=cpu_s, role=role)
+        if len(fds) != 2:
+            raise CaseFatal("the broker sent no channel")
+        self.id, self.t0 = reply["id"], time.monotonic()
+        self.endpoint = DriverEndpoint(os.fdopen(fds[0], "rb", buffering=0), os.fdopen(fds[1], "wb", buffering=0),
+                                       self._proxy, self._serve)
+        self.cpu_budget = None
+        self.waiting = 0                # requests in flight (nested callbacks count once each)
+        self.closed = threading.Event()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self):
+        last_cpu, last_progress = -1.0, time.monotonic()
+        while not self.closed.wait(WATCH_EVERY):
+            now, cpu = time.monotonic(), self.cpu_seconds()
+            if cpu != last_cpu or not self.waiting:
+                last_cpu, last_progress = cpu, now
+            if cpu > self.cpu_s:
+                self.failure = self.failure or f"timed out: used its {self.cpu_s:g}s of CPU"
+            elif now - self.t0 > WALL_FACTOR * self.cpu_s:
+                self.failure = self.failure or f"timed out after {WALL_FACTOR * self.cpu_s:g}s (wall clock)"
+            elif now - last_progress > STALL_S:
+                self.stalled = True
+                self.failure = self.failure or f"stalled: no progress for {STALL_S:g}s (it sleeps or blocks)"
+            else:
+                continue
+            self.close()
+            return
+
+    def _proxy(self, hid, kind, info):
+        if kind == "class" and "exception" in info:
+            return _exception_mirror(info.get("name", "AnswerError"), info["exception"])
+        return Remote(self, ["H", hid, kind, info])
+
+    def _serve(self, message):
+        """A callback from the answer into what the test handed it: only calling a function or stepping an
+        iterator. No attribute of either is served (no way to a frame, globals, a closure or a class)."""
+        codec = self.endpoint.codec
+        target = codec.decode(message["target"])
+        op, kind = message.get("op"), wire.call_only_kind(target)
+        if op == "call" and kind == "callable":
+            args = [codec.decode(a) for a in message.get("args", [])]
+            kwargs = {str(k): codec.decode(v) for k, v in message.get("kwargs", [])}
+            return target(*args, **kwargs)
+        if op == "unary" and kind == "iterator" and message.get("name") in ("iter", "next"):
+            return next(target) if message["name"] == "next" else target
+        if op == "getattr":     # the answer sees what an object without that attribute would give it
+            raise AttributeError(f"{str(message.get('name'))[:40]}: not reachable from the answer")
+        raise TypeError(f"{str(op)[:20]!r} is not allowed on a {kind or 'driver'} object of the test")
+
+    def request(self, op, **fields):
+        if self.failure:
+            raise CaseFatal(self.failure)
+        self.waiting += 1
+        try:
+            result = self.endpoint.request(op, **fields)
+        except wire.PeerGone:
+            self.failure = self.failure or "the answer's process exited or was killed (an exit is never a pass)"
+            raise CaseFatal(self.failure) from None
+        except wire.ProtocolError as e:
+            self.failure = self.failure or f"the answer's reply is not plain data ({e})"
+            raise CaseFatal(self.failure) from None
+        finally:
+            self.waiting -= 1
+        self.check_cpu()
+        return result
+
+    def cpu_seconds(self):
+        try:
+            return float(self.broker.ask(op="cpu", id=self.id)[0]["cpu"])
+        except (CaseFatal, OSError, ValueError, KeyError, TypeError):
+            return float("inf")
+
+    def memory_peak_mb(self):
+        try:
+            return self.broker.ask(op="memory", id=self.id)[0]["memory_mb"]
+        except (CaseFatal, OSError, ValueError, KeyError):
+            return None
+
+    def check_cpu(self):
+        if self.cpu_budget is not None and self.cpu_seconds() > self.cpu_budget:
+            self.failure = "over the criterion's CPU-time limit"
+            raise CaseFatal(self.failure)
+
+    def close(self):
+        if self.closed.is_set():
+            return
+        self.closed.set()
+        for other in self.companions:
+            other.close()
+        for f in (self.endpoint.rfile, self.endpoint.wfile):
+            try:
+                f.close()
+            except OSError:
+                pass
+        try:
+            self.broker.ask(op="close", id=self.id)
+        except (CaseFatal, OSError, ValueError):
+            pass
