@@ -28,6 +28,7 @@ import binascii
 import functools
 import json
 import marshal
+import re
 import socket
 import threading
 
@@ -200,6 +201,30 @@ def run_driver(code, checks, limit):
     return parse_results(out, len(checks))
 
 
+# The reasons a driver gives (pydriver.py, driver_answer.py), as patterns: the judge passes on only these, so that
+# even a driver that was taken over cannot put a hidden test's text into a verdict (and so into a critique). The
+# details some failures carry (what was not plain data) are dropped.
+_WHERE = r"(?: \(?at (?:line \d{1,6}|its set-up)\)?)?"
+_NUMBER = r"[0-9.e+-]{1,12}"
+_REASONS = [re.compile(p + _WHERE) for p in (
+    r"tests passed", r"assertion failed", r"[A-Z][A-Za-z]{0,40}",
+    r"an exception of the answer's own class \([A-Z][A-Za-z]{0,40} subclass\)",
+    rf"timed out: used its {_NUMBER}s of CPU", rf"timed out after {_NUMBER}s \(wall clock\)",
+    rf"stalled: no progress for {_NUMBER}s \(it sleeps or blocks\)",
+    r"the answer's process exited or was killed \(an exit is never a pass\)", r"over the criterion's CPU-time limit",
+    r"the answer's module did not list its names", r"not run: the answer spent its time budget on earlier criteria")]
+_PREFIXES = ("the answer's reply is not plain data", "the judge's broker is gone", "the sandbox could not be started")
+
+
+def vetted_reason(passed, reason):
+    if any(p.fullmatch(reason) for p in _REASONS):
+        return reason
+    for prefix in _PREFIXES:
+        if reason.startswith(prefix):
+            return prefix
+    return "tests passed" if passed else "failed (the driver gave a reason it may not give)"
+
+
 def parse_results(out, n):
     lines = out.decode("utf-8", "replace").strip().splitlines()
     if not lines:
@@ -208,4 +233,4 @@ def parse_results(out, n):
     if type(results) is not list or len(results) != n or not all(
             type(r) is list and len(r) == 2 and type(r[0]) is bool and type(r[1]) is str for r in results):
         raise ValueError("the driver's result is not one (bool, str) per criterion")
-    return [(passed, reason[:500]) for passed, reason in results]
+    return [(passed, vetted_reason(passed, reason[:500])) for passed, reason in results]

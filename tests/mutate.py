@@ -37,6 +37,8 @@ SAMPLER = ["tests/test_sampler.py", "tests/test_sampler_*.py", *GOLDEN]
 LORA = ["tests/test_lora.py", "tests/test_lora_*.py", *GOLDEN]
 TRAIN = [*GOLDEN, "tests/test_mask_truncated.py", "tests/test_grpo_model.py", "tests/test_soyuz_rollout.py"]
 SOYUZ = ["tests/test_soyuz_rollout.py", "tests/test_revise.py", "tests/test_grpo.py"]
+JUDGE = ["tests/test_judge_boundary.py", "tests/test_judge_suites.py", "tests/test_judge_attacks.py",
+         "tests/test_judge_sandbox.py"]
 
 MUTANTS = [
     # ---- the ones issue 17 names ------------------------------------------------------------------------------
@@ -202,6 +204,24 @@ MUTANTS = [
      "kl_kind=\"k1\", max_tokens=args.max_new_tokens)", TRAIN),
     ("eps_high_from_eps_low", "eps_low=args.eps_low, eps_high=args.eps_high,",
      "eps_low=args.eps_low, eps_high=args.eps_low,", TRAIN),
+    # ---- the judge's trust boundary: each rule broken on its own ----------------------------------------------
+    ("driver_serves_attributes",
+     "        if op == \"getattr\":     # the answer sees what an object without that attribute would give it",
+     "        if op == \"getattr\":\n            return getattr(target, str(message[\"name\"]))", JUDGE),
+    ("driver_codec_not_call_only", "super().__init__(\"d\", rfile, wfile, make_proxy, handle, call_only=True)",
+     "super().__init__(\"d\", rfile, wfile, make_proxy, handle, call_only=False)", JUDGE),
+    ("dunder_names_cross", "k.isidentifier() and not k.startswith(\"_\")", "k.isidentifier()", JUDGE),
+    ("driver_runs_unconfined", "limits, keep_fds=[child.fileno()]) as sb:",
+     "limits, keep_fds=[child.fileno()], _mode=\"plain\") as sb:", JUDGE),
+    ("no_answer_budget", "ANSWER_BUDGET = 2.0 ", "ANSWER_BUDGET = 100.0 ", JUDGE),
+    ("no_stall_detection", "STALL_S = 3.0 ", "STALL_S = 1e9 ", JUDGE),
+    ("only_if_ignored", "out[c[\"id\"]].passed is True and out.get(other, _UNCHECKED).passed is not True",
+     "False", JUDGE),
+    ("sqlite_authorizer_off", "    conn.set_authorizer(_authorize)\n", "", JUDGE),
+    ("driver_reasons_not_vetted", "    if any(p.fullmatch(reason) for p in _REASONS):",
+     "    if True:", JUDGE),
+    ("broker_trusts_driver_limits", "seconds = max(0.05, min(seconds, float(cpu_s)))",
+     "seconds = max(0.05, float(cpu_s))", JUDGE),
 ]
 
 # Survivors judged equivalent (no behaviour change a test could see), with the reason.

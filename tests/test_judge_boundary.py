@@ -216,3 +216,94 @@ def test_an_answer_that_never_imports_costs_about_two_criteria(judge, attack):
     assert len(ran) == expected < len(timeouts), [r.reason for r in v.results]
     if "pass" not in attack:     # a stall is seen in wall time (3 s each); a spinner's CPU time depends on the load
         assert elapsed < 10 * expected, elapsed
+
+
+# -- the rules one at a time ---------------------------------------------------------------------------------------
+
+def test_only_public_identifiers_cross():
+    from minigrpo.pydriver import public_names
+    names = {"__builtins__": 1, "__class__": 2, "_private": 3, "1bad": 4, "class": 5, "a b": 6, "ok": 7, 8: 9}
+    assert public_names(names) == {"ok": 7}
+    assert public_names(["not", "a", "dict"]) is None
+
+
+def _one(test):
+    return {"id": "t", "prompt": "p", "criteria": [
+        {"id": "c1", "text": "t", "check": {"type": "python", "test": test, "timeout": 5}}]}
+
+
+def test_a_test_object_crosses_only_as_a_stand_in(judge):
+    answer = fenced("def f(obj):\n    return obj.x")
+    handed = judge.grade(_one("class Thing:\n    x = 1\nassert f(Thing()) == 1"), answer).results[0]
+    assert handed.passed is False and "cannot be handed" not in handed.reason    # the reason quotes no test
+    assert judge.grade(_one("assert f(stand_in(x=1)) == 1"), answer).score == 1.0
+    # a stand-in's function member is call-only: the answer gets no attribute of it
+    probe = fenced("def f(obj):\n    try:\n        return obj.get.__self__\n    except AttributeError:\n"
+                   "        return 'refused'")
+    assert judge.grade(_one("d = {'k': 1}\nassert f(stand_in(get=d.get)) == 'refused'"), probe).score == 1.0
+
+
+def test_the_sqlite_stand_in_refuses_files_and_settings():
+    import sqlite3
+    from minigrpo.standins import sqlite_stand_in
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE t (x)")
+    db = sqlite_stand_in(conn)
+    db.execute("INSERT INTO t VALUES (?)", (1,))
+    assert db.execute("SELECT x FROM t").fetchall() == [(1,)]
+    for sql in (f"ATTACH DATABASE '{MARK}' AS other", "PRAGMA writable_schema = 1", "SELECT load_extension('x')"):
+        with pytest.raises(sqlite3.DatabaseError):
+            db.execute(sql)
+    assert not os.path.exists(MARK)
+
+
+def test_the_broker_holds_its_own_limits():
+    """The broker serves a driver it does not trust: limits come from its own copy of the check (a driver may only
+    lower them), each criterion starts once, and a sandbox past its limits is killed without the driver's help."""
+    import socket
+    from minigrpo import wire
+    from minigrpo.driver_host import Broker
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    checks = [{"type": "python", "test": "pass", "timeout": 1}, {"type": "python", "test": "pass", "timeout": 1}]
+    broker = Broker(parent, "while True:\n    pass\n", checks)
+    broker.start()
+
+    def ask(**request):
+        child.send(json.dumps(request).encode())
+        data, fds, _, _ = socket.recv_fds(child, 65536, 2)
+        return json.loads(data), fds
+
+    try:
+        reply, fds = ask(op="start", criterion=0, cpu_s=1000)
+        assert len(fds) == 2
+        sandbox = broker.live[reply["id"]]
+        assert sandbox.limits.cpu_budget == 1.0                  # the check's own timeout, not the driver's 1000
+        assert "error" in ask(op="start", criterion=0)[0]        # once
+        assert "error" in ask(op="start", criterion=5)[0]        # no such criterion
+        assert "error" in ask(op="start", criterion=1, role="implementation")[0]   # the check has none
+        assert "error" in ask(op="cpu", id="s9-answer")[0]
+        writer = os.fdopen(fds[1], "wb", buffering=0)
+        wire.send_message(writer, {"op": "import", "sync": []})   # the answer imports, and spins
+        t0 = time.monotonic()
+        while sandbox.alive() and time.monotonic() - t0 < 20:
+            time.sleep(0.1)
+        assert not sandbox.alive(), "the broker let a sandbox run past its limits"
+        os.close(fds[0])
+        writer.close()
+    finally:
+        child.close()
+        broker.close()
+
+
+def test_the_judge_passes_on_only_the_reasons_a_driver_gives():
+    # a driver that was taken over could write a hidden test into a reason, and the soyuz critique quotes reasons
+    from minigrpo.driver_host import parse_results
+    test_line = 'assert compare_versions("1.0.0-alpha", "1.0.0") == -1'
+    out = json.dumps({"results": [[False, test_line], [False, "assertion failed at line 3"],
+                                  [False, "the answer's reply is not plain data (" + test_line + ")"],
+                                  [True, "tests passed"]]}).encode()
+    reasons = [r for _, r in parse_results(out, 4)]
+    assert not any("compare_versions" in r for r in reasons), reasons
+    assert reasons[1] == "assertion failed at line 3" and reasons[3] == "tests passed"
+    with pytest.raises(ValueError):
+        parse_results(json.dumps({"results": [[1, "tests passed"]]}).encode(), 1)    # 1 is not a bool
