@@ -2,6 +2,7 @@
 
     python bench/judge.py                               # this checkout only
     python bench/judge.py --anchor ../minigrpo-7836696  # and an older checkout (e.g. `git worktree add DIR 7836696`)
+    python bench/judge.py --hostile                     # a batch of 24 code answers, alone and with one hostile
 
 Each checkout grades its own task file (minigrpo/data/soyuz_tasks.json) and its own reference answers
 (tests/data/soyuz/<id>.good.md) through `make_judge("local", workers=8)`, as tests/test_soyuz_tasks.py does, in a
@@ -42,8 +43,51 @@ def grade_all(root, workers):
     return {"wall": wall, "answers": len(verdicts), "not_1": not_1}
 
 
-def run(root, workers):
+HOSTILE = {"sleeps": "import time\ntime.sleep(600)", "spins": "while True:\n    pass"}
+
+
+def grade_batch(root, workers, hostile):
+    """Wall time of grading 24 reference answers of code tasks, plus one hostile answer to interval-merge (or
+    none): what one sleeping or spinning sample costs a step's judging."""
+    sys.path.insert(0, root)
+    from minigrpo.judge import make_judge
+    with open(os.path.join(root, "minigrpo", "data", "soyuz_tasks.json")) as f:
+        tasks = [t for t in json.load(f) if any((c.get("check") or {}).get("type") == "python" for c in t["criteria"])]
+    answers = []
+    for t in tasks[:24]:
+        with open(os.path.join(root, "tests", "data", "soyuz", f"{t['id']}.good.md"), encoding="utf-8") as f:
+            answers.append((t, f.read()))
+    if hostile:
+        merge = next(t for t in tasks if t["id"] == "interval-merge")
+        answers.insert(len(answers) // 2, (merge, f"```python\n{HOSTILE[hostile]}\n```"))
+    judge = make_judge("local", workers=workers)
+    t0 = time.perf_counter()
+    scores = [f.result().score for f in [judge.submit(t, a) for t, a in answers]]
+    wall = time.perf_counter() - t0
+    judge.close()
+    return {"wall": wall, "answers": len(answers), "not_1": [] if hostile else
+            [t["id"] for (t, _), s in zip(answers, scores) if s != 1.0]}
+
+
+def hostile_table(workers, repeats):
+    walls = {name: [] for name in ("none", *HOSTILE)}
+    for _ in range(repeats):
+        for name in walls:
+            r = run(ROOT, workers, hostile=name)
+            walls[name].append(r["wall"])
+            print(f"batch + {name}: {r['wall']:.1f} s" + (f", NOT 1.0: {r['not_1']}" if r["not_1"] else ""),
+                  flush=True)
+    base = statistics.median(walls["none"])
+    print(f"\n{os.cpu_count()} CPUs, workers={workers}, load {os.getloadavg()[0]:.1f}")
+    print("| batch of 24 reference answers | wall s, median | / batch alone |\n|---|---|---|")
+    for name, w in walls.items():
+        print(f"| + {name if name != 'none' else 'nothing'} | {statistics.median(w):.1f} | "
+              f"{statistics.median(w) / base:.2f}x |")
+
+
+def run(root, workers, hostile=None):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", root, "--workers", str(workers)]
+    cmd += ["--hostile", hostile] if hostile else []
     out = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"bench/judge.py: grading with {root} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
@@ -55,11 +99,19 @@ def main(argv=None):
     p.add_argument("--anchor", help="another checkout of this repository to time in the same run")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--hostile", nargs="?", const="table", help="time a batch of 24 code answers with one "
+                   "sleeping or spinning answer in it against the batch alone (this checkout only)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        print(json.dumps(grade_all(os.path.abspath(args.child), args.workers)))
+        root = os.path.abspath(args.child)
+        if args.hostile:
+            print(json.dumps(grade_batch(root, args.workers, None if args.hostile == "none" else args.hostile)))
+        else:
+            print(json.dumps(grade_all(root, args.workers)))
         return
+    if args.hostile:
+        return hostile_table(args.workers, args.repeats)
     roots = ([("anchor", os.path.abspath(args.anchor))] if args.anchor else []) + [("this", ROOT)]
     walls = {name: [] for name, _ in roots}
     for _ in range(args.repeats):

@@ -8,6 +8,7 @@ user namespace), "unshare" (pid+net namespaces, a host work folder), "plain" (a 
 import functools
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -34,11 +35,15 @@ def launcher_argv(limits, uid, mode, has_cgroup, python_source=None):
             rl.append(("RLIMIT_NPROC", len(pids_of_uid(os.geteuid())) * 4 + int(limits.nproc)))
     elif uid is not None and mode != "bwrap-pool":
         rl.append(("RLIMIT_NPROC", int(limits.nproc)))
-    conf = json.dumps({"rlimits": rl, "uid": uid})
+    conf = json.dumps({"rlimits": rl, "uid": uid, "seccomp": SECCOMP_ARCH.get(platform.machine())})
     if python_source is not None:
         return [sys.executable, "-I", "-c", _DROP + python_source, conf]
     return [sys.executable, "-I", "-S", "-c", _LAUNCHER, conf]
 
+
+# (name, AUDIT_ARCH_*, (add_key, request_key, keyctl)) of the architectures whose key system calls the launcher
+# refuses; elsewhere there is no filter, and the sandbox names that gap (sandbox_launch.best_mode).
+SECCOMP_ARCH = {"x86_64": ("x86_64", 0xC000003E, (248, 249, 250)), "aarch64": ("aarch64", 0xC00000B7, (217, 218, 219))}
 
 # Runs first inside the sandbox: lower the limits, drop to the sandbox uid, no-new-privs; then (_LAUNCHER) exec
 # the payload, or (_DROP + a program) go on as that program.
@@ -59,9 +64,27 @@ def _drop(c):
             os._exit(126)
     try:
         import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)   # PR_SET_NO_NEW_PRIVS
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(38, 1, 0, 0, 0)                                  # PR_SET_NO_NEW_PRIVS
+        # Kernel keyrings are per uid, not per namespace: a key one sandbox leaves is seen by the next (state
+        # across samples), and an inherited session keyring is the judge's. Leave it for a fresh one, then refuse
+        # the key system calls (add_key, request_key, keyctl) with a seccomp filter; any other ABI is refused too.
+        arch = c.get("seccomp")
+        if arch is not None:
+            libc.syscall(arch[2][2], 1, None)                       # keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL)
+            deny, allow, a, n = 0x00050001, 0x7FFF0000, arch[1], arch[2]
+            prog = [(0x20, 0, 0, 4), (0x15, 0, 6, a), (0x20, 0, 0, 0), (0x35, 4, 0, 0x40000000),
+                    (0x15, 3, 0, n[0]), (0x15, 2, 0, n[1]), (0x15, 1, 0, n[2]), (0x06, 0, 0, allow), (0x06, 0, 0, deny)]
+            class Filter(ctypes.Structure):
+                _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
+                            ("k", ctypes.c_uint)]
+            class Prog(ctypes.Structure):
+                _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+            table = (Filter * len(prog))(*[Filter(*f) for f in prog])
+            if libc.prctl(22, 2, ctypes.byref(Prog(len(prog), table)), 0, 0) != 0:    # SECCOMP_MODE_FILTER
+                os._exit(124)
     except Exception:
-        pass
+        os._exit(124)
 _drop(_json.loads(_sys.argv[1]))
 del _drop, _json, _os, _resource, _sys
 """
@@ -161,5 +184,8 @@ def _best_mode_locked():
     for mode in _MODES:
         ok, weak = _probe(mode)
         if ok:
+            if platform.machine() not in SECCOMP_ARCH:
+                weak = weak + [f"kernel keyrings are shared between sandboxes (no key filter for "
+                               f"{platform.machine()})"]
             return mode, weak
     return "plain", ["no working isolation at all was found; the probe itself failed"]

@@ -108,6 +108,9 @@ def _bwrap_args(limits, fds, uid, userns):
     # private tmpfs first, so that a Python installation living under /tmp can still be bound on top of it
     args += ["--proc", "/proc", "--dev", "/dev"]
     made |= {"/proc", "/dev"}
+    for name in ("/proc/keys", "/proc/key-users"):     # the kernel's keyrings are not namespaced: keep them unseen
+        if os.path.exists(name):
+            args += ["--ro-bind", "/dev/null", name]
     for d in ("/tmp", "/var/tmp", "/dev/shm", WORKDIR):
         _mkdirs(args, made, d)
         args += ["--perms", "0777" if d == WORKDIR else "1777", "--size", tmp, "--tmpfs", d]

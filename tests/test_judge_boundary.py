@@ -236,6 +236,9 @@ def test_a_test_object_crosses_only_as_a_stand_in(judge):
     answer = fenced("def f(obj):\n    return obj.x")
     handed = judge.grade(_one("class Thing:\n    x = 1\nassert f(Thing()) == 1"), answer).results[0]
     assert handed.passed is False and "cannot be handed" not in handed.reason    # the reason quotes no test
+    # refused at the hand-over itself, not only when the answer touches it
+    ignores = fenced("def f(obj):\n    return 1")
+    assert judge.grade(_one("class Thing:\n    x = 1\nassert f(Thing()) == 1"), ignores).score == 0.0
     assert judge.grade(_one("assert f(stand_in(x=1)) == 1"), answer).score == 1.0
     # a stand-in's function member is call-only: the answer gets no attribute of it
     probe = fenced("def f(obj):\n    try:\n        return obj.get.__self__\n    except AttributeError:\n"
