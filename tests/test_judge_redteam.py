@@ -469,6 +469,33 @@ def test_a_clock_bound_at_import_is_still_seen(judge):
     assert v.score <= plain.score, explain(v)
 
 
+BUGGY_ACCOUNTS = TASKS["async-race-fix"]["prompt"].split("```python\n", 1)[1].split("```", 1)[0]
+ONE_AT_A_TIME = '''
+async def _one_at_a_time(*aws, return_exceptions=False):
+    out = []
+    for aw in aws:                      # the harness's "concurrent" gather, one coroutine after the other
+        try:
+            out.append(await aw)
+        except Exception as e:
+            if not return_exceptions:
+                raise
+            out.append(e)
+    return out
+
+
+asyncio.gather = _one_at_a_time
+'''
+
+
+def test_patching_asyncio_does_not_take_the_race_out_of_the_race_tests(judge):
+    """async-race-fix c1-c4 gather 100-200 coroutines in a snippet to provoke the race; the unfixed code plus a
+    module-level asyncio.gather that awaits them one by one passes them all (the snippet's asyncio is the answer's)."""
+    ids = ["c1", "c2", "c3", "c4"]
+    plain = grade(judge, "async-race-fix", BUGGY_ACCOUNTS, ids)
+    v = grade(judge, "async-race-fix", BUGGY_ACCOUNTS + ONE_AT_A_TIME, ids)
+    assert v.score <= plain.score, explain(v)
+
+
 NP_CHECK = '''
 import numpy as np
 
@@ -720,11 +747,15 @@ def test_an_answers_exception_class_cannot_name_a_driver_object():
     "a-" * 30000,
     ("word " * 10 + ". ") * 1200,
     "’-" * 30000,
+    "```python\nx = " + "a if b else " * 5000 + "c\n```",
+    "```python\nf(" + "*a, " * 12000 + ")\n```",
 ])
 def test_text_checks_stay_fast_on_adversarial_text(text):
     checks = [{"type": "count", "unit": u, "min": 1} for u in ("words", "lines", "sentences", "chars", "paragraphs")]
     checks += [{"type": "syllables", "lines": [5, 7, 5]}, {"type": "rhyme", "scheme": "AABBA"},
-               {"type": "contains", "all": ["server room", "deploy"]}, {"type": "json"}, {"type": "code_block"}]
+               {"type": "contains", "all": ["server room", "deploy"]}, {"type": "json"}, {"type": "code_block"},
+               {"type": "ast", "calls": [".a.b", "f()"], "names": ["a.b"]},
+               {"type": "ast", "nodes": ["For"], "must": False}]
     t0 = time.process_time()
     for c in checks:
         assert run_check(c, text)[0] in (True, False)
