@@ -90,7 +90,7 @@ def _libc():
     return libc
 
 
-def _publish(description, seconds=300):
+def _publish(description, seconds=120):
     libc = _libc()
     key = libc.syscall(248, b"user", description.encode(), b"x", 1, _ct.c_int(-4))   # add_key to @u
     libc.syscall(250, 5, _ct.c_long(key), _ct.c_long(0x3f3f3f3f))                      # KEYCTL_SETPERM
