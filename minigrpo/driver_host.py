@@ -31,6 +31,7 @@ import marshal
 import re
 import socket
 import threading
+import time
 
 from minigrpo import driver_answer, pydriver, standins, wire, wire_rpc
 from minigrpo.sandbox import Limits, Sandbox
@@ -61,6 +62,8 @@ sys.modules["minigrpo.pydriver"].main()
 """
 DRIVER_MEMORY_MB = 1536     # the driver's cgroup: test code, decoded replies (each at most wire.MAX_MESSAGE), pandas
 MAX_LIVE = 2                # answer sandboxes alive at once for one driver (it runs its criteria one at a time)
+STUCK_SLACK = 10.0          # seconds a driver may go past a sandbox's wall limit (or between two) before it is
+                            # taken for stuck (decoding a forged reply, a query that never returns) and killed
 WATCHDOG_EVERY = 0.1        # seconds between the broker's own checks of each answer sandbox's limits
 
 
@@ -96,9 +99,10 @@ def criterion_files(code, check):
 class Broker:
     """Serves one driver's requests on its end of a SOCK_SEQPACKET socket pair, in a thread of the judge."""
 
-    def __init__(self, sock, code, checks):
-        self.sock, self.code, self.checks = sock, code, checks
+    def __init__(self, sock, code, checks, on_stuck=None):
+        self.sock, self.code, self.checks, self.on_stuck = sock, code, checks, on_stuck
         self.live, self.started, self.lock, self.done = {}, set(), threading.Lock(), threading.Event()
+        self.deadline = time.monotonic() + 3 * STUCK_SLACK      # the driver's start-up, on a loaded machine
         self.threads = [threading.Thread(target=self._serve, daemon=True),
                         threading.Thread(target=self._watchdog, daemon=True)]
 
@@ -151,6 +155,7 @@ class Broker:
             key = f"s{index}-{role}"
             with self.lock:
                 self.live[key] = sandbox
+                self.deadline = time.monotonic() + sandbox.limits.timeout + STUCK_SLACK
             return {"id": key}, [proc.stdout, proc.stdin]
         with self.lock:
             sandbox = self.live.get(request.get("id")) if op in ("cpu", "memory", "close") else None
@@ -162,6 +167,7 @@ class Broker:
             return {"memory_mb": sandbox.memory_peak_mb()}, []
         with self.lock:
             self.live.pop(request["id"], None)
+            self.deadline = time.monotonic() + STUCK_SLACK
         sandbox.close()
         return {"closed": True}, []
 
@@ -169,8 +175,12 @@ class Broker:
         while not self.done.wait(WATCHDOG_EVERY):
             with self.lock:
                 over = [(k, sb) for k, sb in self.live.items() if sb.exceeded()]
+                stuck = time.monotonic() > self.deadline
             for _, sandbox in over:
                 sandbox.close()
+            if stuck and self.on_stuck is not None:
+                self.on_stuck()         # the driver: what it printed so far stands, the rest fail
+                self.close()
 
     def close(self):
         """Stop serving and kill every answer sandbox still alive. Idempotent."""
@@ -185,22 +195,25 @@ def run_driver(code, checks, limit):
     """[(passed, reason), ...] from the confined driver for one answer's python checks; raises ValueError when
     the driver gave no well-formed result (the caller fails every criterion: a failure of the judge never pays)."""
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    broker = Broker(parent, code, checks)
     job = json.dumps({"code": code, "checks": checks, "broker_fd": child.fileno()}).encode()
     limits = Limits(timeout=limit, cpu_s=limit, memory_mb=DRIVER_MEMORY_MB, nproc=64, fsize_mb=16)
+    broker = None
     try:
         with Sandbox({"solution.py": code, DRIVER_FILE: driver_bundle()}, limits, keep_fds=[child.fileno()]) as sb:
+            broker = Broker(parent, code, checks, on_stuck=sb.kill)
             sb.start(python_source=DRIVER_PROGRAM)
             child.close()
             broker.start()
             out, _ = sb.communicate(job, timeout=limit)
     finally:
-        broker.close()
+        if broker is not None:
+            broker.close()
         child.close()
         parent.close()
     return parse_results(out, len(checks))
 
 
+STOPPED = "the check driver stopped before this criterion (stuck, out of memory or killed)"
 # The reasons a driver gives (pydriver.py, driver_answer.py), as patterns: the judge passes on only these, so that
 # even a driver that was taken over cannot put a hidden test's text into a verdict (and so into a critique). The
 # details some failures carry (what was not plain data) are dropped.
@@ -212,7 +225,8 @@ _REASONS = [re.compile(p + _WHERE) for p in (
     rf"timed out: used its {_NUMBER}s of CPU", rf"timed out after {_NUMBER}s \(wall clock\)",
     rf"stalled: no progress for {_NUMBER}s \(it sleeps or blocks\)",
     r"the answer's process exited or was killed \(an exit is never a pass\)", r"over the criterion's CPU-time limit",
-    r"the answer's module did not list its names", r"not run: the answer spent its time budget on earlier criteria")]
+    r"the answer's module did not list its names", r"not run: the answer spent its time budget on earlier criteria",
+    re.escape(STOPPED))]
 _PREFIXES = ("the answer's reply is not plain data", "the judge's broker is gone", "the sandbox could not be started")
 
 
@@ -226,11 +240,23 @@ def vetted_reason(passed, reason):
 
 
 def parse_results(out, n):
-    lines = out.decode("utf-8", "replace").strip().splitlines()
-    if not lines:
-        raise ValueError("the driver printed nothing")
-    results = json.loads(lines[-1]).get("results")
-    if type(results) is not list or len(results) != n or not all(
-            type(r) is list and len(r) == 2 and type(r[0]) is bool and type(r[1]) is str for r in results):
-        raise ValueError("the driver's result is not one (bool, str) per criterion")
-    return [(passed, vetted_reason(passed, reason[:500])) for passed, reason in results]
+    """The driver prints {"result": [passed, reason]} once per criterion as it goes, so that a driver killed on
+    the way keeps the criteria it finished; the rest fail. Lines that are not results (a test's own prints) are
+    skipped; more than n results, or a result that is not (bool, str), is a failed driver (ValueError)."""
+    results = []
+    for line in out.decode("utf-8", "replace").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        r = entry.get("result") if type(entry) is dict else None
+        if r is None:
+            continue
+        if type(r) is not list or len(r) != 2 or type(r[0]) is not bool or type(r[1]) is not str:
+            raise ValueError("a result of the driver is not (bool, str)")
+        results.append((r[0], vetted_reason(r[0], r[1][:500])))
+    if len(results) > n:
+        raise ValueError("more results than criteria")
+    if not results:
+        raise ValueError("the driver printed no result")
+    return results + [(False, STOPPED)] * (n - len(results))

@@ -50,7 +50,7 @@ Reasons name the criterion's line and the kind of failure (assertion, the answer
 exited, timed out); they never quote the test or anything the answer printed.
 
 Input on stdin: {"code": ..., "checks": [{"test", "timeout", ...}, ...], "broker_fd": the broker's socket};
-output on stdout: one JSON line {"results": [[passed, reason], ...]}.
+output on stdout: one JSON line {"result": [passed, reason]} per criterion, as each ends.
 """
 
 import builtins
@@ -192,10 +192,12 @@ def main():
         if budget <= 0.05:
             results.append([False, "not run: the answer spent its time budget on earlier criteria"])
             continue
+            print(json.dumps({"result": results[-1]}), flush=True)
+            continue
         passed, reason, spent = run_criterion(broker, i, job["code"], check, min(timeouts[i], budget))
         budget -= spent
         results.append([passed, reason])
-    print(json.dumps({"results": results}), flush=True)
+        print(json.dumps({"result": results[-1]}), flush=True)     # as it goes: a driver killed later keeps it
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ while the object itself, and whatever it records, stays in the driver, outside t
 """
 
 import sqlite3
+import time
 
 from minigrpo.wire import StandIn
 
@@ -13,6 +14,7 @@ from minigrpo.wire import StandIn
 # (PRAGMA), or load code (load_extension is off by default in Python's sqlite3, and refused here as well).
 _DENIED = {sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH, sqlite3.SQLITE_PRAGMA}
 MAX_ROWS = 10000
+STATEMENT_SECONDS = 2.0     # a statement of the answer's runs in the driver: a recursive query must not hold it
 
 
 def _authorize(action, arg1, arg2, db, trigger):
@@ -35,6 +37,18 @@ def sqlite_stand_in(conn):
     lastrowid, description); commit and rollback are passed through. So the statements a check counts or the
     tables it inspects afterwards are what a database outside the answer's process executed and holds."""
     conn.set_authorizer(_authorize)
-    return StandIn(execute=lambda sql, params=(): _cursor(conn.execute(sql, params)),
-                   executemany=lambda sql, seq: _cursor(conn.executemany(sql, seq)),
-                   commit=conn.commit, rollback=conn.rollback)
+    deadline = [0.0]
+    conn.set_progress_handler(lambda: time.monotonic() > deadline[0], 1000)   # non-zero: sqlite interrupts
+
+    def timed(run):
+        def call(*args):
+            deadline[0] = time.monotonic() + STATEMENT_SECONDS
+            try:
+                return _cursor(run(*args))
+            finally:
+                deadline[0] = float("inf")      # the test's own statements are not timed
+        return call
+
+    deadline[0] = float("inf")
+    return StandIn(execute=timed(lambda sql, params=(): conn.execute(sql, params)),
+                   executemany=timed(conn.executemany), commit=conn.commit, rollback=conn.rollback)

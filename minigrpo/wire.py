@@ -26,12 +26,15 @@ import base64
 import builtins
 import json
 import operator
+import re
 import struct
 import sys
 
 MAX_MESSAGE = 16 << 20      # bytes; a longer message is a protocol error (the case fails)
 MAX_DEPTH = 200             # nesting of a value; deeper is a protocol error
+MAX_COLUMNS, MAX_CELLS = 1000, 1_000_000    # the largest DataFrame decoded
 _PLAIN_EXC = {}             # builtin exception classes by name, filled below
+_FRACTION = re.compile(r"-?[0-9]+(/[0-9]+)?")
 
 
 class ProtocolError(Exception):
@@ -365,7 +368,7 @@ class Codec:
             raise
         except (IndexError, KeyError, TypeError, ValueError, OverflowError, RecursionError) as err:
             raise ProtocolError(f"malformed value ({type(err).__name__})") from None
-        raise ProtocolError(f"unknown value tag {str(tag)[:20]!r}")
+        raise ProtocolError("unknown value tag")     # never the peer's text: it could end up in a reason
 
     def _decode_stdlib(self, e, depth):
         tag = e[0]
@@ -378,9 +381,13 @@ class Codec:
             return {"dt": datetime.datetime, "date": datetime.date, "time": datetime.time}[tag].fromisoformat(e[1])
         if tag == "dec":
             import decimal
+            if not isinstance(e[1], str) or len(e[1]) > 200:
+                raise ProtocolError("malformed Decimal")
             return decimal.Decimal(e[1])
-        if tag == "frac":
+        if tag == "frac":       # only what str(Fraction) writes: "1e30000000" would make 10**30000000 here
             import fractions
+            if not isinstance(e[1], str) or len(e[1]) > 2000 or not _FRACTION.fullmatch(e[1]):
+                raise ProtocolError("malformed Fraction")
             return fractions.Fraction(e[1])
         if tag == "uuid":
             import uuid
@@ -437,6 +444,8 @@ class Codec:
             series = frame.iloc[:, 0]
             series.name = self.decode(e[2], depth + 1)
             return series
+        if len(e[1]) > MAX_COLUMNS or len(e[1]) * len(e[2]) > MAX_CELLS:
+            raise ProtocolError("DataFrame too large")      # decoding costs the driver per column and per cell
         columns = [self.decode(c, depth + 1) for c in e[1]]
         index = pd.Index([self.decode(i, depth + 1) for i in e[2]], name=self.decode(e[3], depth + 1))
         frame = pd.DataFrame({i: [self.decode(x, depth + 1) for x in col] for i, col in enumerate(e[4])},

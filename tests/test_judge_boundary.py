@@ -302,11 +302,28 @@ def test_the_judge_passes_on_only_the_reasons_a_driver_gives():
     # a driver that was taken over could write a hidden test into a reason, and the soyuz critique quotes reasons
     from minigrpo.driver_host import parse_results
     test_line = 'assert compare_versions("1.0.0-alpha", "1.0.0") == -1'
-    out = json.dumps({"results": [[False, test_line], [False, "assertion failed at line 3"],
-                                  [False, "the answer's reply is not plain data (" + test_line + ")"],
-                                  [True, "tests passed"]]}).encode()
-    reasons = [r for _, r in parse_results(out, 4)]
+    lines = [[False, test_line], [False, "assertion failed at line 3"],
+             [False, "the answer's reply is not plain data (" + test_line + ")"], [True, "tests passed"]]
+    out = "\n".join(json.dumps({"result": r}) for r in lines).encode()
+    reasons = [r for _, r in parse_results(out + b"\na print of the test's\n", 5)]
     assert not any("compare_versions" in r for r in reasons), reasons
     assert reasons[1] == "assertion failed at line 3" and reasons[3] == "tests passed"
+    assert reasons[4].startswith("the check driver stopped")     # a driver killed on the way keeps what it printed
     with pytest.raises(ValueError):
-        parse_results(json.dumps({"results": [[1, "tests passed"]]}).encode(), 1)    # 1 is not a bool
+        parse_results(json.dumps({"result": [1, "tests passed"]}).encode(), 1)    # 1 is not a bool
+    with pytest.raises(ValueError):
+        parse_results(out, 3)                                                       # more results than criteria
+
+
+def test_a_stuck_driver_is_killed_and_keeps_what_it_finished(judge):
+    # what a forged reply that takes forever to decode, or a query that never returns, would do to the driver
+    task = {"id": "stuck", "prompt": "p", "criteria": [
+        {"id": "c1", "text": "t", "check": {"type": "python", "test": "assert f() == 1", "timeout": 2}},
+        {"id": "c2", "text": "t", "check": {"type": "python", "test": "f()\nwhile True:\n    pass", "timeout": 2}},
+        {"id": "c3", "text": "t", "check": {"type": "python", "test": "assert f() == 1", "timeout": 2}}]}
+    t0 = time.monotonic()
+    v = judge.grade(task, fenced("def f():\n    return 1"))
+    from minigrpo.driver_host import STUCK_SLACK
+    assert time.monotonic() - t0 < 3 * 2 + 1 + STUCK_SLACK + 15
+    assert [r.passed for r in v.results] == [True, False, False]
+    assert v.results[2].reason.startswith("the check driver stopped"), v.results[2].reason
