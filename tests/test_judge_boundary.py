@@ -214,8 +214,9 @@ def test_an_answer_that_never_imports_costs_about_two_criteria(judge, attack):
     assert v.score == 0.0
     ran = [r.reason for r in v.results if r.passed is False and "spent its time budget" not in r.reason]
     assert len(ran) == expected < len(timeouts), [r.reason for r in v.results]
-    if "pass" not in attack:     # a stall is seen in wall time (3 s each); a spinner's CPU time depends on the load
-        assert elapsed < 10 * expected, elapsed
+    if "pass" not in attack:     # a stall is seen in wall time (3 s each), long before the 18 s wall limit
+        assert all(r.startswith("stalled") for r in ran), ran
+        assert elapsed < 60, elapsed
 
 
 # -- the rules one at a time ---------------------------------------------------------------------------------------

@@ -733,9 +733,9 @@ def test_object_dtypes_never_decode_from_raw_bytes():
 def test_an_answers_exception_class_cannot_name_a_driver_object():
     """An exception reply may carry a handle to its class; one naming a driver object (a callback the test handed
     over) must not be raised, or called, as that object."""
-    from minigrpo import pydriver
+    from minigrpo.driver_answer import DriverEndpoint
     calls = []
-    endpoint = pydriver.DriverEndpoint(None, None, lambda *a: None, None)
+    endpoint = DriverEndpoint(None, None, lambda *a: None, None)
     ref = endpoint.codec.encode(lambda *a: calls.append(a))       # a callback of the test's, as the answer sees it
     exc = endpoint.exception("AssertionError", "AssertionError", "x", ref)
     assert not calls and type(exc) is AssertionError
