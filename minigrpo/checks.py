@@ -4,9 +4,9 @@ A check is a small dict (schema in the contract, examples in tests/test_judge_ch
 returns (True | False | None, reason). None means "could not be decided here" (a package the test needs is not
 installed), and the judge leaves that criterion out of the score's denominator.
 
-Text checks look at the whole answer ("text") or at its code ("code": the fenced code blocks tagged python or
-untagged, joined). Syllables and rhymes are English spelling heuristics: good enough to tell a haiku from a
-paragraph, not a phonetic dictionary; the `tol` of a syllables check absorbs the rest.
+Text checks look at the whole answer ("text") or at its code ("code": its python blocks, see extract_code).
+Syllables and rhymes are English spelling heuristics: good enough to tell a haiku from a paragraph, not a phonetic
+dictionary; the `tol` of a syllables check absorbs the rest.
 
 The answer is written by the policy being trained, so the text checks are total and bounded: an answer longer than
 MAX_TEXT (64 KB) fails them; task patterns run on the `regex` engine (re's syntax, V0) with concurrent=True (no GIL:
@@ -26,6 +26,7 @@ else the answer causes fails it. Where the machine cannot give the full sandbox,
 "weaker sandbox: ..." and the soyuz task prints it once at start.
 """
 
+import ast
 import functools
 import importlib.util
 import json
@@ -92,12 +93,40 @@ def fenced_blocks(answer):
 
 
 def extract_code(answer):
-    """The answer's Python: its python-tagged or untagged fenced blocks joined; with no fences at all, the whole
-    answer if it parses as Python (a bare code reply), else ''. Never raises."""
+    """The answer's graded Python (what the ast and python checks read). Never raises; linear time.
+
+    Fenced answer: its python blocks -- tagged python/py/python3, or untagged ones that parse as Python -- in order.
+    Blocks with any other tag (bash, sh, shell, console, text, output, pycon, json, ...) and untagged blocks that
+    do not parse (`>>> f(1)` transcripts, program output) are not code. A usage example -- a block whose statements
+    are all bare expressions (`print(f(1))`, `f(2)  # -> 4`) -- is left out beside a block that defines something:
+    it only runs at import, where an example that shows an error would fail the whole answer. The rest are joined;
+    if the join does not parse (a tagged fragment or transcript), only the blocks that parse on their own are.
+    No fences: the whole answer if it parses as Python (a bare code reply), else ''."""
+    return _extract_code(answer)
+
+
+@functools.lru_cache(maxsize=64)
+def _extract_code(answer):
     blocks = _fenced(answer)
-    if blocks:
-        return "\n\n".join(body for lang, body in blocks if lang in _PY_TAGS)
-    return answer if answer.strip() and parse_code(answer) is not None else ""
+    if not blocks:
+        return answer if answer.strip() and parse_code(answer) is not None else ""
+    # (body, tree or None) of each python block; each is parsed once (parse_code is linear and cached)
+    code = [(lang, body, parse_code(body)) for lang, body in blocks if lang in _PY_TAGS]
+    code = [(body, tree) for lang, body, tree in code if lang or tree is not None]    # untagged: only if it parses
+    if any(tree is not None and not _example_only(tree) for _, tree in code):
+        code = [(body, tree) for body, tree in code if tree is None or not _example_only(tree)]
+    joined = "\n\n".join(body for body, _ in code)
+    if parse_code(joined) is not None:
+        return joined
+    parsing = "\n\n".join(body for body, tree in code if tree is not None)
+    if parse_code(parsing) is not None:
+        return parsing
+    return next((body for body, tree in code if tree is not None), "")
+
+
+def _example_only(tree):
+    """A block that only evaluates expressions (calls, prints, bare values, asserts): it defines nothing."""
+    return all(isinstance(stmt, (ast.Expr, ast.Assert, ast.Pass)) for stmt in tree.body)
 
 
 def _target(check, answer, default="text"):
