@@ -144,31 +144,33 @@ class _CodeIndex:
     def __init__(self, module, entry, widen):
         self.module = module
         nodes, reached = module.live(entry, widen)
+        by_type = {}
+        for n in nodes:                   # one pass: the lists below are read per item of every check
+            by_type.setdefault(type(n), []).append(n)
+        kinds = lambda *types: [n for t in types for n in by_type.get(t, [])]    # noqa: E731
         self.imports = set()
-        for node in nodes:
-            if isinstance(node, ast.Import):
-                for a in node.names:
-                    self._imported(a.name)
-            elif isinstance(node, ast.ImportFrom):
-                base = "." * node.level + (node.module or "")
-                self._imported(base)
-                self.imports.update(f"{base}.{a.name}" for a in node.names if a.name != "*")
-        self.calls = [n for n in nodes if isinstance(n, ast.Call)]
-        self.decorated = [d for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        for node in kinds(ast.Import):
+            for a in node.names:
+                self._imported(a.name)
+        for node in kinds(ast.ImportFrom):
+            base = "." * node.level + (node.module or "")
+            self._imported(base)
+            self.imports.update(f"{base}.{a.name}" for a in node.names if a.name != "*")
+        self.calls = kinds(ast.Call)
+        self.decorated = [d for n in kinds(ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
                           for d in n.decorator_list]
-        self.withs = [i.context_expr for n in nodes if isinstance(n, (ast.With, ast.AsyncWith)) for i in n.items]
+        self.withs = [i.context_expr for n in kinds(ast.With, ast.AsyncWith) for i in n.items]
         managed = {id(e) for e in self.withs}
         self.unmanaged = [c for c in self.calls if id(c) not in managed]
         self.classes = [n for n in reached if isinstance(n, ast.ClassDef)]
         self.defs = {n.name for n in reached if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
         # `getattr(df, "app" + "ly")` is `df.apply`: an attribute, a reference and (called) a call of .apply
-        fetched = [n for n in self.calls if not isinstance(n, ast.Attribute) and module.static_attribute(n)]
-        self.attributes = {n.attr for n in nodes if isinstance(n, ast.Attribute)} | \
-            {module.static_attribute(n)[1] for n in fetched}
-        self.refs = [n for n in nodes if isinstance(n, (ast.Name, ast.Attribute))] + fetched
-        self.loops = [n.iter if isinstance(n, (ast.For, ast.AsyncFor, ast.comprehension)) else n.test
-                      for n in nodes if isinstance(n, (ast.For, ast.AsyncFor, ast.comprehension, ast.While))]
-        self.node_types = {type(n).__name__ for n in nodes}
+        fetched = [n for n in self.calls if module.static_attribute(n)]
+        self.attributes = {n.attr for n in kinds(ast.Attribute)} | {module.static_attribute(n)[1] for n in fetched}
+        self.refs = kinds(ast.Name, ast.Attribute) + fetched
+        self.loops = [n.iter for n in kinds(ast.For, ast.AsyncFor, ast.comprehension)] + \
+            [n.test for n in kinds(ast.While)]
+        self.node_types = {t.__name__ for t in by_type}
 
     def _imported(self, module):
         parts = module.split(".")

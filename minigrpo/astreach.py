@@ -46,10 +46,13 @@ _INERT_SUFFIXES = (".setter", ".getter", ".deleter")        # @prop.setter: a me
 _DYNAMIC_CALLS = {"globals", "locals", "vars", "eval", "exec", "__import__", "sys.modules"}
 _DYNAMIC_PREFIXES = ("importlib.", "inspect.", "sys.modules.", "operator.attrgetter", "operator.methodcaller")
 _DYNAMIC_ATTRS = {"__dict__", "__globals__", "f_globals", "f_locals", "__getattribute__"}
+_DYNAMIC_TAILS = {"modules", "attrgetter", "methodcaller", "import_module", "getmembers"}
 _GETATTR_FAMILY = {"getattr"}
 _MODULE = "module"    # the owner of a module-level block (entry points live there)
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 _ENDS_BLOCK = (ast.Return, ast.Raise, ast.Continue, ast.Break)
+_BINDERS = {ast.arg, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.ExceptHandler, ast.MatchAs,
+            ast.MatchStar, ast.Global, ast.Nonlocal, ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign}
 
 
 class Module:
@@ -59,23 +62,39 @@ class Module:
         self.tree = tree    # keeps every node alive: caches below are keyed by id(node)
         self.aliases, self.stars = {}, []
         bound, assigned = {}, []
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
+        stack = [tree]
+        while stack:                        # every node once (an iterative walk with fast paths: 64 KB answers)
+            node = stack.pop()
+            t = type(node)
+            if t is ast.Name:
+                if type(node.ctx) is not ast.Load:
+                    bound[node.id] = bound.get(node.id, 0) + 1
+                continue
+            if t is ast.Constant:
+                continue
+            if t is ast.Import:
                 for a in node.names:
                     self.aliases.setdefault(a.asname or a.name.split(".")[0], set()).add(
                         a.name if a.asname else a.name.split(".")[0])
-            elif isinstance(node, ast.ImportFrom):
+            elif t is ast.ImportFrom:
                 module = "." * node.level + (node.module or "")
                 for a in node.names:
                     if a.name == "*":
                         self.stars.append(module)
                     else:
                         self.aliases.setdefault(a.asname or a.name, set()).add(f"{module}.{a.name}")
-            for name in _bindings(node):
-                bound[name] = bound.get(name, 0) + 1
-            target, value = _single_target(node)
-            if target is not None:
-                assigned.append((target, value))
+            if t in _BINDERS:
+                for name in _bindings(node):
+                    bound[name] = bound.get(name, 0) + 1
+                target, value = _single_target(node)
+                if target is not None:
+                    assigned.append((target, value))
+            for field in node._fields:
+                value = getattr(node, field, None)
+                if type(value) is list:
+                    stack.extend(v for v in value if isinstance(v, ast.AST))
+                elif isinstance(value, ast.AST) and not isinstance(value, ast.expr_context):
+                    stack.append(value)
         once = [(t, v) for t, v in assigned if bound.get(t) == 1]
         self.builtin_getattr = not bound.get("getattr")     # an answer's own `getattr` is not the builtin
         self.consts, self.local_aliases, self._names, self._live, self._resolving = {}, {}, {}, {}, set()
@@ -90,6 +109,11 @@ class Module:
         for target, value in once:
             if target not in self.consts and _is_chain(value):
                 self.local_aliases[target] = value
+        self._names.clear()         # names read above were resolved before the aliases were known
+        # the bare names that stand for a computed lookup: the builtins, and whatever is imported as one
+        self._dynamic_locals = {n for n in _DYNAMIC_CALLS if "." not in n and n not in self.aliases} | {
+            local for local, targets in self.aliases.items()
+            if any(n in _DYNAMIC_CALLS or n.startswith(_DYNAMIC_PREFIXES) for n in targets)}
 
     # -- names --------------------------------------------------------------------------------------------------
 
@@ -224,16 +248,20 @@ class Module:
         return self._live[key]
 
     def is_dynamic(self, node):
-        if isinstance(node, ast.Attribute) and node.attr in _DYNAMIC_ATTRS:
-            return True
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        """Whether a node looks code up by computed name (the walk asks this of every live node: kept cheap)."""
+        t = type(node)
+        if t is ast.Name:
+            return node.id in self._dynamic_locals and type(node.ctx) is ast.Load
+        if t is ast.Attribute:
+            return node.attr in _DYNAMIC_ATTRS or node.attr in _DYNAMIC_TAILS and any(
+                n in _DYNAMIC_CALLS or n.startswith(_DYNAMIC_PREFIXES) for n in self.names(node))
+        if t is ast.Call:
+            f = node.func
+            return type(f) is ast.Name and f.id in _GETATTR_FAMILY and self.builtin_getattr and \
+                (len(node.args) < 2 or not isinstance(self.value(node.args[1]), str))
+        if t is ast.Import or t is ast.ImportFrom:
+            mods = [a.name for a in node.names] if t is ast.Import else [node.module or ""]
             return any(m.split(".")[0] in ("solution", "importlib", "inspect") for m in mods)
-        if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(getattr(node, "ctx", None), ast.Load):
-            names = self.names(node)
-            return bool(names & _DYNAMIC_CALLS) or any(n.startswith(_DYNAMIC_PREFIXES) for n in names)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _GETATTR_FAMILY:
-            return len(node.args) < 2 or not isinstance(self.value(node.args[1]), str)
         return False
 
     def inert(self, decorator):
@@ -266,10 +294,16 @@ class _LiveWalk:
     def _visit(self, node, owner):
         m = self.module
         self.nodes.append(node)
+        t = type(node)
+        if t is ast.Name:                   # the most common nodes first, and cheaply: a walk visits every one
+            if type(node.ctx) is ast.Load:
+                self._use(node.id)
+                self.dynamic = self.dynamic or node.id in m._dynamic_locals
+            return
+        if t is ast.Constant:
+            return
         if not self.dynamic and m.is_dynamic(node):
             self.dynamic = True
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-            self._use(node.id)
         if isinstance(node, _DEFS):
             for d in node.decorator_list:       # they run where the statement does
                 self._push(d)
@@ -304,16 +338,17 @@ class _LiveWalk:
             self._push(node.iter)
             self._stack.append(("block", node.orelse, owner))
             return
-        for _, value in ast.iter_fields(node):
-            if isinstance(value, list):
+        for field in node._fields:
+            value = getattr(node, field, None)
+            if type(value) is list:
                 if value and isinstance(value[0], ast.stmt):
                     self._stack.append(("block", value, owner))
                 else:
                     for v in value:
                         if isinstance(v, ast.AST):
                             self._push(v, owner if isinstance(v, (ast.excepthandler, ast.match_case)) else None)
-            elif isinstance(value, ast.AST):
-                self._push(value)
+            elif isinstance(value, ast.AST) and not isinstance(value, ast.expr_context):    # Load/Store: no code
+                self._stack.append(("node", value, None))
 
     def _define(self, node, owner):
         """A def/class statement ran: its body counts once something reaches it."""
