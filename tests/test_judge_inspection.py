@@ -9,6 +9,7 @@ grouping and no-apply criteria, though every behavioural criterion passes."""
 import importlib.util
 import json
 import os
+import re
 
 import pytest
 
@@ -71,7 +72,7 @@ class RunningMedian:
     """Running median. (heapq's two-heap trick would also work; insort keeps one sorted list instead.)"""
 
     def __init__(self):
-        self._xs = []   # import heapq; heapq.heappush(low, -x) -- not needed with insort
+        self._xs = []   # import heapq; heapq.heappush(low, -x); heapq.heappop(high) -- not needed here
 
     def add(self, x):
         if isinstance(x, float) and math.isnan(x):
@@ -89,6 +90,19 @@ class RunningMedian:
         return len(self._xs)
 '''
 
+# the same list kept sorted by a hand-written binary search: no bisect for the criterion's ban to see, so only the
+# heap requirement stands between it and full marks
+BINARY_INSERT = INSORT_MEDIAN.replace("import bisect\n", "").replace(
+    "insort keeps one sorted list instead", "one ordered list does too").replace("        bisect.insort(self._xs, x)\n", """\
+        lo, hi = 0, len(self._xs)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._xs[mid] <= x:
+                lo = mid + 1
+            else:
+                hi = mid
+        self._xs.insert(lo, x)
+""")
 DEAD_HEAP = '''
 import heapq
 
@@ -99,8 +113,10 @@ def _two_heaps_reference(low, high, x):
 '''
 
 
-@pytest.mark.parametrize("answer", [INSORT_MEDIAN, DEAD_HEAP + INSORT_MEDIAN], ids=["comment", "dead_code"])
-def test_an_insort_median_with_heapq_in_a_comment_or_dead_code_fails_the_heap_criterion(judge, answer):
+@pytest.mark.parametrize("answer", [INSORT_MEDIAN, BINARY_INSERT, DEAD_HEAP + BINARY_INSERT],
+                         ids=["insort_heapq_in_a_comment", "binary_insert_heapq_in_a_comment", "heapq_in_dead_code"])
+def test_a_sorted_list_median_with_heapq_in_a_comment_or_dead_code_fails_the_heap_criterion(judge, answer):
+    assert answer is INSORT_MEDIAN or not {"bisect", "sort"} & set(re.findall(r"[a-z]+", answer))
     verdict = judge.grade(TASKS["streaming-median"], f"One sorted list.\n```python\n{answer}```\n")
     got = results(verdict)
     assert got["c9"] is False, verdict.results
