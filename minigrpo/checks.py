@@ -26,7 +26,6 @@ else the answer causes fails it. Where the machine cannot give the full sandbox,
 "weaker sandbox: ..." and the soyuz task prints it once at start.
 """
 
-import ast
 import functools
 import importlib.util
 import json
@@ -92,41 +91,26 @@ def fenced_blocks(answer):
     return list(_fenced(answer))
 
 
-def extract_code(answer):
-    """The answer's graded Python (what the ast and python checks read). Never raises; linear time.
-
-    Fenced answer: its python blocks -- tagged python/py/python3, or untagged ones that parse as Python -- in order.
-    Blocks with any other tag (bash, sh, shell, console, text, output, pycon, json, ...) and untagged blocks that
-    do not parse (`>>> f(1)` transcripts, program output) are not code. A usage example -- a block whose statements
-    are all bare expressions (`print(f(1))`, `f(2)  # -> 4`) -- is left out beside a block that defines something:
-    it only runs at import, where an example that shows an error would fail the whole answer. The rest are joined;
-    if the join does not parse (a tagged fragment or transcript), only the blocks that parse on their own are.
-    No fences: the whole answer if it parses as Python (a bare code reply), else ''."""
-    return _extract_code(answer)
-
-
 @functools.lru_cache(maxsize=64)
-def _extract_code(answer):
+def extract_code(answer):
+    """The answer's graded Python, for the ast and python checks (never raises; linear time). Fenced: its blocks
+    tagged python/py/python3 and its untagged blocks that parse, in order; other tags (bash, console, text, output,
+    pycon, ...) and untagged blocks that do not parse (`>>>` transcripts, output) are not code. Beside a block that
+    defines something, a usage example (only bare expressions: `print(f(1))`; it would only run at import, where one
+    that shows an error fails the answer) is left out. If the join does not parse, only the blocks that parse on
+    their own are joined. No fences: the whole answer if it parses (a bare code reply), else ''."""
     blocks = _fenced(answer)
     if not blocks:
         return answer if answer.strip() and parse_code(answer) is not None else ""
-    # (body, tree or None) of each python block; each is parsed once (parse_code is linear and cached)
-    code = [(lang, body, parse_code(body)) for lang, body in blocks if lang in _PY_TAGS]
-    code = [(body, tree) for lang, body, tree in code if lang or tree is not None]    # untagged: only if it parses
-    if any(tree is not None and not _example_only(tree) for _, tree in code):
-        code = [(body, tree) for body, tree in code if tree is None or not _example_only(tree)]
-    joined = "\n\n".join(body for body, _ in code)
-    if parse_code(joined) is not None:
-        return joined
-    parsing = "\n\n".join(body for body, tree in code if tree is not None)
-    if parse_code(parsing) is not None:
-        return parsing
-    return next((body for body, tree in code if tree is not None), "")
-
-
-def _example_only(tree):
-    """A block that only evaluates expressions (calls, prints, bare values, asserts): it defines nothing."""
-    return all(isinstance(stmt, (ast.Expr, ast.Assert, ast.Pass)) for stmt in tree.body)
+    code = [(b, parse_code(b)) for lang, b in blocks if lang in _PY_TAGS and (lang or parse_code(b) is not None)]
+    examples = [None if t is None else all(type(s).__name__ in ("Expr", "Assert", "Pass") for s in t.body)
+                for _, t in code]    # None: does not parse
+    if False in examples:
+        code = [c for c, example in zip(code, examples) if example is not True]
+    for kept in (code, [(b, t) for b, t in code if t is not None]):
+        if parse_code(joined := "\n\n".join(b for b, _ in kept)) is not None:
+            return joined
+    return next((b for b, t in code if t is not None), "")
 
 
 def _target(check, answer, default="text"):

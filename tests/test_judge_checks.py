@@ -48,6 +48,9 @@ def test_several_python_blocks_are_joined_in_order():
     helper = "def g(x):\n    return f(x) * 2\n"
     assert extract_code(f"```python\n{SOLUTION}```\n```py\n{helper}```\n") == SOLUTION + "\n\n" + helper
     assert extract_code(f"```python\n{SOLUTION}```\n```\n{helper}```\n") == SOLUTION + "\n\n" + helper
+    # a tagged transcript between them does not parse: the blocks that parse are kept, in order
+    assert extract_code(f"```python\n{SOLUTION}```\n```python\n>>> g(1)\n4\n```\n```python\n{helper}```\n") == \
+        SOLUTION + "\n\n" + helper
     # a class split over two tagged blocks does not parse block by block, but joined it does
     split = "```python\nclass C:\n    def a(self):\n        return 1\n```\n```python\n    def b(self):\n" \
             "        return 2\n```\n"
