@@ -1,26 +1,38 @@
 """The code-inspection check of the local judge (type "ast"; minigrpo/checks.py runs it on the answer's code).
 
-{"type": "ast", KIND: [ITEM, ...], ..., "must": true, "any": false} reads the parsed code (checks.extract_code), so
-a name in a comment or a string is not a use; code that does not parse, or no code, fails the check whatever `must`
-says. must=true: every item is present (any=true: at least one); must=false: none is. KINDs: calls, decorators (`@d`
-and `@d(...)`), with (context managers of with / async with), classes, defs (function names), imports (module names:
-`from a.b import c` imports a, a.b and a.b.c), names (any Name/Attribute reference), attributes (plain attribute
-names), nodes (ast class names such as AsyncWith). A name is dotted and resolved through the module's imports:
-`import click as c` then `c.echo` is click.echo, `from click import echo` then `echo` is click.echo,
-`from m import *` lets a bare name be m.name, builtins are bare (`print`). `.x` / `.a.x` match those last parts on
-any receiver (`df.groupby`, `np.nanmean`, or the bare name), `m.*` any member of m, `*` anything, `f()` a call in a
-chain (`super().default`). calls/decorators/with/classes items may add arguments in call syntax, checked where given
-(others may follow): `pytest.raises(ValueError)`, `.popitem(last=False)`, `.Retry(status_forcelist=...)` (`...` any
-value), `hashlib.file_digest(..., 'sha256')`; for classes the arguments are bases: `AppEncoder(json.JSONEncoder)`.
-Constants compare by value (0 equals 0.0, not False), names by resolved dotted name.
+{"type": "ast", KIND: [ITEM, ...], ..., "must": true, "any": false, "entry": [NAME, ...]} reads the parsed code
+(checks.extract_code) and counts only the code that can run: module-level code and what the entry points reach
+(astreach.py: `entry` names the graded top-level definitions, fnmatch patterns allowed, e.g. ["RunningMedian"] or
+["test_*"]; without it, every public top-level def and class). A name in a comment or a string (a docstring too)
+is not a use, nor is code in a definition nothing reaches, in an `if False:` / `if 0:` branch or after a return.
+Code that does not parse, or no code, fails the check whatever `must` says. must=true: every item is present
+(any=true: at least one); must=false: none is, and then code that looks a name up by computed name (globals(),
+getattr(x, name), ...) makes every definition count. KINDs: calls, decorators (`@d` and `@d(...)`), with (context
+managers of with / async with), unmanaged (calls that are not the context manager of a with: `open` outside with),
+classes, defs (function names), imports (module names: `from a.b import c` imports a, a.b and a.b.c), names (any
+Name/Attribute reference), attributes (plain attribute names), loops (for/while loops and comprehensions whose
+iterable -- a while loop's test -- refers to the name: `for r in df.values`, `range(len(df))`; `*` any loop),
+nodes (ast class names such as AsyncWith). A name is dotted and resolved through the module's imports and its
+names bound once: `import click as c` then `c.echo` is click.echo, `from click import echo` then `echo` is
+click.echo, `push = heapq.heappush` then `push` is heapq.heappush, `from m import *` lets a bare name be m.name,
+builtins are bare (`print`); `getattr(x, "a" + "b")` is `x.ab` when its name is static (constants, their
+concatenation, f-strings and "".join of them, module constants). `.x` / `.a.x` match those last parts on any
+receiver (`df.groupby`, `np.nanmean`, or the bare name), `m.*` any member of m, `*` anything, `f()` a call in a
+chain (`super().default`). calls/decorators/with/unmanaged/classes items may add arguments in call syntax, checked
+where given (others may follow): `pytest.raises(ValueError)`, `.popitem(last=False)`, `.Retry(status_forcelist=...)`
+(`...` any value), `hashlib.file_digest(..., 'sha256')`; for classes the arguments are bases:
+`AppEncoder(json.JSONEncoder)`. Constants compare by value (0 equals 0.0, not False; a constant bound once,
+`MAX = 100`, is its value), names by resolved dotted name.
 
 `parse_code` is also what minigrpo/checks.py uses to tell a bare code reply from prose. Parser bombs (deep nesting
-that makes ast.parse raise) count as "does not parse"; chains longer than _CHAIN_MAX are not names.
+that makes ast.parse raise) count as "does not parse"; chains longer than astreach.CHAIN_MAX are not names.
 """
 
 import ast
 import functools
 import re
+
+from minigrpo.astreach import Module
 
 
 @functools.lru_cache(maxsize=16)
@@ -33,8 +45,8 @@ def parse_code(code):
         return None
 
 
-AST_KINDS = ("calls", "decorators", "with", "classes", "defs", "imports", "names", "attributes", "nodes")
-_CHAIN_MAX = 64    # longer attribute/call chains are not names anyone asks about
+AST_KINDS = ("calls", "decorators", "with", "unmanaged", "classes", "defs", "imports", "names", "attributes", "loops",
+             "nodes")
 
 
 class _Spec:
@@ -122,72 +134,59 @@ def _value_ok(want, got, ctx):
     if want[0] == "any":
         return True
     if want[0] == "const":
-        return isinstance(got, ast.Constant) and _same_constant(want[1], got.value)
+        return _same_constant(want[1], ctx.value(got))     # a literal, or a name bound once to one
     return _name_matches(want[1], ctx.names(got))
 
 
 class _CodeIndex:
-    """What an ast check asks about, collected in one walk over the module (ast.walk is iterative: no recursion)."""
+    """What an ast check asks about, collected once from the live nodes of the module (astreach.Module.live)."""
 
-    def __init__(self, tree):
-        self.tree = tree    # keeps every node alive: _cache is keyed by id(node)
-        self.aliases, self.stars, self.imports = {}, [], set()
-        nodes = list(ast.walk(tree))
-        for node in nodes:
-            if isinstance(node, ast.Import):
-                for a in node.names:
-                    self._imported(a.name)
-                    local = a.asname or a.name.split(".")[0]
-                    self.aliases.setdefault(local, set()).add(a.name if a.asname else local)
-            elif isinstance(node, ast.ImportFrom):
-                module = "." * node.level + (node.module or "")
-                self._imported(module)
-                for a in node.names:
-                    if a.name == "*":
-                        self.stars.append(module)
-                        continue
-                    self.imports.add(f"{module}.{a.name}")
-                    self.aliases.setdefault(a.asname or a.name, set()).add(f"{module}.{a.name}")
-        self.calls = [n for n in nodes if isinstance(n, ast.Call)]
-        self.decorated = [d for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    def __init__(self, module, entry, widen):
+        self.module = module
+        nodes, reached = module.live(entry, widen)
+        by_type = {}
+        for n in nodes:                   # one pass: the lists below are read per item of every check
+            by_type.setdefault(type(n), []).append(n)
+        kinds = lambda *types: [n for t in types for n in by_type.get(t, [])]    # noqa: E731
+        self.imports = set()
+        for node in kinds(ast.Import):
+            for a in node.names:
+                self._imported(a.name)
+        for node in kinds(ast.ImportFrom):
+            base = "." * node.level + (node.module or "")
+            self._imported(base)
+            self.imports.update(f"{base}.{a.name}" for a in node.names if a.name != "*")
+        self.calls = kinds(ast.Call)
+        self.decorated = [d for n in kinds(ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
                           for d in n.decorator_list]
-        self.withs = [i.context_expr for n in nodes if isinstance(n, (ast.With, ast.AsyncWith)) for i in n.items]
-        self.classes = [n for n in nodes if isinstance(n, ast.ClassDef)]
-        self.defs = {n.name for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-        self.attributes = {n.attr for n in nodes if isinstance(n, ast.Attribute)}
-        self.refs = [n for n in nodes if isinstance(n, (ast.Name, ast.Attribute))]
-        self.node_types = {type(n).__name__ for n in nodes}
-        self._cache = {}
+        self.withs = [i.context_expr for n in kinds(ast.With, ast.AsyncWith) for i in n.items]
+        managed = {id(e) for e in self.withs}
+        self.unmanaged = [c for c in self.calls if id(c) not in managed]
+        self.classes = [n for n in reached if isinstance(n, ast.ClassDef)]
+        self.defs = {n.name for n in reached if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        # `getattr(df, "app" + "ly")` is `df.apply`: an attribute, a reference and (called) a call of .apply
+        fetched = [n for n in self.calls if module.static_attribute(n)]
+        self.attributes = {n.attr for n in kinds(ast.Attribute)} | {module.static_attribute(n)[1] for n in fetched}
+        self.refs = kinds(ast.Name, ast.Attribute) + fetched
+        self.loops = [n.iter for n in kinds(ast.For, ast.AsyncFor, ast.comprehension)] + \
+            [n.test for n in kinds(ast.While)]
+        self.node_types = {t.__name__ for t in by_type}
 
     def _imported(self, module):
         parts = module.split(".")
         self.imports.update(".".join(parts[:i + 1]) for i in range(len(parts)))
 
-    def _resolve(self, name):
-        if name in self.aliases:
-            return self.aliases[name]
-        return {name} | {f"{m}.{name}" for m in self.stars}
-
     def names(self, node):
-        """The dotted names an expression may stand for, its first name resolved through the module's imports
-        (`import click as c` makes `c.echo` click.echo; `from click import echo` makes `echo` click.echo); a base
-        that is not a name shows as `?` (`?.dt.strftime`), a call in the chain as `()` (`super().default`)."""
-        key = id(node)
-        if key not in self._cache:
-            parts = []
-            while isinstance(node, (ast.Attribute, ast.Call)) and len(parts) <= _CHAIN_MAX:
-                parts.append("." + node.attr if isinstance(node, ast.Attribute) else "()")
-                node = node.func if isinstance(node, ast.Call) else node.value
-            if len(parts) > _CHAIN_MAX:
-                heads = set()
-            elif isinstance(node, ast.Name):
-                heads = self._resolve(node.id)
-            else:
-                heads = {"?"}
-            tail = "".join(reversed(parts))
-            full = {h + tail for h in heads}
-            self._cache[key] = {n[len("builtins."):] if n.startswith("builtins.") else n for n in full}
-        return self._cache[key]
+        return self.module.names(node)
+
+    def value(self, node):
+        return self.module.value(node)
+
+    def _loop_over(self, spec, iterable):
+        if spec.name == "*":
+            return True
+        return any(spec.name_ok(self.names(n)) for n in ast.walk(iterable)
+                   if isinstance(n, (ast.Name, ast.Attribute)) or self.module.static_attribute(n))
 
     def find(self, kind, spec):
         if kind == "imports":
@@ -200,13 +199,20 @@ class _CodeIndex:
             return spec.text in self.node_types
         if kind == "names":
             return any(spec.name_ok(self.names(n)) for n in self.refs)
+        if kind == "loops":
+            return any(self._loop_over(spec, it) for it in self.loops)
         if kind == "classes":
             return any(_name_matches(spec.name, {c.name}) and spec.args_ok(c.bases, c.keywords, self)
                        for c in self.classes)
-        exprs = {"calls": self.calls, "decorators": self.decorated, "with": self.withs}[kind]
+        exprs = {"calls": self.calls, "decorators": self.decorated, "with": self.withs,
+                 "unmanaged": self.unmanaged}[kind]
         for e in exprs:
-            call = e if isinstance(e, ast.Call) else None    # `@click.command` and `@click.command()` alike
-            if call is not None:
+            call = e if isinstance(e, ast.Call) else None
+            if call is not None and self.module.static_attribute(e):
+                if kind in ("calls", "unmanaged"):
+                    continue        # `getattr(df, "apply")` fetches; `getattr(df, "apply")(f)` is the call
+                call = None
+            if call is not None:      # `@click.command` and `@click.command()` alike
                 e = call.func
             if spec.name_ok(self.names(e)) and (spec.args is None or call is not None and
                                                 spec.args_ok(call.args, call.keywords, self)):
@@ -215,9 +221,15 @@ class _CodeIndex:
 
 
 @functools.lru_cache(maxsize=16)
-def _code_index(code):
+def _module(code):
     tree = parse_code(code)
-    return None if tree is None else _CodeIndex(tree)
+    return None if tree is None else Module(tree)
+
+
+@functools.lru_cache(maxsize=64)
+def _code_index(code, entry, widen):
+    module = _module(code)
+    return None if module is None else _CodeIndex(module, entry, widen)
 
 
 @functools.lru_cache(maxsize=512)
@@ -233,29 +245,35 @@ def _spec(kind, text):
 
 def check_code(check, code):
     """(True | False, reason) of an ast check on `code` (the answer's extracted Python, not empty)."""
-    index = _code_index(code)
+    must = check.get("must", True)
+    entry = tuple(check["entry"]) if "entry" in check else None
+    index = _code_index(code, entry, not must)
     if index is None:
         return False, "the code does not parse"
     items = [(kind, text) for kind in AST_KINDS for text in check.get(kind, [])]
     found = [f"{kind} {text}" for kind, text in items if index.find(kind, _spec(kind, text))]
     missing = [f"{kind} {text}" for kind, text in items if f"{kind} {text}" not in found]
-    if not check.get("must", True):
-        return not found, f"code uses {found} (must not)" if found else "code uses none of the banned items"
+    if not must:
+        return not found, f"live code uses {found} (must not)" if found else "live code uses none of the banned items"
     ok = bool(found) if check.get("any", False) else not missing
     want = "one of" if check.get("any", False) else "all of"
-    return ok, f"code uses {want} the items" if ok else f"code lacks {missing} (must use {want} them)"
+    return ok, f"live code uses {want} the items" if ok else f"live code lacks {missing} (must use {want} them)"
 
 
 def validate_ast_check(check):
-    """Raise ValueError (one line) if an ast check has unknown keys, names nothing, or has an item that is not a
-    name or a call."""
-    unknown = set(check) - {"type", "must", "any", *AST_KINDS}
+    """Raise ValueError (one line) if an ast check has unknown keys, names nothing, has an item that is not a name
+    or a call (loops: a name), or an entry that is not a list of names or patterns."""
+    unknown = set(check) - {"type", "must", "any", "entry", *AST_KINDS}
     if unknown:
-        raise ValueError(f"keys {sorted(unknown)} unknown (kinds: {', '.join(AST_KINDS)}; must, any)")
+        raise ValueError(f"keys {sorted(unknown)} unknown (kinds: {', '.join(AST_KINDS)}; must, any, entry)")
     if not any(check.get(kind) for kind in AST_KINDS):
         raise ValueError(f"names nothing to look for (kinds: {', '.join(AST_KINDS)})")
+    entry = check.get("entry", [])
+    if not isinstance(entry, list) or not all(isinstance(e, str) and re.fullmatch(r"[\w*?\[\]!]+", e) for e in entry):
+        raise ValueError("entry must be a list of top-level names or fnmatch patterns")
     for kind in AST_KINDS:
         if not isinstance(check.get(kind, []), list):
             raise ValueError(f"{kind} must be a list")
         for text in check.get(kind, []):
-            _spec(kind, text)
+            if _spec(kind, text).args is not None and kind == "loops":
+                raise ValueError(f"loops item {text!r} is a name, not a call")

@@ -4,9 +4,9 @@ A check is a small dict (schema in the contract, examples in tests/test_judge_ch
 returns (True | False | None, reason). None means "could not be decided here" (a package the test needs is not
 installed), and the judge leaves that criterion out of the score's denominator.
 
-Text checks look at the whole answer ("text") or at its code ("code": the fenced code blocks tagged python or
-untagged, joined). Syllables and rhymes are English spelling heuristics: good enough to tell a haiku from a
-paragraph, not a phonetic dictionary; the `tol` of a syllables check absorbs the rest.
+Text checks look at the whole answer ("text") or at its code ("code": its python blocks, see extract_code).
+Syllables and rhymes are English spelling heuristics: good enough to tell a haiku from a paragraph, not a phonetic
+dictionary; the `tol` of a syllables check absorbs the rest.
 
 The answer is written by the policy being trained, so the text checks are total and bounded: an answer longer than
 MAX_TEXT (64 KB) fails them; task patterns run on the `regex` engine (re's syntax, V0) with concurrent=True (no GIL:
@@ -91,13 +91,26 @@ def fenced_blocks(answer):
     return list(_fenced(answer))
 
 
+@functools.lru_cache(maxsize=64)
 def extract_code(answer):
-    """The answer's Python: its python-tagged or untagged fenced blocks joined; with no fences at all, the whole
-    answer if it parses as Python (a bare code reply), else ''. Never raises."""
+    """The answer's graded Python, for the ast and python checks (never raises; linear time). Fenced: its blocks
+    tagged python/py/python3 and its untagged blocks that parse, in order; other tags (bash, console, text, output,
+    pycon, ...) and untagged blocks that do not parse (`>>>` transcripts, output) are not code. Beside a block that
+    defines something, a usage example (only bare expressions: `print(f(1))`; it would only run at import, where one
+    that shows an error fails the answer) is left out. If the join does not parse, only the blocks that parse on
+    their own are joined. No fences: the whole answer if it parses (a bare code reply), else ''."""
     blocks = _fenced(answer)
-    if blocks:
-        return "\n\n".join(body for lang, body in blocks if lang in _PY_TAGS)
-    return answer if answer.strip() and parse_code(answer) is not None else ""
+    if not blocks:
+        return answer if answer.strip() and parse_code(answer) is not None else ""
+    code = [(b, parse_code(b)) for lang, b in blocks if lang in _PY_TAGS and (lang or parse_code(b) is not None)]
+    examples = [None if t is None else all(type(s).__name__ in ("Expr", "Assert", "Pass") for s in t.body)
+                for _, t in code]    # None: does not parse
+    if False in examples:
+        code = [c for c, example in zip(code, examples) if example is not True]
+    for kept in (code, [(b, t) for b, t in code if t is not None]):
+        if parse_code(joined := "\n\n".join(b for b, _ in kept)) is not None:
+            return joined
+    return next((b for b, t in code if t is not None), "")
 
 
 def _target(check, answer, default="text"):

@@ -156,9 +156,10 @@ class RunningMedian:
     def __len__(self):
         return len(self.xs)
 """
-    verdict = TASKS["streaming-median"]
-    perf = [c for c in verdict["criteria"] if c["id"] == "c9"]
-    result = run_check(perf[0]["check"], fenced(slow))
+    c9 = next(c["check"] for c in TASKS["streaming-median"]["criteria"] if c["id"] == "c9")
+    # the timing sub-check alone: the criterion's ast sub-checks would fail this answer whatever the clock says
+    perf = next(check for check in c9["checks"] if check["type"] == "python")
+    result = run_check(perf, fenced(slow))
     assert result[0] is False, result
 
 

@@ -25,6 +25,43 @@ def test_code_extraction():
     assert extract_code("") == ""
 
 
+SOLUTION = "def f(x):\n    return x + 1\n"
+
+
+@pytest.mark.parametrize("extra", [
+    "```bash\npip install thing\npython -c 'import solution'\n```\n",
+    "```sh\n$ python app.py\n```\n", "```console\n$ f 1\n2\n```\n", "```text\nx = 1\n```\n",
+    "```output\n2\n```\n", "```pycon\n>>> f(1)\n2\n```\n", "```json\n{\"x\": 1}\n```\n",
+    "```\n>>> f(1)\n2\n```\n",                                        # a transcript: does not parse
+    "```\nf 1 -> 2\n```\n",
+    "```\nprint(f(1))  # 2\nf('x')  # raises TypeError\n```\n",     # a usage example: only expressions
+    "```python\nassert f(1) == 2\n```\n",
+    "```python\n>>> f(1)\n2\n```\n",                                  # a tagged transcript
+], ids=["bash", "sh", "console", "text", "output", "pycon", "json", "doctest", "prose", "example", "assert",
+        "tagged_doctest"])
+def test_only_python_blocks_are_graded_code(extra):
+    answer = f"Explanation.\n```python\n{SOLUTION}```\nUsage:\n{extra}More text.\n"
+    assert extract_code(answer) == SOLUTION
+
+
+def test_several_python_blocks_are_joined_in_order():
+    helper = "def g(x):\n    return f(x) * 2\n"
+    assert extract_code(f"```python\n{SOLUTION}```\n```py\n{helper}```\n") == SOLUTION + "\n\n" + helper
+    assert extract_code(f"```python\n{SOLUTION}```\n```\n{helper}```\n") == SOLUTION + "\n\n" + helper
+    # a tagged transcript between them does not parse: the blocks that parse are kept, in order
+    assert extract_code(f"```python\n{SOLUTION}```\n```python\n>>> g(1)\n4\n```\n```python\n{helper}```\n") == \
+        SOLUTION + "\n\n" + helper
+    # a class split over two tagged blocks does not parse block by block, but joined it does
+    split = "```python\nclass C:\n    def a(self):\n        return 1\n```\n```python\n    def b(self):\n" \
+            "        return 2\n```\n"
+    assert "def b" in extract_code(split)
+    # an example that binds names stays: it may be what the code needs; only expression-only blocks go
+    assert extract_code(f"```python\n{SOLUTION}```\n```\ny = f(1)\n```\n") == SOLUTION + "\n\ny = f(1)\n"
+    assert extract_code("```\nprint(1)\n```\n") == "print(1)\n"      # nothing else: the answer's only code
+    assert extract_code("```python\ndef f(:\n```\n```bash\nls\n```\n") == ""
+    assert extract_code("```bash\nls\n```\nNo code here.\n") == ""
+
+
 def test_regex():
     assert check({"type": "regex", "pattern": r"^def \w+", "flags": "m"}, "x\ndef f(): pass")
     assert not check({"type": "regex", "pattern": r"TODO", "flags": "i", "must": False}, "a todo here")

@@ -45,7 +45,10 @@ REGEXES = [(tid, cid, leaf) for tid, cid, leaf in LEAVES if leaf["type"] == "reg
 
 
 def test_inventory():
-    assert len(REGEXES) >= 60 and any(leaf["type"] == "ast" for _, _, leaf in LEAVES)
+    assert len(REGEXES) >= 40 and any(leaf["type"] == "ast" for _, _, leaf in LEAVES)
+    # code is inspected through its AST (live code), never as text: no code task keeps a regex on its code
+    families = {t["id"]: t["family"] for t in TASKS}
+    assert not [(tid, cid) for tid, cid, leaf in REGEXES if leaf.get("target") == "code" and families[tid] != "writing"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -100,9 +103,14 @@ REWRITTEN = [
 ]
 
 
+# Rewritten patterns that have since left the task file: code is inspected by ast checks now.
+RETIRED = {r"^(?![^\S\n]*with\b).*(?<![\w.])open\(": "file-handle-leak-fix c9: ast check, open outside with"}
+
+
 def test_rewritten_patterns_are_in_the_task_file():
     patterns = {leaf["pattern"] for _, _, leaf in REGEXES}
-    assert all(new in patterns and old not in patterns for old, new, _ in REWRITTEN)
+    assert all((new in patterns or new in RETIRED) and old not in patterns for old, new, _ in REWRITTEN)
+    assert not set(RETIRED) & patterns
 
 
 @pytest.mark.parametrize("old,new,flags", REWRITTEN, ids=[f"p{i}" for i in range(len(REWRITTEN))])
@@ -374,14 +382,12 @@ def test_uses_x_criteria_are_ast_checks():
 def test_converted_criterion_reads_code_not_comments(tid, criterion):
     good = FIXTURES[(tid, "good")]
     source = extract_code(good)
-    assert run_check(criterion["check"], good)[0] is True
+    ast_leaves = [leaf for leaf in leaves(criterion["check"]) if leaf["type"] == "ast"]   # python leaves: slow tests
+    assert all(run_check(leaf, good)[0] is True for leaf in ast_leaves)
     # the reference code, only as comments and a string: every must-use item is gone from the code
     commented = "\n".join("# " + line for line in source.splitlines()) + f"\nSOURCE = {source!r}\n"
-    for leaf in leaves(criterion["check"]):
-        if leaf["type"] == "ast":
-            assert run_check(leaf, code(commented))[0] is (not leaf.get("must", True)), leaf
-    if any(leaf["type"] == "ast" and leaf.get("must", True) for leaf in leaves(criterion["check"])):
-        assert run_check(criterion["check"], code(commented))[0] is False
+    for leaf in ast_leaves:
+        assert run_check(leaf, code(commented))[0] is (not leaf.get("must", True)), leaf
 
 
 def test_validate_check_covers_ast_and_patterns():
