@@ -31,24 +31,28 @@ def _cursor(cur):
                    rowcount=cur.rowcount, lastrowid=cur.lastrowid, description=cur.description)
 
 
-def sqlite_stand_in(conn):
+def sqlite_stand_in(conn, log=None):
     """A stand-in for the sqlite3 connection `conn`, which stays in the driver: execute(sql, params=()) and
     executemany(sql, seq) run there and return a cursor stand-in (fetchone, fetchall, fetchmany, rowcount,
-    lastrowid, description); commit and rollback are passed through. So the statements a check counts or the
-    tables it inspects afterwards are what a database outside the answer's process executed and holds."""
+    lastrowid, description); commit and rollback are passed through. Each statement is appended to `log` (a list
+    of the test's) as (sql, params). So the statements a check counts or the tables it inspects afterwards are
+    what a database outside the answer's process executed and holds."""
     conn.set_authorizer(_authorize)
     deadline = [0.0]
     conn.set_progress_handler(lambda: time.monotonic() > deadline[0], 1000)   # non-zero: sqlite interrupts
 
     def timed(run):
-        def call(*args):
+        def call(sql, params=()):
+            if log is not None:
+                log.append((sql, params))
             deadline[0] = time.monotonic() + STATEMENT_SECONDS
             try:
-                return _cursor(run(*args))
+                return _cursor(run(sql, params))
             finally:
                 deadline[0] = float("inf")      # the test's own statements are not timed
         return call
 
     deadline[0] = float("inf")
-    return StandIn(execute=timed(lambda sql, params=(): conn.execute(sql, params)),
-                   executemany=timed(conn.executemany), commit=conn.commit, rollback=conn.rollback)
+    return StandIn(execute=timed(conn.execute), executemany=timed(conn.executemany), commit=conn.commit,
+                   rollback=conn.rollback, cursor=lambda: StandIn(execute=timed(conn.execute),
+                                                                  executemany=timed(conn.executemany)))
