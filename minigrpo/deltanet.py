@@ -69,12 +69,19 @@ def chunked_delta_rule(q, k, v, g, beta, state, chunk=64):
     q_in = q * gam.exp()[..., None]                                           # reads of the incoming state
     k_out = k * (gam[..., -1:] - gam).exp()[..., None]                        # writes carried to the chunk end
 
+    # The loop reads chunk n of each tensor through unbind, not U[:, :, n]: the backward of an index is a zero
+    # tensor of the full (B, h, N, ...) size holding one chunk's gradient, so N chunks would write N full-size
+    # gradients and add them up (quadratic in T); unbind's backward stacks the N chunk gradients once.
+    # Same values and gradients, bit for bit: the ops per chunk are the same, only the zeros added are gone.
+    chunks = zip(U.unbind(2), W.unbind(2), q_in.unbind(2), qk.unbind(2), k_out.unbind(2),
+                 gam[..., -1, None, None].unbind(2))                          # gam_last: (B, h, 1, 1) per chunk
     S = state
     out = []
-    for n in range(N):  # chunks depend on each other only through S
-        delta = U[:, :, n] - W[:, :, n] @ S                                   # (B, h, L, dv)
-        out.append(q_in[:, :, n] @ S + qk[:, :, n] @ delta)
-        S = S * gam[:, :, n, -1, None, None].exp() + k_out[:, :, n].mT @ delta
+    for U_n, W_n, q_in_n, qk_n, k_out_n, gam_last_n in chunks:  # chunks depend on each other only through S
+        delta = U_n - W_n @ S                                                 # (B, h, L, dv)
+        out.append(q_in_n @ S + qk_n @ delta)
+        S = S * gam_last_n.exp() + k_out_n.mT @ delta
+    # one stack of the chunk outputs (its backward hands each chunk a view of the gradient, nothing is copied)
     o = torch.stack(out, dim=2).reshape(B, h, N * chunk, dv)[:, :, :T]
     return o, S
 

@@ -1,0 +1,129 @@
+"""The chunked delta rule's backward: bytes that grow linearly with T, and the same numbers as the indexed loop.
+
+The chunk loop once took chunk n as U[:, :, n]. The backward of an index is a zero tensor of the whole
+(B, h, N, ...) size holding that chunk's gradient, so the backward made N full-size tensors per sliced input:
+bytes ~ N^2, quadratic in T. `indexed_delta_rule` below is that formulation, kept as the reference the current
+code must match bit for bit (same ops per chunk, only the added zeros are gone); the recurrent form is the
+definition both must agree with up to rounding.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from minigrpo.deltanet import chunked_delta_rule, l2norm, recurrent_delta_rule
+
+
+def indexed_delta_rule(q, k, v, g, beta, state, chunk=64):
+    """chunked_delta_rule as it was, with chunk n taken by indexing (U[:, :, n]): the reference."""
+    B, h, T, dk = k.shape
+    dv = v.shape[-1]
+    pad = (-T) % chunk
+    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+    g, beta = (F.pad(x, (0, pad)) for x in (g, beta))
+    N = (T + pad) // chunk
+    q, k, v = (x.reshape(B, h, N, chunk, x.shape[-1]) for x in (q, k, v))
+    g, beta = g.reshape(B, h, N, chunk), beta.reshape(B, h, N, chunk)
+    gam = g.cumsum(-1)
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    decay = (gam[..., :, None] - gam[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    A = (beta[..., None] * (k @ k.mT) * decay).tril(-1)
+    eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
+    rhs = torch.cat([beta[..., None] * v, (beta * gam.exp())[..., None] * k], dim=-1)
+    UW = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)
+    U, W = UW.split([dv, dk], dim=-1)
+    qk = (q @ k.mT) * decay
+    q_in = q * gam.exp()[..., None]
+    k_out = k * (gam[..., -1:] - gam).exp()[..., None]
+    S = state
+    out = []
+    for n in range(N):
+        delta = U[:, :, n] - W[:, :, n] @ S
+        out.append(q_in[:, :, n] @ S + qk[:, :, n] @ delta)
+        S = S * gam[:, :, n, -1, None, None].exp() + k_out[:, :, n].mT @ delta
+    o = torch.stack(out, dim=2).reshape(B, h, N * chunk, dv)[:, :, :T]
+    return o, S
+
+
+def inputs(B, h, T, dk, dv, seed=0):
+    """Leaf tensors (q, k, v, g, beta, state) as GatedDeltaNet makes them: q, k l2-normed (q scaled), g <= 0,
+    beta in (0, 1), a nonzero initial state."""
+    gen = torch.Generator().manual_seed(seed)
+    q = l2norm(torch.randn(B, h, T, dk, generator=gen)) * dk ** -0.5
+    k = l2norm(torch.randn(B, h, T, dk, generator=gen))
+    v = torch.randn(B, h, T, dv, generator=gen)
+    g = -torch.rand(B, h, T, generator=gen) * 0.5
+    beta = torch.rand(B, h, T, generator=gen)
+    state = torch.randn(B, h, dk, dv, generator=gen)
+    return [x.requires_grad_() for x in (q, k, v, g, beta, state)]
+
+
+def run(rule, xs, seed=1):
+    """Outputs (o, final state) and the gradients of all six inputs under a random upstream gradient."""
+    xs = [x.detach().clone().requires_grad_() for x in xs]
+    o, S = rule(*xs)
+    gen = torch.Generator().manual_seed(seed)
+    go, gS = torch.randn(o.shape, generator=gen), torch.randn(S.shape, generator=gen)
+    grads = torch.autograd.grad((o, S), xs, (go, gS))
+    return (o.detach(), S.detach()), grads
+
+
+class BytesMade(TorchDispatchMode):
+    """Adds up the bytes of every tensor an op makes: outputs that share no storage with the op's inputs (views
+    and in-place results are not new memory)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        given = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                 if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in given:
+                self.bytes += t.numel() * t.element_size()
+        return out
+
+
+def backward_bytes(rule, T, B=1, h=2, dk=16, dv=16):
+    """Bytes of the tensors made by the backward of rule(...) at length T (the forward is not counted)."""
+    xs = inputs(B, h, T, dk, dv)
+    o, S = rule(*xs)
+    loss = o.sum() + S.sum()
+    with BytesMade() as made:
+        loss.backward()
+    return made.bytes
+
+
+def test_backward_bytes_grow_linearly_in_T():
+    # 4x the tokens, 4x the bytes when each chunk's backward touches only its own chunk (the indexed loop: x9.1
+    # here, and its extra term grows with N^2, 22 GiB for one Qwen3.5-4B layer at T = 2,944:
+    # bench/deltanet_backward.py)
+    short, long = backward_bytes(chunked_delta_rule, 256), backward_bytes(chunked_delta_rule, 1024)
+    assert long / short < 4.5, f"backward bytes {short} at T=256, {long} at T=1024: x{long / short:.2f}"
+
+
+# T: one chunk, a partial chunk, exact chunks, a partial last chunk after several
+@pytest.mark.parametrize("B,h,T,dk,dv", [(1, 1, 64, 8, 8), (2, 3, 37, 16, 24), (2, 2, 128, 16, 16),
+                                         (1, 4, 200, 32, 16), (3, 2, 65, 8, 32)])
+def test_chunked_equals_indexed_bit_for_bit(B, h, T, dk, dv):
+    xs = inputs(B, h, T, dk, dv, seed=T)
+    (o1, s1), g1 = run(indexed_delta_rule, xs)
+    (o2, s2), g2 = run(chunked_delta_rule, xs)
+    assert torch.equal(o1, o2) and torch.equal(s1, s2)
+    for name, a, b in zip(("q", "k", "v", "g", "beta", "state"), g1, g2):
+        assert torch.equal(a, b), f"d{name} differs by {(a - b).abs().max().item():.3g}"
+
+
+@pytest.mark.parametrize("T", [37, 130])
+def test_chunked_gradients_match_recurrent(T):
+    # the definition's gradients, up to rounding: the bit-identity above is only worth it if the reference is right
+    xs = inputs(2, 2, T, 16, 16, seed=T)
+    (o1, s1), g1 = run(recurrent_delta_rule, xs)
+    (o2, s2), g2 = run(chunked_delta_rule, xs)
+    assert (o1 - o2).abs().max() <= 1e-5 and (s1 - s2).abs().max() <= 1e-5
+    for a, b in zip(g1, g2):
+        assert (a - b).abs().max() <= 1e-4 * max(1.0, a.abs().max().item())
