@@ -33,16 +33,16 @@ import socket
 import threading
 import time
 
-from minigrpo import driver_answer, pydriver, standins, wire, wire_rpc
+from minigrpo import driver_answer, pydriver, standins, wire, wire_rpc, wire_values
 from minigrpo.sandbox import Limits, Sandbox
 
-# The answer's program: the channel's codec, then its request/reply and server (see wire_rpc.py), compiled here
-# once and handed over as marshalled bytecode (the child runs this same interpreter).
-_CHILD_SOURCE = open(wire.__file__).read() + "\n" + open(wire_rpc.__file__).read()
+# The answer's program: the channel's codec (wire_values.py, wire.py), then its request/reply and server
+# (wire_rpc.py), compiled here once and handed over as marshalled bytecode (the child runs this same interpreter).
+_CHILD_SOURCE = "\n".join(open(m.__file__).read() for m in (wire_values, wire, wire_rpc))
 CHILD_PROGRAM = "import binascii as _b, marshal as _m\nexec(_m.loads(_b.a2b_base64(%r)))\n" % binascii.b2a_base64(
     marshal.dumps(compile(_CHILD_SOURCE, "<sandbox child>", "exec")), newline=False).decode()
 
-# The driver's program: wire, wire_rpc, standins, driver_answer and pydriver as modules of a package `minigrpo` made in memory; the
+# The driver's program: wire_values, wire, wire_rpc, standins, driver_answer and pydriver as modules of a package `minigrpo` made in memory; the
 # bytecode comes as a file in the driver's work folder (too long for a command line).
 DRIVER_FILE = "driver.bin"
 DRIVER_PROGRAM = r"""
@@ -70,7 +70,7 @@ WATCHDOG_EVERY = 0.1        # seconds between the broker's own checks of each an
 @functools.lru_cache(maxsize=None)
 def driver_bundle():
     parts = []
-    for module in (wire, wire_rpc, standins, driver_answer, pydriver):
+    for module in (wire_values, wire, wire_rpc, standins, driver_answer, pydriver):
         with open(module.__file__, encoding="utf-8") as f:
             parts.append((module.__name__, compile(f.read(), f"<{module.__name__}>", "exec")))
     return marshal.dumps(parts)

@@ -26,19 +26,15 @@ import base64
 import builtins
 import json
 import operator
-import re
 import struct
-import sys
+
+if __name__ != "__main__":      # imported; in the child's program wire_values.py's source has just defined these
+    from minigrpo.wire_values import ProtocolError, decode_library, decode_stdlib, encode_library, library_types, \
+        stdlib_value
 
 MAX_MESSAGE = 16 << 20      # bytes; a longer message is a protocol error (the case fails)
 MAX_DEPTH = 200             # nesting of a value; deeper is a protocol error
-MAX_COLUMNS, MAX_CELLS = 1000, 1_000_000    # the largest DataFrame decoded
 _PLAIN_EXC = {}             # builtin exception classes by name, filled below
-_FRACTION = re.compile(r"-?[0-9]+(/[0-9]+)?")
-
-
-class ProtocolError(Exception):
-    """The peer sent something that is not a well-formed message, or a value we refuse to encode."""
 
 
 class PeerGone(Exception):
@@ -164,47 +160,6 @@ def _unchanged(v, snap):
     return type(snap) is list and len(v) == len(snap) and all(map(operator.is_, v, snap))
 
 
-def _stdlib_value(v, t, codec, depth):
-    """The encoding of a datetime-family, Decimal, Fraction, UUID or path value, else None. Their modules are
-    looked up, never imported: a value of one of these types exists only once its module is, and the sandboxed
-    child starts faster without them."""
-    m = sys.modules
-    if (dt := m.get("datetime")) is not None:
-        if t is dt.datetime:
-            return ["dt", v.isoformat()]
-        if t is dt.date:
-            return ["date", v.isoformat()]
-        if t is dt.time:
-            return ["time", v.isoformat()]
-        if t is dt.timedelta:
-            return ["td", v.days, v.seconds, v.microseconds]
-        if t is dt.timezone:
-            return ["tz", codec.encode(v.utcoffset(None), depth + 1)]
-    if (dec := m.get("decimal")) is not None and t is dec.Decimal:
-        return ["dec", str(v)]
-    if (fr := m.get("fractions")) is not None and t is fr.Fraction:
-        return ["frac", str(v)]
-    if (uu := m.get("uuid")) is not None and t is uu.UUID:
-        return ["uuid", str(v)]
-    if (pl := m.get("pathlib")) is not None and t in (pl.PurePosixPath, pl.PureWindowsPath, pl.PosixPath,
-                                                         pl.WindowsPath):
-        return ["path", t.__name__, str(v)]
-    return None
-
-
-def _library_types():
-    """{type: tag} of optional library types present in this interpreter (numpy, pandas), looked up lazily."""
-    found = {}
-    np = sys.modules.get("numpy")
-    if np is not None:
-        found[np.ndarray] = "nd"
-    pd = sys.modules.get("pandas")
-    if pd is not None:
-        found[pd.DataFrame] = "df"
-        found[pd.Series] = "ser"
-    return found
-
-
 class Codec:
     """One side's view of the shared values: its handles (objects the peer may call) and its shared containers.
 
@@ -250,12 +205,12 @@ class Codec:
         if t.__module__ == "collections" and t.__name__ in ("OrderedDict", "defaultdict", "Counter", "deque"):
             # stdlib containers whose comparison we trust: sent as a plain dict / list (by value)
             return ["D", self._pairs(v, depth)] if isinstance(v, dict) else ["L", self._items(v, depth)]
-        known = _stdlib_value(v, t, self, depth)
+        known = stdlib_value(v, t, self, depth)
         if known is not None:
             return known
-        lib = _library_types().get(t)
+        lib = library_types().get(t)
         if lib:
-            return self._encode_library(lib, v, depth)
+            return encode_library(self, lib, v, depth)
         ref = self.proxy_refs.get(id(v))
         if ref is not None and self.proxies.get(ref[1]) is v:
             return ref                      # a stand-in for one of the peer's objects goes back as that object
@@ -287,20 +242,6 @@ class Codec:
         contents = self._contents(v, depth)
         self.sent[mid] = _snapshot(v)          # as the next sync will see it (nested containers by reference)
         return ["M", mid, type(v).__name__, contents]
-
-    def _encode_library(self, tag, v, depth):
-        if tag == "nd":
-            if v.dtype.hasobject:
-                return ["ndo", list(v.shape), [self.encode(x, depth + 1) for x in v.ravel().tolist()]]
-            return ["nd", v.dtype.str, list(v.shape), base64.b64encode(v.tobytes()).decode()]
-        if tag == "ser":
-            return ["ser", self.encode(v.to_frame(), depth + 1), self.encode(v.name, depth + 1)]
-        columns = [self.encode(c, depth + 1) for c in v.columns]
-        index = [self.encode(i, depth + 1) for i in v.index.tolist()]
-        data = [[self.encode(x, depth + 1) for x in v[c].tolist()] for c in v.columns]
-        dtypes = [str(d) for d in v.dtypes]
-        return ["df", columns, index, self.encode(v.index.name, depth + 1), data, dtypes,
-                self.encode(v.columns.name, depth + 1)]
 
     def _encode_handle(self, v):
         if self.call_only:
@@ -359,9 +300,9 @@ class Codec:
             if tag == "R":
                 return self.shared[e[1]]
             if tag in ("dt", "date", "time", "td", "tz", "dec", "frac", "uuid", "path"):
-                return self._decode_stdlib(e, depth)
+                return decode_stdlib(self, e, depth)
             if tag in ("nd", "ndo", "np", "df", "ser"):
-                return self._decode_library(e, depth)
+                return decode_library(self, e, depth)
             if tag == "H":
                 return self._decode_handle(e[1], e[2], e[3])
         except ProtocolError:
@@ -369,32 +310,6 @@ class Codec:
         except (IndexError, KeyError, TypeError, ValueError, OverflowError, RecursionError) as err:
             raise ProtocolError(f"malformed value ({type(err).__name__})") from None
         raise ProtocolError("unknown value tag")     # never the peer's text: it could end up in a reason
-
-    def _decode_stdlib(self, e, depth):
-        tag = e[0]
-        if tag in ("dt", "date", "time", "td", "tz"):
-            import datetime
-            if tag == "td":
-                return datetime.timedelta(days=e[1], seconds=e[2], microseconds=e[3])
-            if tag == "tz":
-                return datetime.timezone(self.decode(e[1], depth + 1))
-            return {"dt": datetime.datetime, "date": datetime.date, "time": datetime.time}[tag].fromisoformat(e[1])
-        if tag == "dec":
-            import decimal
-            if not isinstance(e[1], str) or len(e[1]) > 200:
-                raise ProtocolError("malformed Decimal")
-            return decimal.Decimal(e[1])
-        if tag == "frac":       # only what str(Fraction) writes: "1e30000000" would make 10**30000000 here
-            import fractions
-            if not isinstance(e[1], str) or len(e[1]) > 2000 or not _FRACTION.fullmatch(e[1]):
-                raise ProtocolError("malformed Fraction")
-            return fractions.Fraction(e[1])
-        if tag == "uuid":
-            import uuid
-            return uuid.UUID(e[1])
-        import pathlib
-        cls = {"PurePosixPath": pathlib.PurePosixPath, "PureWindowsPath": pathlib.PureWindowsPath}
-        return cls.get(e[1], pathlib.PurePosixPath)(e[2])
 
     def _decode_items(self, items, depth):
         if type(items) is not list:
@@ -425,38 +340,6 @@ class Codec:
             obj.update(items)
         else:
             obj[:] = base64.b64decode(contents)
-
-    def _decode_library(self, e, depth):
-        import numpy as np
-        tag = e[0]
-        if tag == "nd":
-            return np.frombuffer(base64.b64decode(e[3]), dtype=np.dtype(e[1])).reshape(e[2]).copy()
-        if tag == "ndo":
-            flat = [self.decode(x, depth + 1) for x in e[2]]
-            out = np.empty(len(flat), dtype=object)
-            out[:] = flat
-            return out.reshape(e[1])
-        if tag == "np":
-            return np.frombuffer(base64.b64decode(e[2]), dtype=np.dtype(e[1]))[0]
-        import pandas as pd
-        if tag == "ser":
-            frame = self.decode(e[1], depth + 1)
-            series = frame.iloc[:, 0]
-            series.name = self.decode(e[2], depth + 1)
-            return series
-        if len(e[1]) > MAX_COLUMNS or len(e[1]) * len(e[2]) > MAX_CELLS:
-            raise ProtocolError("DataFrame too large")      # decoding costs the driver per column and per cell
-        columns = [self.decode(c, depth + 1) for c in e[1]]
-        index = pd.Index([self.decode(i, depth + 1) for i in e[2]], name=self.decode(e[3], depth + 1))
-        frame = pd.DataFrame({i: [self.decode(x, depth + 1) for x in col] for i, col in enumerate(e[4])},
-                             index=index)
-        frame.columns = pd.Index(columns, name=self.decode(e[6], depth + 1))
-        for column, dtype in zip(frame.columns, e[5]):
-            try:
-                frame[column] = frame[column].astype(dtype)
-            except (TypeError, ValueError):
-                pass
-        return frame
 
     def _decode_handle(self, hid, kind, info):
         if not isinstance(hid, str) or not isinstance(info, dict):
