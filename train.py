@@ -31,7 +31,8 @@ import torch
 
 from minigrpo import checkpoints, grpo, plots
 from minigrpo.common import derive_seed, left_pad, mean, pick_device, pick_dtype
-from minigrpo.dist import all_gather_objects, all_reduce_, assert_replicas_in_sync, finish_distributed, init_distributed
+from minigrpo.dist import (all_gather_objects, all_reduce_, all_reduce_sum, assert_replicas_in_sync, finish_distributed,
+                           init_distributed)
 from minigrpo.flags import resolve_args
 from minigrpo.lora import adapters_disabled, inject_lora
 from minigrpo.model import Qwen, enable_activation_checkpointing
@@ -60,7 +61,7 @@ def train(args, policy=None, task=None) -> dict:
     n_steps = total_steps(args, len(train_set))
     model, tok, params, reference = policy or build_policy(args, device, dtype)
     opt, sched = adamw(params, args.lr, n_steps, args.warmup, args.schedule, args.adam_beta2, args.weight_decay)
-    data, step, nonfinite = resume_or_start(run, args, model, opt, sched, dist_info)
+    data, step, nonfinite = resume_or_start(run, args, model, opt, sched, dist_info, device)
     if dist_info.main:
         print(f"minigrpo: task={args.task} model={args.model} device={device} dtype={str(dtype)[6:]} "
               f"ranks={dist_info.world} steps={n_steps} trainable={sum(p.numel() for p in params):,} "
@@ -79,6 +80,7 @@ def train(args, policy=None, task=None) -> dict:
         loss_stats, grad_norm = policy_update(model, reference, params, opt, sched, seqs, args, dist_info, tok,
                                               device)
         t_train = time.perf_counter() - t1
+        loss_stats = [st for part in all_gather_objects(loss_stats, dist_info) for st in part]   # weighed by tokens
         step += 1
         nonfinite = nonfinite_streak(nonfinite, grad_norm, step, run)
         m = step_metrics(step, epoch, everyone, adv_stats, loss_stats, grad_norm, sched.get_last_lr()[0],
@@ -110,7 +112,9 @@ def train(args, policy=None, task=None) -> dict:
 def rollout_step(model, tok, task, args, examples, step, dist_info):
     """This rank's share of the step's examples rolled out, then exchanged: (every rank's Seqs, this rank's)."""
     index = list(range(dist_info.rank, len(examples), dist_info.world))   # this rank's share of the tasks
-    seqs = rollout(model, tok, task, args, [examples[i] for i in index], step, index)
+    # fewer tasks than ranks (gsm8k's one a step on 8 GPUs): a rank with none samples nothing, and then joins
+    # every collective of the step with empty contributions (no Seqs, a zero normaliser, zero gradients)
+    seqs = rollout(model, tok, task, args, [examples[i] for i in index], step, index) if index else []
     parts = all_gather_objects(seqs, dist_info)                 # rank-major; parts[rank] is ours
     return [s for part in parts for s in part], parts[dist_info.rank]
 
@@ -235,7 +239,7 @@ def micro_batches(seqs, size):
 def step_normalizer(batches, args, dist_info) -> float:
     """The loss denominator of the whole optimizer step: over every micro-batch of every rank."""
     local = grpo.loss_normalizer([b.mask for b in batches], args.agg, max_tokens=args.max_new_tokens)
-    return float(all_reduce_(torch.tensor([local], dtype=torch.float64), dist_info))
+    return all_reduce_sum([local], dist_info)[0]
 
 
 def log_probs(model, b: Batch, args, vocab_size, entropy=False):
@@ -256,15 +260,22 @@ def reference_logprobs(model, reference, b: Batch, args, vocab_size):
 
 
 def finish_gradients(params, args, dist_info) -> float:
-    """Sum gradients over ranks (each rank already divided by the global normaliser), then clip."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if dist_info.world > 1 and grads:
-        flat = torch.cat([g.reshape(-1) for g in grads])
+    """Sum gradients over ranks (each rank already divided by the global normaliser), then clip. Every rank sends
+    every parameter, zeros where it has no gradient (a rank without examples has none at all), so that all ranks
+    send the same layout; one has-a-gradient count per parameter rides along, so that a parameter gets a gradient
+    when some rank computed one and stays None (skipped by AdamW, as in one process) when none did."""
+    if dist_info.world > 1 and params:
+        flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in params]
+                         + [params[0].new_tensor([p.grad is not None for p in params])])
         all_reduce_(flat, dist_info)
         offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+        for p, has in zip(params, flat[-len(params):].tolist()):
+            summed = flat[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+            if p.grad is not None:
+                p.grad.copy_(summed)
+            elif has:
+                p.grad = summed.to(p.dtype, copy=True)
     clip = args.max_grad_norm if args.max_grad_norm > 0 else float("inf")
     return float(torch.nn.utils.clip_grad_norm_(params, clip))
 
@@ -342,15 +353,16 @@ def next_examples(train, count, state: DataState, seed) -> list:
     return out
 
 
-def resume_or_start(run, args, model, opt, sched, dist_info):
+def resume_or_start(run, args, model, opt, sched, dist_info, device):
     """(data state, step, non-finite streak): from the latest checkpoint with --resume (the logs cut back to it),
-    else a fresh run folder. --resume before any checkpoint starts over."""
+    else a fresh run folder. --resume before any checkpoint starts over. The trainer state is loaded straight onto
+    this rank's device: rank 0 saved it from its own GPU, and without map_location every rank would load it there."""
     latest = checkpoints.latest(run.ckpt_dir) if args.resume else None
     if latest is None:
         if dist_info.main:
             run.create(vars(args), fresh=not args.resume)
         return DataState(), 0, 0
-    state = checkpoints.load(latest, model, lora=args.lora_r > 0)
+    state = checkpoints.load(latest, model, lora=args.lora_r > 0, map_location=device)
     opt.load_state_dict(state["optimizer"])
     sched.load_state_dict(state["scheduler"])
     checkpoints.set_rng_state(state["rng"])

@@ -59,11 +59,13 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict):
+    """The generator states are CPU byte tensors, and the setters take nothing else; a trainer state loaded with
+    map_location onto a GPU carries them there."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 def full_weights(model) -> dict:
@@ -93,8 +95,9 @@ def save(ckpt_dir: str, step: int, model, trainer_state: dict, lora: bool):
     _fsync_dir(ckpt_dir)
 
 
-def load(folder: str, model, lora: bool) -> dict:
-    """Load a checkpoint's weights into `model`; returns its trainer state."""
+def load(folder: str, model, lora: bool, map_location=None) -> dict:
+    """Load a checkpoint's weights into `model`; returns its trainer state, its tensors (the optimizer's moments)
+    on map_location: under torchrun each rank's own device, not the GPU of the rank that saved them."""
     if lora:
         load_adapter(model, os.path.join(folder, "adapter"))
     else:
@@ -104,7 +107,7 @@ def load(folder: str, model, lora: bool) -> dict:
         if missing or unexpected:
             raise SystemExit(f"{folder}/model.safetensors does not match the model: missing {missing[:3]}, "
                              f"unexpected {unexpected[:3]}; was it saved from another --model?")
-    return torch.load(os.path.join(folder, "trainer_state.pt"), weights_only=False)
+    return torch.load(os.path.join(folder, "trainer_state.pt"), map_location=map_location, weights_only=False)
 
 
 def _fsync_dir(folder):

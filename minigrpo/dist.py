@@ -1,8 +1,13 @@
 """Several processes under torchrun: each rank samples its share of the tasks, gradients are summed over ranks
 by an explicit all-reduce, and only rank 0 writes. gloo on CPU, NCCL on CUDA. With one process (no WORLD_SIZE)
-every function here is a no-op, and torch.distributed is never initialised."""
+every function here is a no-op, and torch.distributed is never initialised.
+
+Tensor collectives run on Dist.device: NCCL moves only CUDA tensors (a CPU one fails with "No backend type
+associated with device type cpu"), gloo only CPU ones, so a tensor goes through all_reduce_ / all_reduce_sum here,
+never to torch.distributed directly. Object collectives (all_gather_objects) need nothing: torch picks their device
+from the backend itself (under NCCL the current GPU, which init_distributed sets)."""
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -11,6 +16,7 @@ import torch
 class Dist:
     rank: int = 0
     world: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))   # where tensor collectives run
 
     @property
     def main(self):
@@ -23,10 +29,14 @@ def init_distributed(device) -> Dist:
     if world == 1:
         return Dist()
     import torch.distributed as dist
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    return Dist(dist.get_rank(), world)
+    if device.type != "cuda":
+        dist.init_process_group("gloo")
+        return Dist(dist.get_rank(), world, torch.device("cpu"))     # gloo: CPU tensors, whatever the model's device
+    if device.index is None:    # --device cuda: this rank's GPU, not GPU 0 for every rank
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    torch.cuda.set_device(device)   # before the group: "cuda" and NCCL's object collectives mean this rank's GPU
+    dist.init_process_group("nccl")
+    return Dist(dist.get_rank(), world, device)
 
 
 def finish_distributed():
@@ -42,10 +52,20 @@ def finish_distributed():
 
 
 def all_reduce_(tensor, dist_info: Dist):
+    """Sum `tensor` over ranks, in place, on dist_info.device: a tensor already there (gradients on the rank's
+    GPU) is reduced where it is; one elsewhere (a CPU scalar under NCCL) goes there and its sum comes back."""
     if dist_info.world > 1:
         import torch.distributed as dist
-        dist.all_reduce(tensor)
+        on = tensor.to(dist_info.device)
+        dist.all_reduce(on)
+        if on is not tensor:
+            tensor.copy_(on.to(tensor.device))    # moved first: not every device's tensors copy_ across (lazy's)
     return tensor
+
+
+def all_reduce_sum(values, dist_info: Dist) -> list[float]:
+    """Python numbers summed over ranks, in float64 on dist_info.device (a count of tokens stays exact)."""
+    return all_reduce_(torch.tensor(values, dtype=torch.float64, device=dist_info.device), dist_info).tolist()
 
 
 def all_gather_objects(obj, dist_info: Dist) -> list:
