@@ -12,9 +12,11 @@ and so are worth nothing to a forger in local mode.
 
 import json
 import os
+import tempfile
 
 import pytest
 
+from minigrpo.checks import run_check
 from minigrpo.judge import make_judge
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -463,19 +465,16 @@ def pairwise_distances(X, Y=None):
 
 
 @pytest.fixture(scope="module")
-def verdicts():
-    judge = make_judge("local", workers=2)
-    futures = {}
-    for task_id, make in ATTACKS.items():
-        forged, plain = make()
-        futures[(task_id, "forged")] = judge.submit(TASKS[task_id], forged)
-        futures[(task_id, "plain")] = judge.submit(TASKS[task_id], plain)
-    futures[("pytest-slugify-tests", "always-fails")] = judge.submit(TASKS["pytest-slugify-tests"],
-                                                                     fenced(ALWAYS_FAILS))
-    futures[("numpy-pairwise-distances", "broadcast")] = judge.submit(TASKS["numpy-pairwise-distances"],
-                                                                      fenced(BROADCAST))
-    yield {key: fut.result() for key, fut in futures.items()}
-    judge.close()
+def judge():
+    j = make_judge("local", workers=2)
+    yield j
+    j.close()
+
+
+def grade_all(judge, pairs):
+    """{name: verdict} for [(name, task_id, answer)], graded concurrently."""
+    futures = {name: judge.submit(TASKS[task_id], answer) for name, task_id, answer in pairs}
+    return {name: fut.result() for name, fut in futures.items()}
 
 
 def _passed(verdict):
@@ -484,23 +483,52 @@ def _passed(verdict):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task_id", sorted(ATTACKS))
-def test_forging_pays_nothing(verdicts, task_id):
-    forged, plain = verdicts[(task_id, "forged")], verdicts[(task_id, "plain")]
+def test_forging_pays_nothing(judge, task_id):
+    forged, plain = ATTACKS[task_id]()
+    v = grade_all(judge, [("forged", task_id, forged), ("plain", task_id, plain)])
+    forged, plain = v["forged"], v["plain"]
     assert forged is not None and forged.score is not None, "an attack must be graded, not dropped"
     assert forged.score <= plain.score, (forged.score, plain.score, _passed(forged), _passed(plain))
 
 
 @pytest.mark.slow
-def test_a_suite_that_always_fails_catches_no_mutant(verdicts):
-    v = verdicts[("pytest-slugify-tests", "always-fails")]
+def test_a_suite_that_always_fails_catches_no_mutant(judge):
+    v = judge.grade(TASKS["pytest-slugify-tests"], fenced(ALWAYS_FAILS))
     caught = [r.id for r in v.results if r.id in ("c2", "c3", "c4", "c5", "c6", "c7") and r.passed]
     assert not caught, caught
 
 
 @pytest.mark.slow
-def test_an_n_m_d_broadcast_is_not_memory_lean(verdicts):
-    v = verdicts[("numpy-pairwise-distances", "broadcast")]
+def test_an_n_m_d_broadcast_is_not_memory_lean(judge):
+    v = judge.grade(TASKS["numpy-pairwise-distances"], fenced(BROADCAST))
     by_id = {r.id: r for r in v.results}
     assert by_id["c1"].passed, by_id["c1"].reason       # a correct answer ...
     assert by_id["c8"].passed is False, by_id["c8"].reason   # ... that is not memory-lean
     assert v.score < 1.0
+
+
+def test_the_answers_sql_cannot_touch_the_judges_files():
+    # the database the answer's session talks to lives in the driver: SQL that would create or read files there
+    # (ATTACH, VACUUM INTO) is refused, and the criterion fails
+    target = os.path.join(tempfile.gettempdir(), f"minigrpo-attach-{os.getpid()}.db")
+    attack = models() + f"""
+from sqlalchemy import text
+
+
+def top_customers(session, since, n=5):
+    for sql in ("ATTACH DATABASE '{target}' AS loot", "VACUUM INTO '{target}'"):
+        try:
+            session.execute(text(sql))
+        except Exception:
+            pass
+    return [("ann", Decimal("25.50")), ("bob", Decimal("25.50")), ("dan", Decimal("25.50"))]
+"""
+    task = TASKS["sqlalchemy-top-customers"]
+    check = next(c["check"] for c in task["criteria"] if c["id"] == "c5")
+    try:
+        passed, reason = run_check(check, fenced(attack))
+        assert passed is False, reason
+        assert not os.path.exists(target)
+    finally:
+        if os.path.exists(target):
+            os.unlink(target)
