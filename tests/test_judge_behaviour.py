@@ -15,13 +15,13 @@ Calibration (CPU seconds measured here, 2 shared cores under load; naive with th
   lru-cache c9                0.14-0.21    recency list scans: 12              1.0
   trie-autocomplete c10       0.02-0.04    scan every word: 4.6                1.0
   topological-sort c10        0.13-0.15    re-sort the ready list: 7.8         1.5
-  dijkstra c10                0.07-0.08    scan for the minimum: 7.7           1.5
+  dijkstra c10                0.09-0.12    scan for the minimum: > 20          1.5
   numpy-pairwise c9           0.13-0.17    Python loops: 6.7                   1.0
   vectorize-loop-fix c8       0.10-0.18    the original loops: 3.2             0.7
   pandas-sales-pivot c8       0.22-0.23    one row-wise apply: 2.1             0.7
   pathlib c6 (3 GB sparse)    0.006-0.01   hash every file: 2.1                0.5
 Memory (MB the call adds to the sandbox's peak):
-  numpy-pairwise c8           46           8 broadcast chunks: ~420            160 (and a 1024 MB sandbox)
+  numpy-pairwise c8           46           4 broadcast chunks: 410             160 (and a 1024 MB sandbox)
   pathlib c7 (2 x 256 MB)     0.5-0.75     read_bytes(): 257                   64
   file-handle c7 (24 MB log)  ~0           readlines(): 165, read(): 186       24 beyond the log
 """
@@ -205,9 +205,14 @@ def pairwise_distances(X, Y=None):
     Y = X if Y is None else np.asarray(Y, dtype=np.float64)
     if X.ndim != 2 or Y.ndim != 2 or X.shape[1] != Y.shape[1]:
         raise ValueError("shapes")
-    # broadcast in 8 chunks: each an (n/8, m, d) temporary, ~200 MB here -- well under the sandbox's limit
-    return np.concatenate([np.sqrt(((x[:, None, :] - Y[None, :, :]) ** 2).sum(axis=2))
-                           for x in np.array_split(X, 8)])
+    # broadcast in 4 chunks: each an (n/4, m, d) temporary, ~410 MB here -- well under the sandbox's 1024 MB
+    out = []
+    for x in np.array_split(X, 4):
+        diff = x[:, None, :] - Y[None, :, :]
+        np.square(diff, out=diff)
+        out.append(np.sqrt(diff.sum(axis=2)))
+        del diff
+    return np.concatenate(out)
 """,
     ("numpy-pairwise-distances", "c9"): """
 import math
