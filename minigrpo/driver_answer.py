@@ -188,6 +188,8 @@ class Answer:
                 last_cpu, last_progress = cpu, now
             if cpu > self.cpu_s:
                 self.failure = self.failure or f"timed out: used its {self.cpu_s:g}s of CPU"
+            elif self.cpu_budget is not None and cpu > self.cpu_budget:
+                self.failure = self.failure or "over the criterion's CPU-time limit"
             elif now - self.t0 > WALL_FACTOR * self.cpu_s:
                 self.failure = self.failure or f"timed out after {WALL_FACTOR * self.cpu_s:g}s (wall clock)"
             elif now - last_progress > STALL_S:

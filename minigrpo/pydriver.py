@@ -150,16 +150,8 @@ def _scope(answer, code, names, module):
             return False
         return False
 
-    def deadline(cpu_seconds):
-        answer.cpu_budget = budget = answer.cpu_seconds() + cpu_seconds
-        threading.Thread(target=stop_when_over, args=(budget,), daemon=True).start()
-
-    def stop_when_over(budget):     # the moment the sandbox is over, not at the test's next call into it
-        while not answer.closed.wait(WATCH_EVERY) and answer.cpu_budget == budget:
-            if answer.cpu_seconds() > budget:
-                answer.failure = answer.failure or "over the criterion's CPU-time limit"
-                answer.sandbox.close()
-                return
+    def deadline(cpu_seconds):      # Answer._watch stops the sandbox the moment it is over, not at the next call
+        answer.cpu_budget = answer.cpu_seconds() + cpu_seconds
 
     def in_sandbox(source, **inputs):
         codec = answer.endpoint.codec
