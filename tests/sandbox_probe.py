@@ -1,5 +1,5 @@
 """Helpers the sandbox tests share (tests/test_sandbox.py, tests/test_sandbox_limits.py): the isolation level,
-skips that name the machine's weaknesses, and a Python payload run through minigrpo.sandbox.run."""
+skips that name the machine's weaknesses, and a Python payload run through minigrpo.judge.sandbox.run."""
 
 import json
 import os
@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from minigrpo import sandbox
-from minigrpo.sandbox import Limits, run
+from minigrpo.judge import sandbox
+from minigrpo.judge.sandbox import Limits, run
 
 PY = [sys.executable, "-I", "-c"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

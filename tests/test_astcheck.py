@@ -1,4 +1,4 @@
-"""The code-inspection check counts live code only (minigrpo/astreach.py): what the entry points reach, module-level
+"""The code-inspection check counts live code only (minigrpo/judge/astreach.py): what the entry points reach, module-level
 code, never comments, strings, unreachable definitions or branches a static test never takes; getattr with a
 static name is an attribute."""
 
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from minigrpo.checks import run_check, validate_check
+from minigrpo.judge.checks import run_check, validate_check
 
 
 def check(src, **kw):

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from minigrpo import judge as J
+from minigrpo.judge import grader as J
 from minigrpo.judge import make_judge, build_prompt, parse_verdict, InvalidVerdict, Verdict
 
 TASK = {

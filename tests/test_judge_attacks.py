@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from minigrpo.checks import run_check, sandbox_isolation
+from minigrpo.judge.checks import run_check, sandbox_isolation
 from minigrpo.judge import make_judge
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from minigrpo.checks import missing_packages, run_check, sandbox_isolation
+from minigrpo.judge.checks import missing_packages, run_check, sandbox_isolation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 with open(os.path.join(ROOT, "minigrpo", "data", "soyuz_tasks.json")) as f:

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from minigrpo.checks import sandbox_isolation
+from minigrpo.judge.checks import sandbox_isolation
 from minigrpo.judge import make_judge
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -201,7 +201,7 @@ def test_a_driver_that_fills_its_memory_fails_its_criteria_and_the_judge_goes_on
 @pytest.mark.parametrize("attack", ["import time\ntime.sleep(600)", "import threading\nthreading.Event().wait()",
                                     "while True:\n    pass"], ids=["sleep", "block", "spin"])
 def test_an_answer_that_never_imports_costs_about_two_criteria(judge, attack):
-    from minigrpo.pydriver import ANSWER_BUDGET
+    from minigrpo.judge.driver import ANSWER_BUDGET
     timeouts = [c["check"].get("timeout", 10.0) for c in TASKS["interval-merge"]["criteria"]
                 if (c.get("check") or {}).get("type") == "python"]
     budget, expected = ANSWER_BUDGET * max(timeouts), 0
@@ -222,7 +222,7 @@ def test_an_answer_that_never_imports_costs_about_two_criteria(judge, attack):
 # -- the rules one at a time ---------------------------------------------------------------------------------------
 
 def test_only_public_identifiers_cross():
-    from minigrpo.pydriver import public_names
+    from minigrpo.judge.driver import public_names
     names = {"__builtins__": 1, "__class__": 2, "_private": 3, "1bad": 4, "class": 5, "a b": 6, "ok": 7, 8: 9}
     assert public_names(names) == {"ok": 7}
     assert public_names(["not", "a", "dict"]) is None
@@ -249,7 +249,7 @@ def test_a_test_object_crosses_only_as_a_stand_in(judge):
 
 def test_the_sqlite_stand_in_refuses_files_and_settings():
     import sqlite3
-    from minigrpo.standins import sqlite_stand_in
+    from minigrpo.judge.standins import sqlite_stand_in
     conn = sqlite3.connect(":memory:")
     conn.execute("CREATE TABLE t (x)")
     db = sqlite_stand_in(conn)
@@ -265,8 +265,8 @@ def test_the_broker_holds_its_own_limits():
     """The broker serves a driver it does not trust: limits come from its own copy of the check (a driver may only
     lower them), each criterion starts once, and a sandbox past its limits is killed without the driver's help."""
     import socket
-    from minigrpo import wire
-    from minigrpo.driver_host import Broker
+    from minigrpo.judge import wire
+    from minigrpo.judge.driver_host import Broker
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     checks = [{"type": "python", "test": "pass", "timeout": 1}, {"type": "python", "test": "pass", "timeout": 1}]
     broker = Broker(parent, "while True:\n    pass\n", checks)
@@ -301,7 +301,7 @@ def test_the_broker_holds_its_own_limits():
 
 def test_the_judge_passes_on_only_the_reasons_a_driver_gives():
     # a driver that was taken over could write a hidden test into a reason, and the soyuz critique quotes reasons
-    from minigrpo.driver_host import parse_results
+    from minigrpo.judge.driver_host import parse_results
     test_line = 'assert compare_versions("1.0.0-alpha", "1.0.0") == -1'
     lines = [[False, test_line], [False, "assertion failed at line 3"],
              [False, "the answer's reply is not plain data (" + test_line + ")"], [True, "tests passed"]]
@@ -324,7 +324,7 @@ def test_a_stuck_driver_is_killed_and_keeps_what_it_finished(judge):
         {"id": "c3", "text": "t", "check": {"type": "python", "test": "assert f() == 1", "timeout": 2}}]}
     t0 = time.monotonic()
     v = judge.grade(task, fenced("def f():\n    return 1"))
-    from minigrpo.driver_host import STUCK_SLACK
+    from minigrpo.judge.driver_host import STUCK_SLACK
     assert time.monotonic() - t0 < 3 * 2 + 1 + STUCK_SLACK + 15
     assert [r.passed for r in v.results] == [True, False, False]
     assert v.results[2].reason.startswith("the check driver stopped"), v.results[2].reason

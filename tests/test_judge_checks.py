@@ -1,8 +1,8 @@
-"""Each machine check of the local judge (minigrpo/checks.py), passing and failing."""
+"""Each machine check of the local judge (minigrpo/judge/checks.py), passing and failing."""
 
 import pytest
 
-from minigrpo.checks import run_check, extract_code, fenced_blocks, syllables, rhymes, validate_check
+from minigrpo.judge.checks import run_check, extract_code, fenced_blocks, syllables, rhymes, validate_check
 
 HAIKU = "An old silent pond\nA frog jumps into the pond\nSplash! Silence again"
 LIMERICK = """There once was a man from Nantucket

@@ -16,7 +16,7 @@ import tempfile
 
 import pytest
 
-from minigrpo.checks import run_check
+from minigrpo.judge.checks import run_check
 from minigrpo.judge import make_judge
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

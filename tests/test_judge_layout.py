@@ -11,7 +11,7 @@ import sysconfig
 
 import pytest
 
-from minigrpo.checks import sandbox_isolation
+from minigrpo.judge.checks import sandbox_isolation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASKS = ["numpy-pairwise-distances", "click-wordfreq-cli", "pytest-slugify-tests", "semver-compare"]

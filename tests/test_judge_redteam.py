@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from minigrpo.checks import run_check, sandbox_isolation
+from minigrpo.judge.checks import run_check, sandbox_isolation
 from minigrpo.judge import make_judge
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -120,7 +120,7 @@ def _published(prefix):
 def test_a_kernel_key_left_by_one_sandbox_is_invisible_to_the_next():
     """The root cause of the three tests below: a sandbox adds a key to its uid's keyring and makes it readable by
     all; the sandbox ends; a later sandbox (any pool uid) finds it in /proc/keys."""
-    from minigrpo.sandbox import Limits, run
+    from minigrpo.judge.sandbox import Limits, run
     tag = "rt-key-" + secrets.token_hex(4)
     writer = KEYS + f"_publish({tag!r} + '-written', 120)\nprint('written')"
     reader = KEYS + f"print('FOUND' if _published({tag!r}) else 'nothing')"
@@ -222,7 +222,7 @@ def test_the_judges_session_keyring_is_not_reachable(tmp_path):
     script = tmp_path / "session_probe.py"
     script.write_text(KEYS + r'''
 import sys
-from minigrpo.sandbox import Limits, run
+from minigrpo.judge.sandbox import Limits, run
 libc = _libc()
 libc.syscall(250, 1, b"_ses", 0)                            # KEYCTL_JOIN_SESSION_KEYRING, as pam_keyinit does
 data = b"the judge's secret"
@@ -721,7 +721,7 @@ def test_found_then_correct_passes_when_it_finds(judge):
 def test_object_dtypes_never_decode_from_raw_bytes():
     """A numpy array of dtype object read from the answer's bytes would be pointers the answer chose."""
     pytest.importorskip("numpy")
-    from minigrpo import wire
+    from minigrpo.judge import wire
     codec = wire.Codec("d", lambda *a: None, call_only=True)
     raw = "AAAAAAAAAAAAAAAAAAAAAA=="
     for e in (["nd", "O", [1], raw], ["nd", "O,i4", [1], raw], ["nd", "(1,)O", [1], raw], ["np", "O", raw],
@@ -733,7 +733,7 @@ def test_object_dtypes_never_decode_from_raw_bytes():
 def test_an_answers_exception_class_cannot_name_a_driver_object():
     """An exception reply may carry a handle to its class; one naming a driver object (a callback the test handed
     over) must not be raised, or called, as that object."""
-    from minigrpo.driver_answer import DriverEndpoint
+    from minigrpo.judge.driver_answer import DriverEndpoint
     calls = []
     endpoint = DriverEndpoint(None, None, lambda *a: None, None)
     ref = endpoint.codec.encode(lambda *a: calls.append(a))       # a callback of the test's, as the answer sees it

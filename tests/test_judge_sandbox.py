@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from minigrpo.checks import sandbox_isolation
+from minigrpo.judge.checks import sandbox_isolation
 from minigrpo.judge import make_judge
 
 GOOD = "```python\ndef add(a, b):\n    return a + b\n```"

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from minigrpo import astcheck, checks
-from minigrpo.checks import extract_code, fenced_blocks, run_check, validate_check
+from minigrpo.judge import astcheck, checks
+from minigrpo.judge.checks import extract_code, fenced_blocks, run_check, validate_check
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 with open(os.path.join(ROOT, "minigrpo", "data", "soyuz_tasks.json"), encoding="utf-8") as f:

@@ -5,7 +5,7 @@ class, and a test that needs in-process objects gets them through in_sandbox."""
 
 import pytest
 
-from minigrpo.checks import run_python_checks
+from minigrpo.judge.checks import run_python_checks
 
 CODE = '''
 class Oops(ValueError):

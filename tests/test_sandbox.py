@@ -1,4 +1,4 @@
-"""minigrpo.sandbox: each attack is a small payload run through Sandbox / run; the sandbox must contain it.
+"""minigrpo.judge.sandbox: each attack is a small payload run through Sandbox / run; the sandbox must contain it.
 
 Tests that need bubblewrap or per-sandbox cgroups skip with the machine's weaknesses as the reason where those are
 missing (they never pass vacuously); the rest run everywhere."""
@@ -15,8 +15,9 @@ import time
 
 import pytest
 
-from minigrpo import sandbox, sandbox_launch, sandbox_mounts
-from minigrpo.sandbox import Limits, Sandbox, run
+from minigrpo.judge import sandbox
+from minigrpo.judge.sandbox import launch as sandbox_launch, mounts as sandbox_mounts
+from minigrpo.judge.sandbox import Limits, Sandbox, run
 
 from sandbox_probe import PY, ROOT, level, need_bwrap, probe_json, py
 
@@ -220,7 +221,7 @@ def test_0700_venv_layout_imports_its_packages(tmp_path):
     driver = textwrap.dedent(f"""
         import json, sys
         sys.path.insert(0, {ROOT!r})
-        from minigrpo import sandbox
+        from minigrpo.judge import sandbox
         rc, out, cpu, weak = sandbox.run([sys.executable, "-I", "-c",
             "import numpy, click, json\\n"
             "try:\\n    import minigrpo; m = minigrpo.__file__\\n"

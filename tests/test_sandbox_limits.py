@@ -1,4 +1,4 @@
-"""minigrpo.sandbox's budgets: fork and memory bombs beside an honest sandbox, nested folders at cleanup, and CPU
+"""minigrpo.judge.sandbox's budgets: fork and memory bombs beside an honest sandbox, nested folders at cleanup, and CPU
 time measured from outside. Tests that need cgroups skip with the machine's weaknesses as the reason."""
 
 import os
@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from minigrpo import sandbox
-from minigrpo.sandbox import Limits, Sandbox
+from minigrpo.judge import sandbox
+from minigrpo.judge.sandbox import Limits, Sandbox
 
 from sandbox_probe import PY, need_cgroup, py
 

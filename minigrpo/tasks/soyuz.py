@@ -15,7 +15,7 @@ that chunk's own verdicts), the critique's wording, and the stop rule for a judg
 """
 import os
 
-from minigrpo.checks import missing_packages, sandbox_isolation
+from minigrpo.judge import missing_packages, sandbox_isolation
 from minigrpo.common import read_json
 from minigrpo.judge import make_judge
 from minigrpo.runs import StopRun

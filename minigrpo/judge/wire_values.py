@@ -1,7 +1,7 @@
-"""Values of library types on the channel of minigrpo/wire.py: the datetime family, Decimal, Fraction, UUID, paths,
+"""Values of library types on the channel of minigrpo/judge/wire.py: the datetime family, Decimal, Fraction, UUID, paths,
 numpy arrays and scalars, pandas frames and series -- by value, as the few library types tests compare. Standard
 library only (numpy and pandas are looked up or imported only when such a value crosses). In the sandboxed
-child's program this file's source comes first, then wire.py's and wire_rpc.py's (see minigrpo/driver_host.py).
+child's program this file's source comes first, then wire.py's and wire_rpc.py's (see minigrpo/judge/driver_host.py).
 
 Decoding is bounded: a Fraction only in the form str(Fraction) writes (a forged "1e30000000" would make
 10**30000000 in the driver), a Decimal of at most 200 characters, a DataFrame of at most MAX_COLUMNS columns and

@@ -3,8 +3,8 @@
 Standard library only. `Sandbox(files, limits).start(argv)` runs argv in a private, empty work folder holding
 `files`; `run(argv, files, limits, stdin_bytes)` is the one-shot form; `isolation()` names the strongest isolation
 this machine gives and what it lacks ("weaknesses"), probed once per process. The machinery lives beside it:
-minigrpo/sandbox_host.py (cgroups, the uid pool, process trees, remove_tree), minigrpo/sandbox_mounts.py (what
-the sandbox sees) and minigrpo/sandbox_launch.py (the launcher and the isolation modes).
+minigrpo/judge/sandbox/host.py (cgroups, the uid pool, process trees, remove_tree), minigrpo/judge/sandbox/mounts.py (what
+the sandbox sees) and minigrpo/judge/sandbox/launch.py (the launcher and the isolation modes).
 
 What the best level ("bwrap+cgroup+pool-uid", root with bubblewrap and writable cgroups) gives:
 
@@ -49,10 +49,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-from minigrpo.sandbox_host import TICK, UidSlot, add_weakness, cgroup_layout, kill_pid, new_cgroup, pids_of_uid, \
+from minigrpo.judge.sandbox.host import TICK, UidSlot, add_weakness, cgroup_layout, kill_pid, new_cgroup, pids_of_uid, \
     remove_tree, tree_ticks
-from minigrpo.sandbox_launch import STUB, best_mode, launcher_argv, pool_uid_can_run_python
-from minigrpo.sandbox_mounts import INSIDE_UID, WORKDIR, bwrap_command, host_folder_command, new_host_folder, \
+from minigrpo.judge.sandbox.launch import STUB, best_mode, launcher_argv, pool_uid_can_run_python
+from minigrpo.judge.sandbox.mounts import INSIDE_UID, WORKDIR, bwrap_command, host_folder_command, new_host_folder, \
     python_paths
 
 __all__ = ["Limits", "Sandbox", "isolation", "run", "remove_tree", "python_paths", "WORKDIR"]

@@ -1,8 +1,8 @@
-"""What a sandbox sees (private to minigrpo/sandbox.py; standard library only): the filesystem view of a
+"""What a sandbox sees (private to minigrpo/judge/sandbox/__init__.py; standard library only): the filesystem view of a
 sandboxed process tree, and its work folder with the caller's files.
 
 - With a mount namespace (bubblewrap): `bwrap_command` builds the allowlist the module docstring of
-  minigrpo/sandbox.py describes: read-only system folders, a few /etc files and a synthetic passwd/group, the
+  minigrpo/judge/sandbox/__init__.py describes: read-only system folders, a few /etc files and a synthetic passwd/group, the
   judge's Python installation (`python_paths`, minus the project tree, cwd, home and temp), private size-capped
   tmpfs for the work folder (WORKDIR), /tmp, /var/tmp and /dev/shm; the files reach it as memfds.
 - Without one: `new_host_folder` and `host_folder_command` make a 0700 host folder under a 0711 base, write the
@@ -15,7 +15,7 @@ import os
 import sys
 import tempfile
 
-from minigrpo.sandbox_host import add_weakness, remove_tree
+from minigrpo.judge.sandbox.host import add_weakness, remove_tree
 
 WORKDIR = "/sandbox"            # the work folder's path inside a bwrap sandbox
 INSIDE_UID = 65534              # what a user-namespace sandbox (non-root) shows as its uid
@@ -25,7 +25,8 @@ INSIDE_UID = 65534              # what a user-namespace sandbox (non-root) shows
 # The folders it may see
 
 def _project_root():
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.abspath(__file__)                       # minigrpo/judge/sandbox/mounts.py
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(here))))
 
 
 def _under(path, top):

@@ -1,4 +1,4 @@
-"""The code-inspection check of the local judge (type "ast"; minigrpo/checks.py runs it on the answer's code).
+"""The code-inspection check of the local judge (type "ast"; minigrpo/judge/checks.py runs it on the answer's code).
 
 {"type": "ast", KIND: [ITEM, ...], ..., "must": true, "any": false, "entry": [NAME, ...]} reads the parsed code
 (checks.extract_code) and counts only the code that can run: module-level code and what the entry points reach
@@ -24,7 +24,7 @@ where given (others may follow): `pytest.raises(ValueError)`, `.popitem(last=Fal
 `AppEncoder(json.JSONEncoder)`. Constants compare by value (0 equals 0.0, not False; a constant bound once,
 `MAX = 100`, is its value), names by resolved dotted name.
 
-`parse_code` is also what minigrpo/checks.py uses to tell a bare code reply from prose. Parser bombs (deep nesting
+`parse_code` is also what minigrpo/judge/checks.py uses to tell a bare code reply from prose. Parser bombs (deep nesting
 that makes ast.parse raise) count as "does not parse"; chains longer than astreach.CHAIN_MAX are not names.
 """
 
@@ -32,7 +32,7 @@ import ast
 import functools
 import re
 
-from minigrpo.astreach import Module
+from minigrpo.judge.astreach import Module
 
 
 @functools.lru_cache(maxsize=16)

@@ -16,12 +16,12 @@ ast.parse or json.loads raise) count as "does not parse". Whatever the answer ma
 criterion (AnswerFault), also under `not`; never None, never an exception.
 
 The code-inspection check (type "ast": which calls, decorators, imports, names... the parsed code uses) lives in
-minigrpo/astcheck.py, with its item syntax.
+minigrpo/judge/astcheck.py, with its item syntax.
 
 Python checks: the answer is code written by the policy being trained, so it never runs in the process that
-decides. `run_python_checks` hands an answer's python criteria to the trusted driver (minigrpo/pydriver.py, one
-process per answer), which runs each criterion's test with the answer in a fresh sandbox (minigrpo/sandbox.py)
-behind a plain-data channel (minigrpo/wire.py). A criterion passes only when its test ran to the end; anything
+decides. `run_python_checks` hands an answer's python criteria to the trusted driver (minigrpo/judge/driver.py, one
+process per answer), which runs each criterion's test with the answer in a fresh sandbox (minigrpo/judge/sandbox/__init__.py)
+behind a plain-data channel (minigrpo/judge/wire.py). A criterion passes only when its test ran to the end; anything
 else the answer causes fails it. Where the machine cannot give the full sandbox, every reason says
 "weaker sandbox: ..." and the soyuz task prints it once at start.
 """
@@ -37,7 +37,7 @@ import tempfile
 
 import regex
 
-from minigrpo.astcheck import check_code, parse_code, validate_ast_check
+from minigrpo.judge.astcheck import check_code, parse_code, validate_ast_check
 
 # The text checks read at most this many characters of an answer (a policy's answer is a few KB); a longer answer
 # fails them. Every task pattern runs under the `regex` engine with a time limit and without the GIL.
@@ -322,7 +322,7 @@ def _check_ast(check, answer):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Python checks: decided by the trusted driver (minigrpo/pydriver.py), the answer sandboxed (minigrpo/sandbox.py)
+# Python checks: decided by the trusted driver (minigrpo/judge/driver.py), the answer sandboxed (minigrpo/judge/sandbox/__init__.py)
 
 _DRIVER_MARGIN = 10.0     # seconds the driver process gets beyond its checks' own time limits (start-up, pandas)
 
@@ -363,8 +363,8 @@ def run_python_checks(checks, answer):
 
 
 def _run_driver(code, checks):
-    from minigrpo.driver_host import run_driver     # here: the driver's host imports the sandbox, which is heavy
-    from minigrpo.pydriver import WALL_FACTOR       # a criterion's timeout is CPU seconds; its wall limit is this x
+    from minigrpo.judge.driver_host import run_driver     # here: the driver's host imports the sandbox, which is heavy
+    from minigrpo.judge.driver import WALL_FACTOR       # a criterion's timeout is CPU seconds; its wall limit is this x
     limit = sum(WALL_FACTOR * float(c.get("timeout", SANDBOX_DEFAULTS["timeout"])) + 2 for c in checks) + _DRIVER_MARGIN
     try:
         results = run_driver(code, checks, limit)
@@ -383,11 +383,10 @@ def _weaker_note():
 @functools.lru_cache(maxsize=None)
 def sandbox_isolation():
     """(level, weaknesses) of the answer sandbox on this machine (probed once)."""
-    from minigrpo.sandbox import isolation
+    from minigrpo.judge.sandbox import isolation
     return isolation()
 
 
-_PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SANDBOX_DEFAULTS = {"timeout": 10.0, "memory_mb": 2048, "fsize_mb": 16, "nproc": 64}
 
 

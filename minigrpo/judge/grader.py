@@ -4,7 +4,7 @@ A task carries a checklist of criteria; a grader says, for each criterion, passe
 score = passed / checked in [0, 1]. Checklists give a much lower-variance reward than a free-form "rate 1-10".
 
 Backends, chosen by one spec string (`make_judge(spec)`, `judge.py --judge SPEC`):
-  local              machine checks only (minigrpo/checks.py): sandboxed unit tests on the answer's code, regex,
+  local              machine checks only (minigrpo/judge/checks.py): sandboxed unit tests on the answer's code, regex,
                      counts, phrases, syllables, rhyme, JSON. Criteria without a check are unchecked (None) and left
                      out of the denominator. Offline and deterministic: the default, and what tests use.
   claude             `claude -p --output-format json [--model M] [--max-turns N] [claude_args...]`, the prompt on
@@ -44,8 +44,8 @@ import sqlite3
 import threading
 import time
 
-from minigrpo.checks import run_check, run_python_checks, validate_check
-from minigrpo.judge_backends import BackendError, make_backend  # noqa: F401  (BackendError: part of the API)
+from minigrpo.judge.checks import run_check, run_python_checks, validate_check
+from minigrpo.judge.backends import BackendError, make_backend  # noqa: F401  (BackendError: part of the API)
 
 __all__ = ["CriterionResult", "Verdict", "Judge", "make_judge", "run_check", "build_prompt", "parse_verdict",
            "InvalidVerdict", "BackendError", "load_tasks", "validate_task"]

@@ -1,13 +1,13 @@
 """The judge's side of python checks: it starts the check driver confined, and brokers the answer's sandboxes.
 
-Who runs what, as which uid (the best isolation: root with bubblewrap and cgroups; minigrpo/sandbox.py):
+Who runs what, as which uid (the best isolation: root with bubblewrap and cgroups; minigrpo/judge/sandbox/__init__.py):
 
   judge process      the trainer's uid (often root). Holds the task file, the run folder, the verdict cache and
                      the checkout. Runs no test code and no answer code: it starts the driver, serves the broker
                      below, and reads the driver's one result line (checked: one (bool, str) per criterion).
   driver sandbox     a pool uid of its own, its own mount namespace (no project tree, no run folders, no home, no
                      host /tmp: the Python installation read-only, a private tmpfs), its own cgroup with a memory
-                     cap, an environment of a few fixed variables. Runs minigrpo/pydriver.py, which the judge hands
+                     cap, an environment of a few fixed variables. Runs minigrpo/judge/driver.py, which the judge hands
                      over as bytecode in a file of its work folder (the project tree stays out of its view), and
                      the hidden tests. Talks to the judge only through its stdin/stdout and the broker's socket.
   answer sandbox     one per criterion, another pool uid, the same kind of confinement with the criterion's own
@@ -33,8 +33,8 @@ import socket
 import threading
 import time
 
-from minigrpo import driver_answer, pydriver, standins, wire, wire_rpc, wire_values
-from minigrpo.sandbox import Limits, Sandbox
+from minigrpo.judge import driver_answer, driver as pydriver, standins, wire, wire_rpc, wire_values
+from minigrpo.judge.sandbox import Limits, Sandbox
 
 # The answer's program: the channel's codec (wire_values.py, wire.py), then its request/reply and server
 # (wire_rpc.py), compiled here once and handed over as marshalled bytecode (the child runs this same interpreter).
@@ -47,9 +47,11 @@ CHILD_PROGRAM = "import binascii as _b, marshal as _m\nexec(_m.loads(_b.a2b_base
 DRIVER_FILE = "driver.bin"
 DRIVER_PROGRAM = r"""
 import marshal, sys, types
-package = types.ModuleType("minigrpo")
-package.__path__ = []
-sys.modules["minigrpo"] = package
+for name in ("minigrpo", "minigrpo.judge"):
+    package = types.ModuleType(name)
+    package.__path__ = []
+    sys.modules[name] = package
+sys.modules["minigrpo"].judge = package
 with open("driver.bin", "rb") as f:
     parts = marshal.load(f)
 for name, code in parts:
@@ -58,7 +60,7 @@ for name, code in parts:
     setattr(package, name.rpartition(".")[2], module)
     exec(code, module.__dict__)
 del package, parts, module, name, code, f
-sys.modules["minigrpo.pydriver"].main()
+sys.modules["minigrpo.judge.driver"].main()
 """
 DRIVER_MEMORY_MB = 1536     # the driver's cgroup: test code, decoded replies (each at most wire.MAX_MESSAGE), pandas
 MAX_LIVE = 2                # answer sandboxes alive at once for one driver (it runs its criteria one at a time)

@@ -1,6 +1,6 @@
-"""The driver's end of one answer: the answer's sandboxed process, seen from the check driver (minigrpo/pydriver.py).
+"""The driver's end of one answer: the answer's sandboxed process, seen from the check driver (minigrpo/judge/driver.py).
 
-`Answer` asks the judge's broker (minigrpo/driver_host.py) for a sandbox running the answer, holds the driver's end
+`Answer` asks the judge's broker (minigrpo/judge/driver_host.py) for a sandbox running the answer, holds the driver's end
 of its channel (wire_rpc.Endpoint) and watches its time: its CPU seconds as the broker reads them from the
 sandbox's cgroup, its wall time, and stalls. `Remote` stands in for an object living in the sandbox; `_serve`
 answers the answer's callbacks into what the test handed it -- calling a function or stepping an iterator, nothing
@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 
-from minigrpo import wire, wire_rpc
+from minigrpo.judge import wire, wire_rpc
 
 WALL_FACTOR = 3         # a criterion's wall-clock limit, in multiples of its `timeout` (which is CPU seconds)
 WATCH_EVERY = 0.05      # seconds between two readings of the sandbox's CPU and wall time
@@ -138,7 +138,7 @@ class DriverEndpoint(wire_rpc.Endpoint):
 # The judge's broker, seen from here: sandboxes are made and measured by the judge, never by this process
 
 class Broker:
-    """Requests to the broker (minigrpo/driver_host.py) over a SOCK_SEQPACKET socket: one JSON message each way;
+    """Requests to the broker (minigrpo/judge/driver_host.py) over a SOCK_SEQPACKET socket: one JSON message each way;
     a started sandbox's two pipe ends come with the reply as passed file descriptors."""
 
     def __init__(self, fd):

@@ -1,9 +1,9 @@
-"""Request/reply over the channel of minigrpo/wire.py: `Endpoint` (both sides) and the sandboxed child's server
+"""Request/reply over the channel of minigrpo/judge/wire.py: `Endpoint` (both sides) and the sandboxed child's server
 (`serve`, its `Peer` stand-ins for the driver's objects, `child_main`). Standard library only.
 
-The child runs no file of the project: minigrpo/pydriver.py hands it wire.py's source followed by this file's as
+The child runs no file of the project: minigrpo/judge/driver.py hands it wire.py's source followed by this file's as
 one `python -I -c` program, so there the names below that come from wire.py are already defined; imported as a
-module, this file imports them from minigrpo.wire.
+module, this file imports them from minigrpo.judge.wire.
 
 The child (`serve`) imports the answer as module `solution` on the driver's first request, answers requests
 (call, getattr, setattr, op, run a harness snippet) and, while it waits for the driver, serves the driver's
@@ -14,7 +14,7 @@ interrupt) is reported as `exit`, which the driver treats as a failed case, neve
 import sys
 
 if __name__ != "__main__":      # imported; in the child's program wire.py's source has just defined these names
-    from minigrpo.wire import _PLAIN_EXC, Codec, PeerGone, ProtocolError, builtin_base, read_message, send_message
+    from minigrpo.judge.wire import _PLAIN_EXC, Codec, PeerGone, ProtocolError, builtin_base, read_message, send_message
 
 
 # ---------------------------------------------------------------------------------------------------------------

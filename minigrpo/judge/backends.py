@@ -7,7 +7,7 @@
                      $MINIGRPO_JUDGE_API_KEY or $OPENAI_API_KEY (`api_key_env=`).
 
 A reply over `max_output` bytes, a non-zero exit, an HTTP error or a call past its timeout is a failure; the judge
-(minigrpo/judge.py) retries and, in the end, gives None.
+(minigrpo/judge/grader.py) retries and, in the end, gives None.
 """
 
 import json

@@ -1,5 +1,5 @@
 """The narrow channel between the trusted check driver and the sandboxed answer: framing and the value codec
-(stdlib only: this file's source, followed by minigrpo/wire_rpc.py's, is the program the sandboxed child runs,
+(stdlib only: this file's source, followed by minigrpo/judge/wire_rpc.py's, is the program the sandboxed child runs,
 since the child cannot see the project tree). Requests, replies and the child's server are in wire_rpc.py.
 
 Messages are length-prefixed JSON. Values cross as type-tagged plain data, decided by exact type (`type(v) is
@@ -29,7 +29,7 @@ import operator
 import struct
 
 if __name__ != "__main__":      # imported; in the child's program wire_values.py's source has just defined these
-    from minigrpo.wire_values import ProtocolError, decode_library, decode_stdlib, encode_library, library_types, \
+    from minigrpo.judge.wire_values import ProtocolError, decode_library, decode_stdlib, encode_library, library_types, \
         stdlib_value
 
 MAX_MESSAGE = 16 << 20      # bytes; a longer message is a protocol error (the case fails)

@@ -1,11 +1,11 @@
 """Python checks, decided outside the answer's process: the trusted driver.
 
 The answer is code written by the policy being trained, so it is an adversary. Its code never runs in the process
-that decides. This driver is a process of its own, itself confined (minigrpo/driver_host.py starts it in a sandbox
+that decides. This driver is a process of its own, itself confined (minigrpo/judge/driver_host.py starts it in a sandbox
 of its own: a uid of its own, no project tree, a memory cap), and for each criterion it
 
   1. asks the judge's broker (driver_host.py) for a fresh sandbox running the answer as module `solution`, served
-     by minigrpo/wire_rpc.py over a pipe; the broker makes it with the criterion's own limits (the driver can only
+     by minigrpo/judge/wire_rpc.py over a pipe; the broker makes it with the criterion's own limits (the driver can only
      lower them) and hands over the pipe's two ends;
   2. runs the criterion's test code here, with the driver's own builtins and globals, and `solution` (and its
      public names) replaced by proxies: every call, attribute read or item access on the answer's functions,
@@ -34,7 +34,7 @@ Helpers a test sees besides the answer's names:
   stand_in(**members)               an object to hand the answer (an rng, a clock, a fetcher): its members are
                                     functions, which the answer may only call, and plain data; it crosses by value
                                     (wire.StandIn), so its state and its call counts stay here, out of reach
-  sqlite_stand_in(conn)             a stand-in for a sqlite3 connection that stays here (minigrpo/standins.py)
+  sqlite_stand_in(conn)             a stand-in for a sqlite3 connection that stays here (minigrpo/judge/standins.py)
   implementation()                  the check's `implementation` source (the code a test-suite answer is run
                                     against) started in a sandbox of its own; returns its public names as proxies
   solution_source                   the answer's code as text (for code-inspection criteria)
@@ -60,8 +60,8 @@ import sys
 import time
 import traceback
 
-from minigrpo import standins, wire
-from minigrpo.driver_answer import STALL_S, WALL_FACTOR, Answer, Broker, CaseFatal  # noqa: F401 (constants: API)
+from minigrpo.judge import standins, wire
+from minigrpo.judge.driver_answer import STALL_S, WALL_FACTOR, Answer, Broker, CaseFatal  # noqa: F401 (constants: API)
 
 TEST_FILE = "<criterion>"
 ANSWER_BUDGET = 2.0     # an answer's CPU budget across its criteria, in multiples of its largest criterion timeout

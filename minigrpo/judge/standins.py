@@ -8,7 +8,7 @@ while the object itself, and whatever it records, stays in the driver, outside t
 import sqlite3
 import time
 
-from minigrpo.wire import StandIn
+from minigrpo.judge.wire import StandIn
 
 # What SQL from the answer may not do to the driver's database: reach files (ATTACH), change the engine's settings
 # (PRAGMA), or load code (load_extension is off by default in Python's sqlite3, and refused here as well).
