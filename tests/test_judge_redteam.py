@@ -23,8 +23,8 @@ import time
 
 import pytest
 
-from minigrpo.judge.checks import run_check, sandbox_isolation
 from minigrpo.judge import make_judge
+from minigrpo.judge.checks import ANSWER_EVIDENCE, run_check, sandbox_isolation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 with open(os.path.join(ROOT, "minigrpo", "data", "soyuz_tasks.json")) as f:
@@ -56,8 +56,14 @@ def only(task_id, ids):
 
 def grade(judge, task_id, code, ids):
     verdict = judge.grade(only(task_id, ids), fenced(code))
-    assert verdict is not None and verdict.score is not None, "an attack must be graded, not dropped"
+    assert verdict is not None, "an attack must be graded, not dropped"
+    # a criterion only the answer's process could observe is left to an LLM grader: locally it cannot be won
+    assert verdict.score is not None or all(r.reason == ANSWER_EVIDENCE for r in verdict.results), explain(verdict)
     return verdict
+
+
+def no_gain(v, plain):
+    return v.score is None or (plain.score is not None and v.score <= plain.score)
 
 
 def passed(verdict):
@@ -330,7 +336,7 @@ def test_patching_exec_does_not_rewrite_a_snippets_result(judge):
     the snippet's source and sets `result` to what the test wants."""
     plain = grade(judge, "token-bucket", TB_TIME_DEFAULT, ["c9"])
     v = grade(judge, "token-bucket", EXEC_HOOK + TB_TIME_DEFAULT, ["c9"])
-    assert v.score <= plain.score, explain(v)
+    assert no_gain(v, plain), explain(v)
 
 
 UNBOUNDED_FETCH = '''
@@ -493,7 +499,7 @@ def test_patching_asyncio_does_not_take_the_race_out_of_the_race_tests(judge):
     ids = ["c1", "c2", "c3", "c4"]
     plain = grade(judge, "async-race-fix", BUGGY_ACCOUNTS, ids)
     v = grade(judge, "async-race-fix", BUGGY_ACCOUNTS + ONE_AT_A_TIME, ids)
-    assert v.score <= plain.score, explain(v)
+    assert no_gain(v, plain), explain(v)
 
 
 NP_CHECK = '''

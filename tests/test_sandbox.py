@@ -109,7 +109,7 @@ def test_hidden_paths_are_not_readable(tmp_path):
             out["walk"] = [f for top, _, fs in os.walk("/") if not top.startswith(public)
                            for f in fs if f in ("soyuz_tasks.json", "judge_cache.sqlite", "samples.jsonl")]
             print(json.dumps(out))
-        """)
+        """, timeout=90)    # the walk of / takes a few seconds idle, many more on a loaded machine
     finally:
         if home_secret:
             os.unlink(home_secret)

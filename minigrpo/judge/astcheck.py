@@ -243,6 +243,9 @@ def _spec(kind, text):
     return _Spec(text)
 
 
+_STRING_CODE = ("exec", "eval", "compile", "builtins.exec", "builtins.eval", "builtins.compile")
+
+
 def check_code(check, code):
     """(True | False, reason) of an ast check on `code` (the answer's extracted Python, not empty)."""
     must = check.get("must", True)
@@ -254,6 +257,10 @@ def check_code(check, code):
     found = [f"{kind} {text}" for kind, text in items if index.find(kind, _spec(kind, text))]
     missing = [f"{kind} {text}" for kind, text in items if f"{kind} {text}" not in found]
     if not must:
+        # code run from a string (exec, eval, compile) is code this check cannot read: a ban cannot pass over it
+        hidden = [name for name in _STRING_CODE if index.find("calls", _spec("calls", name))]
+        if hidden and not found:
+            return False, f"live code runs code from strings ({', '.join(hidden)}): a ban cannot be checked"
         return not found, f"live code uses {found} (must not)" if found else "live code uses none of the banned items"
     ok = bool(found) if check.get("any", False) else not missing
     want = "one of" if check.get("any", False) else "all of"
