@@ -195,8 +195,10 @@ def test_fused_frozen_head_values_entropy_and_gradients_equal_naive(kind, start)
     assert not ent.requires_grad  # logged, not trained
     assert torch.allclose(ent[:, start:], naive_entropy(logits.detach(), 0.8, 261)[:, start:], atol=1e-4)
     assert ent[:, start:].max() > 0.1  # the check has teeth: not all one-hot
+    # two kernel paths (fused head, autograd through the lm_head) sum in another order: the gradients used up to 26%
+    # of atol=1e-5, rtol=1e-4 (default kernels, 2 threads; 18% avx2/avx512): 2.5x those is 10x the largest seen
     for a, b in zip(g1, g2):
-        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+        assert torch.allclose(a, b, atol=2.5e-5, rtol=2.5e-4)
 
 
 def test_fused_saves_no_vocabulary_sized_tensor(model):
@@ -228,5 +230,8 @@ def test_fused_bf16_equals_autograd_through_lm_head():
     g2 = torch.autograd.grad((expected * w).sum(), params)
     assert lp.dtype == torch.float32
     assert torch.allclose(lp, expected.detach(), atol=1e-5)
+    # bf16 backward through four layers, in two orders: max |a - b| / max |b| seen 1.6e-2, four bf16 steps (avx2 and
+    # default kernels; 1.2e-2 avx512; the same at 1 and 2 threads); bound 1e-1. A gradient missing its 1/T (T=0.7)
+    # is 3.1e-1 off.
     for a, b in zip(g1, g2):
-        assert torch.allclose(a.float(), b.float(), atol=2e-2 * b.float().abs().max().item() + 1e-6)
+        assert torch.allclose(a.float(), b.float(), atol=1e-1 * b.float().abs().max().item() + 1e-6)

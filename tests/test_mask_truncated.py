@@ -70,8 +70,10 @@ def test_truncated_completions_get_no_gradient(agg):
     masked = gradient(model, params, seqs, mask_truncated=True, agg=agg)
     without = gradient(model, params, kept, mask_truncated=False, agg=agg)   # same 4 seqs, 2 micro-batches
     assert sum(float(g.abs().sum()) for g in masked) > 0
+    # other micro-batches, so other padding and matrix shapes: the sums round otherwise. Up to 25% of atol=1e-7,
+    # rtol=1e-5 used (avx2 and default kernels; 20% avx512; the same at 1 and 2 threads): 2.5x those is 10x the largest
     for a, b in zip(masked, without):
-        assert torch.allclose(a, b, atol=1e-7, rtol=1e-5)
+        assert torch.allclose(a, b, atol=2.5e-7, rtol=2.5e-5)
     for s in seqs:      # other tokens and advantages for the truncated ones: the same gradient
         if s.finish_reason == "length":
             s.advantage = -7.0
