@@ -156,15 +156,25 @@ def test_judging_overlaps_generation():
     assert wall < 0.8 * serial
 
 
+BYTE_TASKS = [{"id": f"bytes-{k}", "family": "algorithms", "prompt": f"Write anything ({k}).", "criteria": [
+    {"id": f"c{i + 1}", "text": text, "check": {"type": "regex", "pattern": pattern}} for i, (text, pattern) in
+    enumerate([("has a digit", "[0-9]"), ("has a capital", "[A-Z]"), ("has a line break", "\\n"),
+               ("has a vowel", "[aeiou]"), ("has a tag", "<")])]} for k in range(3)]
+
+
 @pytest.mark.slow
 def test_train_soyuz_tiny_end_to_end(tmp_path):
     """The soyuz preset (LoRA, beta 0.04, recovery shaping) on the tiny model with the local judge, checked by
     value from what the run logged: KL exactly 0 at LoRA init and > 0 once a step has moved the adapters; scores
-    in [0, 1]; the turn-1 reward and the recovery metrics recomputed from the logged per-turn scores."""
+    in [0, 1]; the turn-1 reward and the recovery metrics recomputed from the logged per-turn scores. The tasks are
+    BYTE_TASKS: the soyuz tasks' own checks pay the random model's byte soup nothing (the writing checks fail it),
+    so they give no reward spread to train on; these surface checks of its bytes do."""
     from minigrpo.tasks.soyuz import BAD
+    data = tmp_path / "byte_tasks.json"
+    data.write_text(json.dumps(BYTE_TASKS))
     cmd = [sys.executable, "train.py", "--task", "soyuz", "--model", "tiny", "--steps", "2", "--tasks-per-step", "2",
            "--group-size", "2", "--max-new-tokens", "24", "--lr", "1e-3", "--seed", "1", "--runs-dir", str(tmp_path),
-           "--run-name", "s", "--quiet"]
+           "--run-name", "s", "--quiet", "--data", str(data)]
     out = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]

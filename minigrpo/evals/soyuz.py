@@ -65,7 +65,7 @@ def eval_soyuz(args, out):
     tables = [("Overall", report.compare_table(results, SOYUZ_METRICS, SOYUZ_PERCENT)),
               ("Per family", report.compare_table(by_family, ["tasks", "turn0_score", "reward"])),
               ("Per task (turn-0 → final)", task_table(per_task, families))]
-    notes = SOYUZ_NOTES + sandbagging_note(results)
+    notes = report_notes(results, task.left_out)
     judge = task.judge.stats()
     task.judge.close()
     write_outputs(args, out, {"results": results, "per_task": per_task, "by_family": by_family, "judge": judge},
@@ -120,6 +120,12 @@ def task_table(per_task: dict, families: dict) -> str:
         cells.append("–" if a is None or b is None else f"{b - a:+.2f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def report_notes(results: dict, left_out: list) -> list:
+    """The report's notes: the metrics explained, the sandbagging check, and the tasks the local judge left out
+    (a reader comparing with an LLM-judged run must know the task sets differ)."""
+    return SOYUZ_NOTES + sandbagging_note(results) + [f"- {line}" for line in left_out]
 
 
 def sandbagging_note(results: dict) -> list:

@@ -2,11 +2,11 @@
 
 A check is a small dict (schema in the contract, examples in tests/test_judge_checks.py); `run_check(check, answer)`
 returns (True | False | None, reason). None means "could not be decided here" (a package the test needs is not
-installed), and the judge leaves that criterion out of the score's denominator.
+installed; a "veto" writing check that found nothing), and the judge leaves that criterion out of the denominator.
 
-Text checks look at the whole answer ("text") or at its code ("code": its python blocks, see extract_code).
-Syllables and rhymes are English spelling heuristics: good enough to tell a haiku from a paragraph, not a phonetic
-dictionary; the `tol` of a syllables check absorbs the rest.
+Text checks look at the whole answer ("text", or "writing": the text as a piece of writing) or at its code ("code":
+its python blocks, see extract_code). Syllables and rhymes are English spelling heuristics: good enough to tell a
+haiku from a paragraph, not a phonetic dictionary; the `tol` of a syllables check absorbs the rest.
 
 The answer is written by the policy being trained, so the text checks are total and bounded: an answer longer than
 MAX_TEXT (64 KB) fails them; task patterns run on the `regex` engine (re's syntax, V0) with concurrent=True (no GIL:
@@ -16,7 +16,10 @@ ast.parse or json.loads raise) count as "does not parse". Whatever the answer ma
 criterion (AnswerFault), also under `not`; never None, never an exception.
 
 The code-inspection check (type "ast": which calls, decorators, imports, names... the parsed code uses) lives in
-minigrpo/judge/astcheck.py, with its item syntax.
+minigrpo/judge/astcheck.py, with its item syntax; the writing check (type "natural": repetition, vocabulary, sentence
+structure, echo of the prompt) in minigrpo/judge/writing.py. Two rules hold for every criterion (run_check), because a
+"must not" check passes on text that has nothing in it: a blank answer pays no criterion, and a criterion reading
+target "writing" pays only an answer that passes writing.DEFAULTS (no keyword stuffing, word list, shuffle...).
 
 Python checks: the answer is code written by the policy being trained, so it never runs in the process that
 decides. `run_python_checks` hands an answer's python criteria to the trusted driver (minigrpo/judge/driver.py, one
@@ -38,6 +41,7 @@ import tempfile
 import regex
 
 from minigrpo.judge.astcheck import check_code, parse_code, validate_ast_check
+from minigrpo.judge.writing import check_natural, unpaid, validate_natural
 
 # The text checks read at most this many characters of an answer (a policy's answer is a few KB); a longer answer
 # fails them. Every task pattern runs under the `regex` engine with a time limit and without the GIL.
@@ -398,8 +402,10 @@ def _check_python(check, answer):
 
 CHECKS = {"python": _check_python, "regex": _check_regex, "count": _check_count, "contains": _check_contains,
           "syllables": _check_syllables, "rhyme": _check_rhyme, "json": _check_json, "code_block": _check_code_block,
-          "ast": _check_ast, "all": _check_combined, "any": _check_combined, "not": _check_not}
-TEXT_CHECKS = {"regex", "count", "contains", "syllables", "rhyme", "json", "code_block", "ast"}
+          "ast": _check_ast, "all": _check_combined, "any": _check_combined, "not": _check_not,
+          "natural": lambda check, answer: check_natural(check, _target(check, answer))}
+TEXT_CHECKS = {"regex", "count", "contains", "syllables", "rhyme", "json", "code_block", "ast", "natural"}
+TARGETS = ("text", "code", "writing")
 
 
 def validate_check(check, where="check"):
@@ -418,7 +424,11 @@ def validate_check(check, where="check"):
         validate_check(check["check"], f"{where}.check")
     if check["type"] == "python" and check.get("evidence", "driver") not in ("driver", "answer"):
         raise ValueError(f"{where}: python check 'evidence' must be \"driver\" or \"answer\"")
+    if check.get("target", "text") not in TARGETS:
+        raise ValueError(f"{where}: target {check['target']!r} unknown (one of {', '.join(TARGETS)})")
     try:
+        if check["type"] == "natural":
+            validate_natural(check)
         if check["type"] == "regex":
             compile_pattern(check["pattern"], check.get("flags", ""))
         if check["type"] == "ast":
@@ -443,8 +453,11 @@ def _run(check, answer):
 
 def run_check(check, answer):
     """Evaluate one machine check on an answer -> (True | False | None, reason). Text checks never raise: an answer
-    they cannot read (over MAX_TEXT, a pattern over time, a parser bomb) fails the criterion, also inside not/any."""
+    they cannot read (over MAX_TEXT, a pattern over time, a parser bomb) fails the criterion, also inside not/any.
+    A pass must then get past writing.unpaid, applied to the whole check (a `not` inside cannot turn it round)."""
     try:
-        return _run(check, answer)
+        value, reason = _run(check, answer)
     except AnswerFault as e:
         return False, str(e)
+    why = unpaid(check, answer) if value is True else ""
+    return (False, f"{why} (the check alone: {reason})") if why else (value, reason)

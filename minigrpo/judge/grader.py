@@ -51,7 +51,7 @@ __all__ = ["CriterionResult", "Verdict", "Judge", "make_judge", "run_check", "bu
            "InvalidVerdict", "BackendError", "load_tasks", "validate_task"]
 
 log = logging.getLogger("minigrpo.judge")
-PROMPT_VERSION = 4     # part of the cache key: change it when the prompt or the machine checks change meaning
+PROMPT_VERSION = 5     # part of the cache key: change it when the prompt or the machine checks change meaning
 
 
 @dataclasses.dataclass

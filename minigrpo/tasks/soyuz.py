@@ -11,7 +11,11 @@ The rollout, the rewards and the seed's metrics are minigrpo/tasks/twoturn.py's,
 = s0 (the guard), turn 1 = s1 + 0.5·(s1 − s0) (grpo.recovery_rewards; --recovery-coef, --no-turn0-guard);
 advantages group-relative per turn, zero spread found on raw scores. What is soyuz's own: the judge, which grades in
 its worker pool while the sampler generates the next chunk of tasks (the turn-1 critique of a chunk waits only for
-that chunk's own verdicts), the critique's wording, and the stop rule for a judge that is down.
+that chunk's own verdicts), the critique's wording, the stop rule for a judge that is down, and which tasks a run
+with the local judge leaves out: a task marked "local": {"train": false, "why": ...} (a writing task whose machine
+checks pay a degenerate answer at least as well as an honest wrong one, measured by bench/writing_table.py and
+re-measured by tests/test_judge_writing.py) is left out of training and evaluation with `--judge local`, named once
+at start with its reason; an LLM judge (claude, cmd:, http) includes it.
 """
 import os
 
@@ -24,10 +28,10 @@ from minigrpo.tasks.twoturn import BAD, recovery_metrics  # noqa: F401  (BAD: a 
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "soyuz_tasks.json")
 JUDGE_DOWN_STEPS = 3    # steps in a row in which every grader call failed stop the run (a grader that is down)
-QUOTED_REASONS = {None, "python", "count", "syllables", "rhyme"}   # whose reasons the critique may quote: an LLM
-# grader's (no machine check), the python driver's own (criterion line, failure kind; never the test or the
-# answer's output) and the counting checks' numbers; a regex or phrase check's reason would hand the policy the
-# hidden pattern
+QUOTED_REASONS = {None, "python", "count", "syllables", "rhyme", "natural"}   # whose reasons the critique may
+# quote: an LLM grader's (no machine check), the python driver's own (criterion line, failure kind; never the test
+# or the answer's output), the counting checks' numbers and the writing check's (what is repeated or broken); a
+# regex or phrase check's reason would hand the policy the hidden pattern
 
 
 class JudgeDown(StopRun):
@@ -38,6 +42,37 @@ def load_tasks(path: str = DATA) -> list[dict]:
     """The tasks of a JSON file holding a list of tasks or {"tasks": [...]}."""
     tasks = read_json(path, "soyuz task file not found (pass --data FILE)", fix="; fix the file or pass another --data")
     return tasks["tasks"] if isinstance(tasks, dict) else tasks
+
+
+def local_exclusions(tasks: list[dict]) -> list[tuple[str, str]]:
+    """(id, why) of the tasks a run with the local judge leaves out ("local": {"train": false, "why": ...}).
+    ValueError for a malformed mark: a typo must not train a task the measurement left out."""
+    out = []
+    for t in tasks:
+        mark = t.get("local")
+        if mark is None:
+            continue
+        if not isinstance(mark, dict) or set(mark) - {"train", "why"} or not isinstance(mark.get("train"), bool) \
+                or not (isinstance(mark.get("why"), str) and mark["why"].strip()):
+            raise ValueError(f"task {t.get('id')}: 'local' must be {{\"train\": true|false, \"why\": \"...\"}}, "
+                             f"got {mark!r}")
+        if not mark["train"]:
+            out.append((t["id"], mark["why"]))
+    return out
+
+
+def tasks_for_judge(tasks: list[dict], judge_spec: str) -> tuple[list[dict], list[str]]:
+    """(the tasks a run with this judge trains and evaluates on, one line per task it leaves out). Only the local
+    judge leaves tasks out; an LLM judge grades what the machine checks cannot."""
+    left = local_exclusions(tasks)
+    if judge_spec != "local" or not left:
+        return list(tasks), []
+    ids = {i for i, _ in left}
+    kept = [t for t in tasks if t["id"] not in ids]
+    if not kept:
+        raise ValueError(f"every task is left out with the local judge ({', '.join(sorted(ids))}); pass an LLM judge "
+                         "(--judge claude | cmd:... | http...)")
+    return kept, [f"soyuz: {i} left out with the local judge (an LLM judge includes it): {why}" for i, why in left]
 
 
 def critique(verdict, task: dict | None = None, max_problems: int = 6) -> str:
@@ -105,13 +140,14 @@ class SoyuzTask:
 
     def __init__(self, data: str | None = None, judge: str = "local", workers: int = 8, cache_path=None,
                  coef: float = 0.5, turn0_guard: bool = True, chunk: int = 1, judge_obj=None, **judge_opts):
-        self.tasks = load_tasks(data or DATA)
+        # the local judge leaves out the tasks its machine checks cannot grade (self.left_out: one line each)
+        self.tasks, self.left_out = tasks_for_judge(load_tasks(data or DATA), judge)
         self.coef, self.turn0_guard = coef, turn0_guard     # the shaping (twoturn.turn_seqs)
         self.chunk = chunk        # tasks per sampler call: small chunks let judging overlap generation
         self.judge = judge_obj or make_judge(judge, workers=workers, cache_path=cache_path,
                                                 **judge_opts)
         self.judge_spec, self.ungraded_steps = judge, 0
-        for line in judge_notes(self.tasks, judge):
+        for line in self.left_out + judge_notes(self.tasks, judge):
             print(line, flush=True)
 
     def examples(self, split: str) -> list[dict]:
