@@ -30,17 +30,14 @@ else the answer causes fails it. Where the machine cannot give the full sandbox,
 """
 
 import functools
-import importlib.util
 import json
-import os
 import re
-import subprocess
-import sys
-import tempfile
 
 import regex
 
 from minigrpo.judge.astcheck import check_code, parse_code, validate_ast_check
+from minigrpo.judge.pychecks import ANSWER_EVIDENCE, SANDBOX_DEFAULTS, missing_packages, run_python_checks, \
+    sandbox_isolation  # noqa: F401 (the package's public names come from here)
 from minigrpo.judge.writing import check_natural, unpaid, validate_natural
 
 # The text checks read at most this many characters of an answer (a policy's answer is a few KB); a longer answer
@@ -326,73 +323,7 @@ def _check_ast(check, answer):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Python checks: decided by the trusted driver (minigrpo/judge/driver.py), the answer sandboxed (minigrpo/judge/sandbox/__init__.py)
-
-_DRIVER_MARGIN = 10.0     # seconds the driver process gets beyond its checks' own time limits (start-up, pandas)
-
-
-def missing_packages(check):
-    """Packages a python check `requires` that this interpreter cannot import: a declared environment gap."""
-    return [m for m in check.get("requires", []) if importlib.util.find_spec(m) is None]
-
-
-# A python check marked "evidence": "answer" decides its criterion from what the answer's own process reports (a
-# harness snippet's counters, a fake living beside the answer): the answer can forge that, so it is no evidence.
-# Such a criterion is unchecked here: the LLM grades it in hybrid and llm modes, local mode leaves it out.
-ANSWER_EVIDENCE = "unchecked: only the answer's own process could observe this (left to an LLM grader)"
-
-
-def run_python_checks(checks, answer):
-    """[(True | False | None, reason), ...] for python checks on one answer, run by one driver process (each
-    criterion in a fresh sandbox of its own). None only for a declared environment gap (a package in `requires`
-    not installed); anything the answer causes -- or a driver that fails -- fails the criterion."""
-    out = [None] * len(checks)
-    todo = []
-    for i, check in enumerate(checks):
-        if check.get("evidence") == "answer":
-            out[i] = (None, ANSWER_EVIDENCE)
-        elif missing := missing_packages(check):
-            out[i] = (None, f"unchecked: package {missing} not installed")
-        elif not (code := _target(check, answer, default="code")).strip():
-            out[i] = (False, "no code found (no python/untagged fenced block)")
-        else:
-            todo.append((i, check, code))
-    by_code = {}
-    for i, check, code in todo:
-        by_code.setdefault(code, []).append((i, check))
-    for code, items in by_code.items():
-        for (i, _), result in zip(items, _run_driver(code, [check for _, check in items])):
-            out[i] = result
-    return out
-
-
-def _run_driver(code, checks):
-    from minigrpo.judge.driver_host import run_driver     # here: the driver's host imports the sandbox, which is heavy
-    from minigrpo.judge.driver import WALL_FACTOR       # a criterion's timeout is CPU seconds; its wall limit is this x
-    limit = sum(WALL_FACTOR * float(c.get("timeout", SANDBOX_DEFAULTS["timeout"])) + 2 for c in checks) + _DRIVER_MARGIN
-    try:
-        results = run_driver(code, checks, limit)
-    except (ValueError, OSError) as e:
-        reason = f"the check driver failed ({type(e).__name__}); a failure of the judge never passes"
-        return [(False, reason)] * len(checks)
-    note = _weaker_note()
-    return [(passed, reason + note) for passed, reason in results]
-
-
-def _weaker_note():
-    weak = sandbox_isolation()[1]
-    return f" (weaker sandbox: {', '.join(weak)})" if weak else ""
-
-
-@functools.lru_cache(maxsize=None)
-def sandbox_isolation():
-    """(level, weaknesses) of the answer sandbox on this machine (probed once)."""
-    from minigrpo.judge.sandbox import isolation
-    return isolation()
-
-
-SANDBOX_DEFAULTS = {"timeout": 10.0, "memory_mb": 2048, "fsize_mb": 16, "nproc": 64}
-
+# Python checks: decided by the trusted driver, the answer sandboxed (minigrpo/judge/pychecks.py)
 
 def _check_python(check, answer):
     return run_python_checks([check], answer)[0]
