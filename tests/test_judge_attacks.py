@@ -147,12 +147,11 @@ class RunningMedian:
         if x != x:
             raise ValueError("nan")
         self.xs.append(x)
-        self.xs = sorted(self.xs)    # quadratic: the performance criterion must fail
-    def median(self):
+    def median(self):               # a full sort per query: the performance criterion must fail
         if not self.xs:
             raise ValueError("empty")
-        n = len(self.xs)
-        return float(self.xs[n // 2]) if n % 2 else (self.xs[n // 2 - 1] + self.xs[n // 2]) / 2
+        xs, n = sorted(self.xs), len(self.xs)
+        return float(xs[n // 2]) if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
     def __len__(self):
         return len(self.xs)
 """
