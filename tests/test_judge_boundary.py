@@ -161,11 +161,12 @@ def test_the_driver_runs_confined(judge, monkeypatch, tmp_path):
     test = f'''
 import os
 assert os.getuid() != 0 and os.geteuid() != 0
-assert not os.path.exists({ROOT!r}), "the checkout is visible"
+for name in ("README.md", "minigrpo/data/soyuz_tasks.json", "minigrpo/judge/driver.py"):    # a venv inside the
+    assert not os.path.exists(os.path.join({ROOT!r}, name)), name      # checkout is bound, nothing else of it
 assert "MINIGRPO_JUDGE_SECRET" not in os.environ
 assert not os.path.exists({str(secret)!r})
 assert not os.path.exists({os.path.expanduser("~/.gitconfig")!r})
-for path in ({os.path.join(ROOT, "minigrpo", "pydriver.py")!r}, "/tmp/minigrpo-boundary-mark", "/etc/motd-x"):
+for path in ({os.path.join(ROOT, "minigrpo", "judge", "driver.py")!r}, "/tmp/minigrpo-boundary-mark", "/etc/motd-x"):
     try:
         open(path, "w").write("x")
     except OSError:
