@@ -213,7 +213,7 @@ MUTANTS = [
     ("dunder_names_cross", "k.isidentifier() and not k.startswith(\"_\")", "k.isidentifier()", JUDGE),
     ("driver_runs_unconfined", "limits, keep_fds=[child.fileno()]) as sb:",
      "limits, keep_fds=[child.fileno()], _mode=\"plain\") as sb:", JUDGE),
-    ("no_answer_budget", "ANSWER_BUDGET = 2.0 ", "ANSWER_BUDGET = 100.0 ", JUDGE),
+    ("no_answer_budget", "ANSWER_BUDGET = 1.5 ", "ANSWER_BUDGET = 100.0 ", JUDGE),
     ("no_stall_detection", "STALL_S = 3.0 ", "STALL_S = 1e9 ", JUDGE),
     ("only_if_ignored", "out[c[\"id\"]].passed is True and out.get(other, _UNCHECKED).passed is not True",
      "False", JUDGE),

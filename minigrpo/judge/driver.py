@@ -64,7 +64,7 @@ from minigrpo.judge import standins, wire
 from minigrpo.judge.driver_answer import STALL_S, WALL_FACTOR, Answer, Broker, CaseFatal  # noqa: F401 (constants: API)
 
 TEST_FILE = "<criterion>"
-ANSWER_BUDGET = 2.0     # an answer's CPU budget across its criteria, in multiples of its largest criterion timeout
+ANSWER_BUDGET = 1.5     # an answer's CPU budget across its criteria, in multiples of its largest criterion timeout
 
 
 # ---------------------------------------------------------------------------------------------------------------
