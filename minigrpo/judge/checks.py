@@ -23,7 +23,7 @@ target "writing" pays only an answer that passes writing.DEFAULTS (no keyword st
 
 Python checks: the answer is code written by the policy being trained, so it never runs in the process that
 decides. `run_python_checks` hands an answer's python criteria to the trusted driver (minigrpo/judge/driver.py, one
-process per answer), which runs each criterion's test with the answer in a fresh sandbox (minigrpo/judge/sandbox/__init__.py)
+process per answer), which runs each criterion's test with the answer in a fresh sandbox (minigrpo/judge/sandbox/)
 behind a plain-data channel (minigrpo/judge/wire.py). A criterion passes only when its test ran to the end; anything
 else the answer causes fails it. Where the machine cannot give the full sandbox, every reason says
 "weaker sandbox: ..." and the soyuz task prints it once at start.

@@ -165,7 +165,8 @@ def _scope(answer, code, names, module):
         answer.companions.append(other)
         return _SolutionModule(public_names(other.request("import")) or {})
 
-    helpers = {"__name__": "__criterion__", "implementation": implementation, "__builtins__": builtins, "raises": raises, "deadline": deadline,
+    helpers = {"__name__": "__criterion__", "implementation": implementation, "__builtins__": builtins,
+               "raises": raises, "deadline": deadline,
                "in_sandbox": in_sandbox, "memory_peak_mb": answer.memory_peak_mb, "stand_in": wire.StandIn,
                "sqlite_stand_in": standins.sqlite_stand_in, "solution": module,
                "solution_source": code}

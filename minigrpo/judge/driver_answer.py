@@ -1,6 +1,6 @@
-"""The driver's end of one answer: the answer's sandboxed process, seen from the check driver (minigrpo/judge/driver.py).
+"""The driver's end of one answer: the answer's sandboxed process, seen from the check driver (driver.py).
 
-`Answer` asks the judge's broker (minigrpo/judge/driver_host.py) for a sandbox running the answer, holds the driver's end
+`Answer` asks the judge's broker (driver_host.py) for a sandbox running the answer, holds the driver's end
 of its channel (wire_rpc.Endpoint) and watches its time: its CPU seconds as the broker reads them from the
 sandbox's cgroup, its wall time, and stalls. `Remote` stands in for an object living in the sandbox; `_serve`
 answers the answer's callbacks into what the test handed it -- calling a function or stepping an iterator, nothing

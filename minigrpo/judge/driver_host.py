@@ -1,6 +1,6 @@
 """The judge's side of python checks: it starts the check driver confined, and brokers the answer's sandboxes.
 
-Who runs what, as which uid (the best isolation: root with bubblewrap and cgroups; minigrpo/judge/sandbox/__init__.py):
+Who runs what, as which uid (the best isolation: root with bubblewrap and cgroups; minigrpo/judge/sandbox/):
 
   judge process      the trainer's uid (often root). Holds the task file, the run folder, the verdict cache and
                      the checkout. Runs no test code and no answer code: it starts the driver, serves the broker
@@ -42,8 +42,9 @@ _CHILD_SOURCE = "\n".join(open(m.__file__).read() for m in (wire_values, wire, w
 CHILD_PROGRAM = "import binascii as _b, marshal as _m\nexec(_m.loads(_b.a2b_base64(%r)))\n" % binascii.b2a_base64(
     marshal.dumps(compile(_CHILD_SOURCE, "<sandbox child>", "exec")), newline=False).decode()
 
-# The driver's program: wire_values, wire, wire_rpc, standins, driver_answer and pydriver as modules of a package `minigrpo` made in memory; the
-# bytecode comes as a file in the driver's work folder (too long for a command line).
+# The driver's program: wire_values, wire, wire_rpc, standins, driver_answer and driver as modules of packages
+# `minigrpo` and `minigrpo.judge` made in memory; the bytecode comes as a file in the driver's work folder (too
+# long for a command line).
 DRIVER_FILE = "driver.bin"
 DRIVER_PROGRAM = r"""
 import marshal, sys, types

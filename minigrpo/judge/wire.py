@@ -29,8 +29,8 @@ import operator
 import struct
 
 if __name__ != "__main__":      # imported; in the child's program wire_values.py's source has just defined these
-    from minigrpo.judge.wire_values import ProtocolError, decode_library, decode_stdlib, encode_library, library_types, \
-        stdlib_value
+    from minigrpo.judge.wire_values import ProtocolError, decode_library, decode_stdlib, encode_library, \
+        library_types, stdlib_value
 
 MAX_MESSAGE = 16 << 20      # bytes; a longer message is a protocol error (the case fails)
 MAX_DEPTH = 200             # nesting of a value; deeper is a protocol error

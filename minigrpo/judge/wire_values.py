@@ -1,4 +1,4 @@
-"""Values of library types on the channel of minigrpo/judge/wire.py: the datetime family, Decimal, Fraction, UUID, paths,
+"""Values of library types on the channel of wire.py: the datetime family, Decimal, Fraction, UUID, paths,
 numpy arrays and scalars, pandas frames and series -- by value, as the few library types tests compare. Standard
 library only (numpy and pandas are looked up or imported only when such a value crosses). In the sandboxed
 child's program this file's source comes first, then wire.py's and wire_rpc.py's (see minigrpo/judge/driver_host.py).

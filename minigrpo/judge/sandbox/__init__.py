@@ -3,8 +3,8 @@
 Standard library only. `Sandbox(files, limits).start(argv)` runs argv in a private, empty work folder holding
 `files`; `run(argv, files, limits, stdin_bytes)` is the one-shot form; `isolation()` names the strongest isolation
 this machine gives and what it lacks ("weaknesses"), probed once per process. The machinery lives beside it:
-minigrpo/judge/sandbox/host.py (cgroups, the uid pool, process trees, remove_tree), minigrpo/judge/sandbox/mounts.py (what
-the sandbox sees) and minigrpo/judge/sandbox/launch.py (the launcher and the isolation modes).
+host.py (cgroups, the uid pool, process trees, remove_tree), mounts.py (what the sandbox sees) and launch.py (the
+launcher, the seccomp filter and the isolation modes).
 
 What the best level ("bwrap+cgroup+pool-uid", root with bubblewrap and writable cgroups) gives:
 

@@ -1,4 +1,4 @@
-"""The sandbox's host side (private to minigrpo/judge/sandbox/__init__.py; standard library only): what the judge does from
+"""The sandbox's host side (private to the sandbox package; standard library only): what the judge does from
 outside a sandbox to limit, measure and end it.
 
 - Process trees: the CPU ticks of a process and its live descendants from /proc, the pids of a uid, SIGKILL.

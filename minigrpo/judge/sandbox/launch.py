@@ -1,4 +1,4 @@
-"""How a sandbox starts (private to minigrpo/judge/sandbox/__init__.py; standard library only): the stub and the launcher every
+"""How a sandbox starts (private to the sandbox package; standard library only): the stub and the launcher every
 sandboxed process runs first, and the isolation modes a sandbox can start in, each probed once on this machine.
 
 Modes, strongest first: "bwrap-pool" (root: bubblewrap namespaces, a pool uid), "bwrap-userns" (bubblewrap in a
@@ -137,7 +137,7 @@ def _probe(mode):
     """(works, weaknesses) of a mode: a tiny Python run through it must start and list its sys.path folders."""
     if not _mode_ok(mode):
         return False, []
-    from minigrpo.judge.sandbox import Limits, Sandbox    # here, not at the top: minigrpo.judge.sandbox imports this module
+    from minigrpo.judge.sandbox import Limits, Sandbox    # here, not at the top: the package imports this module
     try:
         with Sandbox({}, Limits(timeout=30, memory_mb=512, nproc=32), _mode=mode) as sb:
             sb.start([sys.executable, "-I", "-c", _PROBE])

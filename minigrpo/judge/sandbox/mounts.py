@@ -2,7 +2,7 @@
 sandboxed process tree, and its work folder with the caller's files.
 
 - With a mount namespace (bubblewrap): `bwrap_command` builds the allowlist the module docstring of
-  minigrpo/judge/sandbox/__init__.py describes: read-only system folders, a few /etc files and a synthetic passwd/group, the
+  sandbox package's docstring describes: read-only system folders, a few /etc files and a synthetic passwd/group, the
   judge's Python installation (`python_paths`, minus the project tree, cwd, home and temp), private size-capped
   tmpfs for the work folder (WORKDIR), /tmp, /var/tmp and /dev/shm; the files reach it as memfds.
 - Without one: `new_host_folder` and `host_folder_command` make a 0700 host folder under a 0711 base, write the
