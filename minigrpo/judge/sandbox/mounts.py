@@ -1,7 +1,7 @@
 """What a sandbox sees (private to minigrpo/judge/sandbox/__init__.py; standard library only): the filesystem view of a
 sandboxed process tree, and its work folder with the caller's files.
 
-- With a mount namespace (bubblewrap): `bwrap_command` builds the allowlist the module docstring of
+- With a mount namespace (bubblewrap): `bwrap_command` builds the allowlist the
   sandbox package's docstring describes: read-only system folders, a few /etc files and a synthetic passwd/group, the
   judge's Python installation (`python_paths`, minus the project tree, cwd, home and temp), private size-capped
   tmpfs for the work folder (WORKDIR), /tmp, /var/tmp and /dev/shm; the files reach it as memfds.
