@@ -33,7 +33,7 @@ import socket
 import threading
 import time
 
-from minigrpo.judge import driver_answer, driver as pydriver, standins, wire, wire_rpc, wire_values
+from minigrpo.judge import driver, driver_answer, standins, wire, wire_rpc, wire_values
 from minigrpo.judge.sandbox import Limits, Sandbox
 
 # The answer's program: the channel's codec (wire_values.py, wire.py), then its request/reply and server
@@ -73,7 +73,7 @@ WATCHDOG_EVERY = 0.1        # seconds between the broker's own checks of each an
 @functools.lru_cache(maxsize=None)
 def driver_bundle():
     parts = []
-    for module in (wire_values, wire, wire_rpc, standins, driver_answer, pydriver):
+    for module in (wire_values, wire, wire_rpc, standins, driver_answer, driver):
         with open(module.__file__, encoding="utf-8") as f:
             parts.append((module.__name__, compile(f.read(), f"<{module.__name__}>", "exec")))
     return marshal.dumps(parts)
@@ -85,7 +85,7 @@ def criterion_limits(check, cpu_s=None):
     seconds = float(check.get("timeout", 10.0))
     if cpu_s is not None:
         seconds = max(0.05, min(seconds, float(cpu_s)))
-    return Limits(timeout=pydriver.WALL_FACTOR * seconds + 1.0, cpu_s=seconds,
+    return Limits(timeout=driver.WALL_FACTOR * seconds + 1.0, cpu_s=seconds,
                   memory_mb=int(check.get("memory_mb", 2048)), nproc=int(check.get("nproc", 64)),
                   fsize_mb=int(check.get("fsize_mb", 16)))
 
@@ -218,7 +218,7 @@ def run_driver(code, checks, limit):
 
 
 STOPPED = "the check driver stopped before this criterion (stuck, out of memory or killed)"
-# The reasons a driver gives (pydriver.py, driver_answer.py), as patterns: the judge passes on only these, so that
+# The reasons a driver gives (driver.py, driver_answer.py), as patterns: the judge passes on only these, so that
 # even a driver that was taken over cannot put a hidden test's text into a verdict (and so into a critique). The
 # details some failures carry (what was not plain data) are dropped.
 _WHERE = r"(?: \(?at (?:line \d{1,6}|its set-up)\)?)?"
