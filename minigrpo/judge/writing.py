@@ -194,9 +194,14 @@ def _show(x, share):
     return f"{x:.0%}" if share else f"{x:g}" if isinstance(x, int) else f"{x:.2f}"
 
 
+MAX_WRITING = 16384    # characters: the longest writing task (a cover letter, ~300 words) needs a tenth of it
+
+
 def problems(text, check=None):
     """What makes `text` not writing under the limits of `check` (DEFAULTS for those it leaves out): short phrases,
     none when it reads as writing."""
+    if len(text) > MAX_WRITING:     # no writing task asks for this much: fail it before measuring it
+        return [f"{len(text)} characters (a writing answer has at most {MAX_WRITING})"]
     p = {**DEFAULTS, **(check or {})}
     m = measure(text, p["form"], p["echo"] or None)
     if m["words"] < max(1, p["min_words"] or 0):
