@@ -34,7 +34,7 @@ import time
 import torch
 
 from minigrpo.evals import gsm8k, mdp, soyuz, synthetic
-from minigrpo.evals.common import UsageError, resolve_adapter
+from minigrpo.evals.common import UsageError, adapter_base, resolve_adapter, resolve_model
 from minigrpo.presets import PRESETS
 from minigrpo.tasks import TASKS
 
@@ -43,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="eval.py",
                                 description="Evaluate a model (and a LoRA adapter on it) on a minigrpo task.")
     p.add_argument("--task", required=True, choices=TASKS)
-    p.add_argument("--model", help="hub id, local folder, 'tiny' or 'tiny-qwen3.5' (default: the task's preset)")
+    p.add_argument("--model", help="hub id, local folder, 'tiny' or 'tiny-qwen3.5', a full fine-tune's checkpoint "
+                                   "or run folder (its latest checkpoint) (default: the base --adapter names, else "
+                                   "the task's preset)")
     p.add_argument("--adapter", help="LoRA adapter folder, a checkpoint folder holding adapter/, or a run folder "
                                      "(its latest checkpoint); adds the 'adapter' column next to 'base'")
     p.add_argument("--data", help="task data: gsm8k JSONL file / folder / 'hub' (default hub); soyuz tasks JSON")
@@ -113,6 +115,7 @@ def check_args(args):
         raise UsageError("--data hub: the soyuz tasks are a local JSON file (default minigrpo/data/soyuz_tasks.json)")
     if args.run is not None and not os.path.exists(os.path.join(args.run, "metrics.jsonl")):
         raise UsageError(f"--run {args.run}: no metrics.jsonl there; pass a training run folder (runs/<name>)")
+    args.model = resolve_model(args.model)
     if args.adapter is not None:
         args.adapter = resolve_adapter(args.adapter)
     if args.group_size and args.group_size > 1 and args.temperature == 0:
@@ -122,6 +125,8 @@ def check_args(args):
 
 def resolve_defaults(args):
     preset = PRESETS.get(args.task, {})
+    if args.model is None and args.adapter is not None:
+        args.model = adapter_base(args.adapter)
     args.model = args.model or preset.get("model", "tiny")
     args.max_new_tokens = args.max_new_tokens or preset.get("max_new_tokens", 8)
     args.group_size = args.group_size or 1
