@@ -5,6 +5,8 @@ import csv
 import os
 from dataclasses import replace
 
+import torch
+
 from minigrpo.report import REVISE_METRICS
 from minigrpo.tasks import revise_pipeline as P
 from train import resolve_args, train
@@ -35,3 +37,30 @@ def test_shrunk_experiment_trained_beats_base(tmp_path):
     diffs = list(csv.DictReader(open(run / "revise_differences.csv")))
     assert [(d["difference"], d["score"], d["reading"]) for d in diffs] == [
         ("coef 0.5 + guard - base", "final", "above"), ("coef 0.5 + guard - base", "turn-0", "above")]
+
+
+def test_a_rerun_skips_the_finished_base_and_arms(tmp_path, capsys):
+    """The base and each arm are stages whose output is their folder: a rerun skips them with one line each and
+    gives the same results; an arm whose folder is incomplete (killed mid-run: no stage.pt) trains again from the
+    saved base and ends with the same weights."""
+    from safetensors.torch import load_file
+    cfg = replace(P.ExperimentConfig(), seeds=1, arms=("coef 0", "coef 0.5 + guard"), base_steps=3, eval_limit=4,
+                  eval_samples=2)
+    args = resolve_args(["--task", "revise", "--model", "tiny", "--experiment", "--steps", "2", "--device", "cpu",
+                         "--runs-dir", str(tmp_path), "--run-name", "x", "--quiet"])
+    first = P.run_experiment(args, train, cfg)
+    arm = tmp_path / "x" / "seed0-coef0"
+    weights = load_file(arm / "checkpoints" / "step-2" / "model.safetensors")
+    capsys.readouterr()
+    again = P.run_experiment(args, train, cfg)
+    skipped = [ln for ln in capsys.readouterr().err.splitlines() if "skipped" in ln]
+    assert [ln.split(":")[1].strip() for ln in skipped] == ["seed 0 base", "seed 0 coef 0", "seed 0 coef 0.5 + guard"]
+    assert again["results"] == first["results"]
+
+    os.remove(arm / "stage.pt")
+    third = P.run_experiment(args, train, cfg)
+    err = capsys.readouterr().err
+    assert f"seed 0 coef 0: {arm} is incomplete" in err and err.count("skipped") == 1
+    assert third["results"] == first["results"]
+    rerun = load_file(arm / "checkpoints" / "step-2" / "model.safetensors")
+    assert all(torch.equal(weights[k], rerun[k]) for k in weights)

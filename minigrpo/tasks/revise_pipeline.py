@@ -40,7 +40,9 @@ import torch
 from minigrpo import report
 from minigrpo.common import derive_seed, pick_device
 from minigrpo.plots import read_metrics
+from minigrpo.model import Qwen
 from minigrpo.sampler import sample
+from minigrpo.stages import Stages, rng_kept
 from minigrpo.supervised import sft_loop
 from minigrpo.tasks.mdp_pipeline import TINY_MDP, Clock, save_model, scratch_model
 from minigrpo.tasks.revise import RevisionTask, critique, grade, shuffled
@@ -135,17 +137,38 @@ def arm_args(args, name, run_dir, seed) -> argparse.Namespace:
                                  "resume": False, "quiet": True, "lora_r": 0, "beta": 0.0})
 
 
-def run_arm(base, tok, args, cfg, name, run_dir, seed, trainer):
-    """A copy of the base trained by `trainer` (train.py's train) with this arm's shaping; its eval and curve."""
+def run_arm(base, tok, args, cfg, name, run_dir, seed, trainer, stages):
+    """A copy of the base trained by `trainer` (train.py's train) with this arm's shaping; its eval and curve. The
+    arm's run folder (its checkpoints: model folders) is the stage's output: a rerun skips a finished arm."""
+    aargs = arm_args(args, name, run_dir, seed)
+    folder = os.path.join(run_dir, aargs.run_name)
+    done = stages.done(f"seed {seed} {name}", folder)
+    if done is not None:
+        return done
     model = copy.deepcopy(base)
     params = [p for p in model.parameters() if p.requires_grad]
-    aargs = arm_args(args, name, run_dir, seed)
     task = RevisionTask(coef=aargs.recovery_coef, turn0_guard=aargs.turn0_guard)
     trainer(aargs, policy=(model, tok, params, None), task=task)
     result = evaluate(model, tok, task, args, cfg, seed)
     result["curve"] = [{k: r.get(k) for k in ("step", "turn0_score", "final_score")}
-                       for r in read_metrics(os.path.join(run_dir, aargs.run_name, "metrics.jsonl"))]
+                       for r in read_metrics(os.path.join(folder, "metrics.jsonl"))]
+    stages.finish(folder, result)
     return result
+
+
+def base_stage(args, cfg, task, seed, device, run_dir, stages):
+    """(base model, tokenizer, its eval): pretrained and saved to seed<N>-base, or loaded from there when an
+    earlier run finished it."""
+    folder = os.path.join(run_dir, f"seed{seed}-base")
+    done = stages.done(f"seed {seed} base", folder)
+    if done is not None:
+        with rng_kept():
+            return Qwen.from_pretrained(folder, device=device), Tokenizer.from_pretrained("tiny"), done
+    base, tok = pretrain_base(args, cfg, task, seed, device)
+    save_model(base, folder)
+    result = evaluate(base, tok, task, args, cfg, seed)
+    stages.finish(folder, result)
+    return base, tok, result
 
 
 # -----------------------------------------------------------------------------------------------------------------
@@ -164,15 +187,18 @@ def run_experiment(args, trainer, cfg: ExperimentConfig | None = None) -> dict:
     print(f"revise experiment: {cfg.seeds} seeds x {len(cfg.arms)} arms, {args.steps} GRPO steps each, "
           f"{len(task.examples(cfg.eval_split)[:cfg.eval_limit])} eval prompts x {cfg.eval_samples}; run={run_dir}",
           file=sys.stderr)
+    # each base and arm is a stage; a rerun skips those finished with these settings (minigrpo/stages.py)
+    quiet = ("quiet", "device", "runs_dir", "run_name", "log_to")
+    stages = Stages({"args": {k: v for k, v in vars(args).items() if k not in quiet}, "config": asdict(cfg)},
+                    "revise experiment")
     for seed in range(args.seed, args.seed + cfg.seeds):
         torch.manual_seed(seed)
-        base, tok = pretrain_base(args, cfg, task, seed, device)
-        save_model(base, os.path.join(run_dir, f"seed{seed}-base"))
-        results[seed] = {"base": evaluate(base, tok, task, args, cfg, seed)}
+        base, tok, result = base_stage(args, cfg, task, seed, device, run_dir, stages)
+        results[seed] = {"base": result}
         log_result(seed, "base", results[seed]["base"])
         clock.lap(f"seed {seed} base")
         for name in cfg.arms:
-            results[seed][name] = run_arm(base, tok, args, cfg, name, run_dir, seed, trainer)
+            results[seed][name] = run_arm(base, tok, args, cfg, name, run_dir, seed, trainer, stages)
             log_result(seed, name, results[seed][name])
             clock.lap(f"seed {seed} {name}")
     paths = report.write_revise_report(results, run_dir)
