@@ -22,6 +22,8 @@ Per task (minigrpo/evals/<task>.py; what they share: minigrpo/evals/common.py):
     soyuz      the seed's metrics over one 2-turn rollout (answer -> critique -> revision) per task and sample:
                reward (final answer), turn-0 score, recovery, bad->good, good->bad; a per-task table
     synthetic  mean score
+    revise     the revise experiment's metrics (final and turn-0 score, recovery, bad->good, good->bad) over
+               --group-size two-turn rollouts of each held-out prompt, with the experiment's seeds
     mdp        solve rate by probe budget next to the random / minimax / max-split / oracle baselines, and which
                probes it picks (probe_choices: among minimax's, max-split's, the oracle's best; repeats); the MDP
                and its baselines are minigrpo/mdp.py
@@ -33,7 +35,7 @@ import time
 
 import torch
 
-from minigrpo.evals import gsm8k, mdp, soyuz, synthetic
+from minigrpo.evals import gsm8k, mdp, revise, soyuz, synthetic
 from minigrpo.evals.common import UsageError, adapter_base, resolve_adapter, resolve_model
 from minigrpo.presets import PRESETS
 from minigrpo.tasks import TASKS
@@ -42,9 +44,7 @@ from minigrpo.tasks import TASKS
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="eval.py",
                                 description="Evaluate a model (and a LoRA adapter on it) on a minigrpo task.")
-    # revise is not offered: its experiment evaluates base and trained arms on its own sampled protocol
-    # (python train.py --task revise --model tiny --experiment)
-    p.add_argument("--task", required=True, choices=[t for t in TASKS if t in EVALS])
+    p.add_argument("--task", required=True, choices=TASKS)
     p.add_argument("--model", help="hub id, local folder, 'tiny' or 'tiny-qwen3.5', a full fine-tune's checkpoint "
                                    "or run folder (its latest checkpoint) (default: the base --adapter names, else "
                                    "the task's preset)")
@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     # soyuz
     p.add_argument("--judge", help="soyuz judge: local (default) | claude | cmd:<command> | http(s)://server/v1")
     p.add_argument("--judge-workers", type=int, default=8)
-    p.add_argument("--group-size", type=int, help="soyuz: rollouts per task (default 1; >1 needs --temperature)")
+    p.add_argument("--group-size", type=int, help="soyuz, revise: rollouts per task or prompt (default 1; >1 needs "
+                                                  "--temperature)")
     # mdp
     p.add_argument("--mdp-prompt", choices=["full", "compact"],
                    help="mdp: prompt style (default: the one in pipeline.json next to --model or --adapter, from "
@@ -100,12 +101,13 @@ def check_args(args):
         raise UsageError(f"--hint-probe {args.hint_probe}: must be 0 (off) or a number of problems")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         raise UsageError("--temperature must be >= 0 (0 = greedy) and --top-p in (0, 1]")
-    only = {"gsm8k": ("svamp", "math", "no_stop", "hint_probe"), "soyuz": ("judge", "group_size"),
-            "mdp": ("mdp_prompt",)}
+    only = {"gsm8k": ("svamp", "math", "no_stop", "hint_probe"), "soyuz": ("judge",), "mdp": ("mdp_prompt",)}
     for task, flags in only.items():
         for flag in flags:
             if args.task != task and getattr(args, flag):
                 raise UsageError(f"--{flag.replace('_', '-')} is for --task {task} only")
+    if args.group_size and args.task not in ("soyuz", "revise"):
+        raise UsageError("--group-size is for --task soyuz and revise only")
     for flag in ("data", "svamp", "math"):
         path = getattr(args, flag)
         if path not in (None, "hub") and not os.path.exists(path):
@@ -140,7 +142,7 @@ def resolve_defaults(args):
 
 
 EVALS = {"gsm8k": gsm8k.eval_gsm8k, "soyuz": soyuz.eval_soyuz, "synthetic": synthetic.eval_synthetic,
-         "mdp": mdp.eval_mdp}
+         "mdp": mdp.eval_mdp, "revise": revise.eval_revise}
 
 
 def main(argv=None) -> dict:

@@ -186,7 +186,7 @@ def test_synthetic_mean_score(tmp_path):
     (["--task", "gsm8k", "--limit", "many"], "--limit"),
     (["--task", "gsm8k", "--mdp-prompt", "compact"], "--mdp-prompt"),
     (["--task", "mdp", "--mdp-prompt", "short"], "--mdp-prompt"),
-    (["--task", "revise"], "argument --task: invalid choice: 'revise'"),     # not offered: its experiment evaluates
+    (["--task", "gsm8k", "--group-size", "2"], "--group-size"),
 ])
 def test_bad_flags_exit_2_with_one_line(argv, names, capsys, tmp_path):
     with pytest.raises(SystemExit) as e:

@@ -322,7 +322,7 @@ def run_pipeline(args, trainer, cfg: PipelineConfig | None = None) -> dict:
         if cfg.scratch is not None:
             sft_loop(model, tok, list(model.parameters()), format_items(tok, task, cfg.relabel, args.seed),
                      cfg.base_steps, cfg.sft_lr, cfg, derive_seed(args.seed, "pretrain"), "pretrain", args.quiet)
-            save_model(model, at("base"))
+            save_model(model, at("base"), tok)
         evaluate_model(model, tok, task, cfg, "base", results, invalid)
         stages.finish(at("base"), stage_result(results, invalid, "base"))
     elif cfg.scratch is not None:
@@ -339,7 +339,7 @@ def run_pipeline(args, trainer, cfg: PipelineConfig | None = None) -> dict:
             save_adapter(model, sft_dir, args.model)
             fold_lora(model)
         else:
-            save_model(model, sft_dir)
+            save_model(model, sft_dir, tok)
         evaluate_model(model, tok, task, cfg, "SFT", results, invalid)
         stages.finish(sft_dir, stage_result(results, invalid, "SFT"))
     else:
@@ -394,13 +394,15 @@ def restore(saved, results, invalid) -> bool:
     return True
 
 
-def save_model(model, folder):
-    """model.safetensors + config.json: Qwen.from_pretrained(folder) loads it (the tokenizer is "tiny" or
-    --model's)."""
+def save_model(model, folder, tok=None):
+    """model.safetensors + config.json, and with `tok` the tokenizer's files: a model folder that
+    Qwen.from_pretrained and eval.py --model load."""
     os.makedirs(folder, exist_ok=True)
     save_file({k: v.cpu() for k, v in full_weights(model).items()}, os.path.join(folder, "model.safetensors"))
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(model.config.raw, f, indent=2)
+    if tok is not None:
+        tok.save_files(folder)
 
 
 ORDER = ("random", "base", "SFT", "process-DPO", "shuffled-reward DPO", "scrambled-features DPO", "GRPO",

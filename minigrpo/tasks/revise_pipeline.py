@@ -106,16 +106,16 @@ def pretrain_base(args, cfg, task, seed, device):
 # -----------------------------------------------------------------------------------------------------------------
 # Evaluation: the held-out prompts through the training rollout, sampled with fixed seeds
 
-def evaluate(model, tok, task, args, cfg, seed) -> dict:
+def evaluate(model, tok, task, args, cfg, seed, temperature=1.0, top_p=1.0) -> dict:
     """The seed's metrics over eval_samples sampled rollouts of each eval prompt, and per rollout its (turn-0,
-    final) scores in a fixed order (the pairs the bootstrap resamples)."""
+    final) scores in a fixed order (the pairs the bootstrap resamples). eval.py --task revise runs it too."""
     examples = task.examples(cfg.eval_split)[:cfg.eval_limit]
     eargs = argparse.Namespace(group_size=cfg.eval_samples, enable_thinking=False)
     seeds = [derive_seed(seed, "revise eval", i) for i in range(len(examples))]
 
     def generate(prompts, ss, n):
-        out = sample(model, prompts, n=n, max_new_tokens=args.max_new_tokens, temperature=1.0, tokenizer=tok,
-                     seed=list(ss))
+        out = sample(model, prompts, n=n, max_new_tokens=args.max_new_tokens, temperature=temperature, top_p=top_p,
+                     tokenizer=tok, seed=list(ss))
         return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
 
     model.eval()
@@ -165,7 +165,7 @@ def base_stage(args, cfg, task, seed, device, run_dir, stages):
         with rng_kept():
             return Qwen.from_pretrained(folder, device=device), Tokenizer.from_pretrained("tiny"), done
     base, tok = pretrain_base(args, cfg, task, seed, device)
-    save_model(base, folder)
+    save_model(base, folder, tok)
     result = evaluate(base, tok, task, args, cfg, seed)
     stages.finish(folder, result)
     return base, tok, result
