@@ -93,10 +93,11 @@ def save(ckpt_dir: str, step: int, model, trainer_state: dict, lora: bool, token
         save_adapter(model, os.path.join(tmp, "adapter"))
     else:
         save_file(full_weights(model), os.path.join(tmp, "model.safetensors"))
-        with open(os.path.join(tmp, "config.json"), "w") as f:
-            json.dump(model.config.raw, f, indent=2)
-        if tokenizer is not None:
-            tokenizer.save_files(tmp)
+        if model.config.raw:        # a model built from a config.json (hub, folder, tiny): a model folder too
+            with open(os.path.join(tmp, "config.json"), "w") as f:
+                json.dump(model.config.raw, f, indent=2)
+            if tokenizer is not None:
+                tokenizer.save_files(tmp)
     torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))
     _fsync_dir(tmp)
     if os.path.exists(final):       # re-saving the same step (e.g. after a resume): replace it whole

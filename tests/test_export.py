@@ -74,6 +74,13 @@ def test_eval_py_takes_each_checkpoint_by_its_flag(runs, tmp_path, capsys):
     assert done["settings"]["model"] == ckpt(full) and "model" in done["results"]
     done = run_eval(["--adapter", lora], tmp_path / "b", capsys)            # the base: what the adapter names
     assert done["settings"]["model"] == "tiny" and set(done["results"]) == {"base", "adapter"}
+    named = tmp_path / "named"                                              # an adapter naming another base
+    os.makedirs(named)
+    src = os.path.join(ckpt(lora), "adapter")
+    config = json.load(open(os.path.join(src, "adapter_config.json")))
+    (named / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": ckpt(full)}))
+    os.link(os.path.join(src, "adapter_model.safetensors"), named / "adapter_model.safetensors")
+    assert run_eval(["--adapter", str(named)], tmp_path / "e", capsys)["settings"]["model"] == ckpt(full)
     line = run_eval(["--adapter", full], tmp_path / "c", capsys)
     assert line.startswith("eval.py: error: --adapter") and "pass it as --model" in line
     line = run_eval(["--model", ckpt(lora)], tmp_path / "d", capsys)

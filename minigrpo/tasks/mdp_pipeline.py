@@ -24,6 +24,10 @@ programs) and answers one letter; the verifier runs that probe (minigrpo/mdp.py)
                         rules' (probe_choices) and the plot into the run folder, with the SFT weights and the
                         LoRA adapters
 
+Each stage's output is a folder of the run (base/, sft/ or sft_adapter/, dpo_adapter/, dpo_shuffled_adapter/,
+grpo_adapter/ with the GRPO run in grpo/): a rerun into the same run folder skips the stages finished with the same
+settings, one line each, and ends with the same results (minigrpo/stages.py).
+
 Stage settings live in PIPELINES, picked by --model: "tiny" is the CPU quickstart, any other model id the seed's
 GPU recipe (Qwen/Qwen3.5-4B: SFT 360 steps, DPO 160, GRPO 120 with G = 8, batch 2 x grad-accum 2).
 

@@ -17,6 +17,10 @@ guard that keeps turn-0 tokens on their own raw score, each taken away in turn. 
             the same two-turn rollout, `eval_samples` rollouts per prompt at temperature 1 with fixed seeds: the
             policy as it samples in training, the seed's metrics over it
 
+Each base (seed<N>-base/, a model folder) and each arm (its run folder) is a stage: a rerun into the same run folder
+skips those finished with the same settings, one line each (minigrpo/stages.py). eval.py --task revise evaluates a
+saved policy with this file's evaluate.
+
 The report (report.write_revise_report) holds the seed's table shape, base vs trained per arm, averaged over the
 seeds and per seed, the differences with paired bootstrap intervals, and a PNG; everything lands in the run folder.
 
