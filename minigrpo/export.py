@@ -11,8 +11,9 @@ model folder. What lands in OUT:
     LoRA, --merge     the same, with the adapter folded into the base weights
     LoRA              the PEFT adapter (adapter_config.json, adapter_model.safetensors) and the tokenizer's files;
                       adapter_config.json's base_model_name_or_path points to the base model (a hub id or an
-                      absolute folder); a base only minigrpo knows (tiny, tiny-qwen3.5) is written to OUT/base and
-                      pointed to there: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), OUT)
+                      absolute folder); a base transformers cannot load by a name (tiny, tiny-qwen3.5; an mdp
+                      pipeline's stage adapter, which sits on its run's sft_adapter folded in) is written to OUT/base
+                      and pointed to there: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), OUT)
 
 OUT must not exist or be empty: the export is built in a temporary folder beside it and renamed into place, so it
 never overwrites a file and a failed export leaves nothing behind. Bad input is one line and exit status 2.
@@ -26,7 +27,8 @@ import sys
 import torch
 
 from minigrpo.evals.common import UsageError as ExportError, adapter_base, adapter_folder, first_line, run_checkpoint
-from minigrpo.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, export_merged, load_adapter
+from minigrpo.evals.mdp import mdp_pipeline_run, mdp_stage_base
+from minigrpo.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, export_merged, fold_lora, load_adapter
 from minigrpo.model import Qwen
 from minigrpo.pretrained import parse_dtype
 from minigrpo.tokenizer import TINY, Tokenizer
@@ -122,26 +124,35 @@ def fill(kind, folder, tmp, final, merge, base, tokenizer, dtype) -> str:
         raise ExportError(f"{folder}/{ADAPTER_CONFIG} names no base model; pass --base (the --model it was "
                           "trained on)")
     tok = load_tokenizer(tokenizer or base, "pass --tokenizer (a hub id, a folder, or 'tiny')")
+    # a stage adapter of a LoRA-SFT mdp pipeline run sits on the SFT weights: its run's sft_adapter folded in
+    fold = mdp_stage_base(argparse.Namespace(adapter=folder),
+                          mdp_pipeline_run(argparse.Namespace(model=None, adapter=folder)))
+    on = f"{base}" + (f" with {fold} folded in" if fold else "")
     if merge:
-        model = load_model(base, dtype)
+        model = load_model(base, dtype, fold)
         try:
             load_adapter(model, folder, dropout=0.0)
         except (OSError, ValueError) as e:
             raise ExportError(f"{folder}: does not fit its base {base} ({first_line(e)}); pass --base") from None
         write_model(model, tok, tmp)
-        return f"{folder} merged into {base}"
-    if base in TINY:   # transformers cannot load a minigrpo-only name: write the base beside the adapter
-        write_model(load_model(base, dtype), tok, os.path.join(tmp, "base"))
+        return f"{folder} merged into {on}"
+    if base in TINY or fold:   # a base transformers cannot load by a name: written beside the adapter
+        write_model(load_model(base, dtype, fold), tok, os.path.join(tmp, "base"))
         base = os.path.join(final, "base")
     elif os.path.isdir(base):
         base = os.path.abspath(base)
     write_adapter(folder, base, tok, tmp)
-    return f"the adapter {folder} on {base}"
+    return f"the adapter {folder} on {on}"
 
 
-def load_model(name: str, dtype) -> Qwen:
+def load_model(name: str, dtype, fold: str | None = None) -> Qwen:
+    """The model `name`, with the LoRA adapter `fold` (if any) folded into its weights."""
     try:
-        return Qwen.from_pretrained(name, dtype=dtype)
+        model = Qwen.from_pretrained(name, dtype=dtype)
+        if fold is not None:
+            load_adapter(model, fold, dropout=0.0)
+            fold_lora(model)
+        return model
     except (OSError, ValueError) as e:
         raise ExportError(f"{name}: cannot load the model ({first_line(e)})") from None
 

@@ -127,6 +127,8 @@ def test_a_rerun_skips_the_finished_stages_and_reruns_an_incomplete_one(tmp_path
     first = P.run_pipeline(args, train, cfg)
     adapter = load_file(run / "grpo_adapter" / "adapter_model.safetensors")
     assert any(v.abs().max() > 0 for k, v in adapter.items() if "lora_B" in k)      # GRPO trained something
+    for stage in ("dpo_adapter", "grpo_adapter"):                  # the stage adapters name the SFT weights
+        assert json.load(open(run / stage / "adapter_config.json"))["base_model_name_or_path"] == str(run / "sft")
     capsys.readouterr()
     again = P.run_pipeline(args, train, cfg)
     skipped = [ln for ln in capsys.readouterr().err.splitlines() if "skipped" in ln]

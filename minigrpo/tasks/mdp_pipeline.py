@@ -353,12 +353,14 @@ def run_pipeline(args, trainer, cfg: PipelineConfig | None = None) -> dict:
                 fold_lora(model)
             else:
                 model = Qwen.from_pretrained(sft_dir, device=device)
+    if not cfg.sft_lora:   # what the stage adapters name as their base: these weights' folder, or --model
+        model.name_or_path = os.path.abspath(sft_dir)
     clock.lap("sft")
 
     model.requires_grad_(False)   # from here on only LoRA adapters train; the SFT weights are the reference
     if not restore(stages.done("dpo", at("dpo_adapter")), results, invalid):
         dpo(model, tok, task, cfg, derive_seed(args.seed, "dpo"), "dpo", args.quiet)
-        save_adapter(model, at("dpo_adapter"), args.model)
+        save_adapter(model, at("dpo_adapter"))
         evaluate_model(model, tok, task, cfg, "process-DPO", results, invalid)
         evaluate_model(model, tok, scrambled, cfg, "scrambled-features DPO", results, invalid)
         strip_lora(model)
@@ -367,7 +369,7 @@ def run_pipeline(args, trainer, cfg: PipelineConfig | None = None) -> dict:
 
     if not restore(stages.done("dpo-shuffled", at("dpo_shuffled_adapter")), results, invalid):
         dpo(model, tok, shuffled, cfg, derive_seed(args.seed, "dpo"), "dpo-shuffled", args.quiet)
-        save_adapter(model, at("dpo_shuffled_adapter"), args.model)
+        save_adapter(model, at("dpo_shuffled_adapter"))
         evaluate_model(model, tok, task, cfg, "shuffled-reward DPO", results, invalid)
         strip_lora(model)
         stages.finish(at("dpo_shuffled_adapter"), stage_result(results, invalid, "shuffled-reward DPO"))
@@ -375,7 +377,7 @@ def run_pipeline(args, trainer, cfg: PipelineConfig | None = None) -> dict:
 
     if not restore(stages.done("grpo", at("grpo_adapter"), at("grpo")), results, invalid):
         grpo_stage(model, tok, args, cfg, task, run_dir, trainer)
-        save_adapter(model, at("grpo_adapter"), args.model)
+        save_adapter(model, at("grpo_adapter"))
         evaluate_model(model, tok, task, cfg, "GRPO", results, invalid)
         strip_lora(model)
         stages.finish(at("grpo_adapter"), stage_result(results, invalid, "GRPO"))
