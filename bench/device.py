@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import copy
 import functools
+import gc
 import importlib
 import json
 import os
@@ -51,13 +52,13 @@ from device_report import Report, Skip  # noqa: E402
 
 GiB = 1024 ** 3
 # need: seconds a unit may take, checked against what its section has left; allot: each section's share of --budget
-FULL = dict(shape="qwen3.5-4b", num_len=256, rows=6, prompt=2880, steps=(8, 56), prof=(2, 6),
+FULL = dict(shape="qwen3.5-4b", num_len=256, rows=6, prompt=2880, steps=(8, 56), prof=(2, 6), repeats=2,
             train_prompts=(1912, 1850, 1800, 1700), train_completions=(1024, 1000, 900, 800), budget=450,
-            need=dict(build=60, fp32=40, compare=15, kl=20, step=60, eager=45, gap=20, compile=200, fast=30,
+            need=dict(build=60, fp32=40, compare=15, kl=20, step=60, eager=60, gap=20, compile=200, fast=30,
                       hf_first=150, hf=30), compile_cap=300)
-SMALL = dict(shape="tiny-qwen3.5", num_len=64, rows=6, prompt=100, steps=(4, 20), prof=(2, 6),
+SMALL = dict(shape="tiny-qwen3.5", num_len=64, rows=6, prompt=100, steps=(4, 20), prof=(2, 6), repeats=2,
              train_prompts=(100, 90, 80, 70), train_completions=(28, 24, 20, 16), budget=300,
-             need=dict(build=15, fp32=10, compare=10, kl=10, step=20, eager=40, gap=10, compile=120, fast=30,
+             need=dict(build=15, fp32=5, compare=5, kl=5, step=20, eager=40, gap=10, compile=120, fast=30,
                        hf_first=30, hf=20), compile_cap=200)
 ALLOT = {"numerics": 0.15, "train": 0.2, "decode": 0.65}
 SECTIONS = list(ALLOT)
@@ -104,15 +105,16 @@ def build(M):
     c = M.cfg
     M.raw = shapes.hf_config(c["shape"])
     M.vocab, M.pad = shapes.TOKENS[c["shape"]]
-    M.hf = shapes.build_hf(c["shape"], torch.bfloat16, M.device)
-    M.hf.generation_config.pad_token_id = M.pad
-    M.ours = ours_from(M.hf, M.raw)
+    hf = shapes.build_hf(c["shape"], torch.bfloat16, M.device)
+    hf.generation_config.pad_token_id = M.pad
+    M.ours = ours_from(hf, M.raw)
     M.args = resolve_args(["--task", "soyuz", "--run-name", "device"])
     M.params = inject_lora(M.ours, r=M.args.lora_r, alpha=M.args.lora_alpha)
     if M.args.grad_checkpoint:
         enable_activation_checkpointing(M.ours)
     M.tok = StandInTokenizer(M.vocab, M.pad)
-    n = sum(p.numel() for p in M.hf.parameters())
+    M.hf = hf  # last: the other sections run only on a complete build
+    n = sum(p.numel() for p in hf.parameters())
     return dict(minigrpo=f"{n:,} parameters; LoRA r={M.args.lora_r}: {sum(p.numel() for p in M.params):,}",
                 note=f"{len(M.raw['layer_types'])} layers, bf16, seeded random weights on {M.device.type}")
 
@@ -160,7 +162,7 @@ def numerics(sec, M):
         with torch.no_grad(), no_tf32():
             ref["logits"] = ours32(ids, attention_mask=mask).float()
         del ours32
-        return dict(minigrpo=f"|logits| ~{ref['logits'][real].abs().mean().item():.3g}",
+        return dict(minigrpo=f"mean abs logit {ref['logits'][real].abs().mean().item():.3g}",
                     note="the reference of the rows below (TF32 off)")
 
     def compare(side, model_fn):
@@ -193,7 +195,7 @@ def numerics(sec, M):
         M.ours.eval()
         kl, dmax = float(st["kl"]), (logp.detach() - ref_lp).abs()[b.mask.bool()].max().item()
         return dict(minigrpo=f"KL {kl:.3g}: {'exactly 0' if kl == 0.0 else 'NOT 0'}",
-                    note=f"max |logp - ref| {dmax:.3g}; policy with grad, train mode, checkpointing; reference "
+                    note=f"max abs(logp - ref) {dmax:.3g}; policy with grad, train mode, checkpointing; reference "
                          f"under adapters_disabled, no grad; beta {M.args.beta}")
 
     sec.measure(f"ours fp32 logits, B={B} T={T}", fp32, need=need["fp32"])
@@ -231,23 +233,15 @@ def start_plan(c):
 
 
 def peak_reset(device):
+    gc.collect()  # the numerics section's fp32 copies, if a reference cycle still holds them
     sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-        return torch.cuda.memory_allocated()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # resets VmHWM, the peak resident set (Linux)
-    return _rss("VmRSS")
 
 
 def peak(device):
     sync(device)
-    return torch.cuda.max_memory_allocated() if device.type == "cuda" else _rss("VmHWM")
-
-
-def _rss(field):
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+    return torch.cuda.max_memory_allocated() if device.type == "cuda" else 0
 
 
 def train_section(sec, M, plan_proc):
@@ -269,7 +263,8 @@ def train_section(sec, M, plan_proc):
     state = {}
 
     def step():
-        marks, base = {}, peak_reset(dev)
+        marks = {}
+        peak_reset(dev)
         t = time.perf_counter()
 
         def mark(name):
@@ -294,7 +289,7 @@ def train_section(sec, M, plan_proc):
         opt.zero_grad(set_to_none=True)
         mark("clip + AdamW")
         M.ours.eval()
-        state.update(peak=peak(dev), base=base)
+        state.update(peak=peak(dev))
         phases = ", ".join(f"{k} {v:.2f} s" for k, v in marks.items())
         return dict(minigrpo=f"{sum(marks.values()):.2f} s", note=f"{phases}; KL {float(st['kl']):.3g}")
 
@@ -305,16 +300,14 @@ def train_section(sec, M, plan_proc):
             plan = json.loads(plan_proc.communicate(timeout=max(1.0, sec.left() - 2))[0].strip().splitlines()[-1])
         except Exception as e:  # noqa: BLE001  the measured figure stands without the plan
             plan, why = None, f"plan not available ({type(e).__name__})"
-        measured = state["peak"] if dev.type == "cuda" else state["peak"] - state["base"]
-        out = dict(minigrpo=f"{measured / GiB:.2f} GiB " + ("max_memory_allocated" if dev.type == "cuda" else
-                                                            "peak RSS rise over the step"))
+        cuda = dev.type == "cuda"
+        out = dict(minigrpo=f"{state['peak'] / GiB:.2f} GiB max_memory_allocated" if cuda else
+                   "not measured on a CPU (its RSS keeps what was freed)")
         if plan:
-            part = (plan["weights"] + plan["trainable"] if dev.type == "cuda" else 0)
-            part += plan["activations_ckpt"] + plan["logprob_chunk"]
-            out["note"] = (f"plan {part / GiB:.2f} GiB ({part / max(measured, 1):.2f}x measured; "
-                           + ("weights + LoRA state + " if dev.type == "cuda" else "")
-                           + f"checkpointed activations + log-prob chunk); plan peak {plan['peak_ckpt'] / GiB:.2f} "
-                             f"GiB with the rollout")
+            part = plan["weights"] + plan["trainable"] + plan["activations_ckpt"] + plan["logprob_chunk"]
+            ratio = f" ({part / state['peak']:.2f}x measured)" if cuda else ""
+            out["note"] = (f"plan {part / GiB:.2f} GiB{ratio}: weights, LoRA + grads + AdamW, checkpointed "
+                           f"activations, log-prob chunk; with the rollout {plan['peak_ckpt'] / GiB:.2f} GiB")
         else:
             out["note"] = why
         return out
@@ -385,7 +378,7 @@ def main(argv=None):
         p.error("--device cuda: no CUDA device here; use --device cpu --small for the CPU rehearsal")
     if a.budget is not None and not a.budget > 0:
         p.error(f"--budget {a.budget}: give the seconds the run may take, > 0")
-    c = dict(SMALL if a.small else FULL, repeats=1 if a.small else 2)
+    c = dict(SMALL if a.small else FULL)
     budget = a.budget or c["budget"]
     device = torch.device(a.device)
     report = Report(a.out, budget, START, dict(argv=sys.argv[1:] if argv is None else list(argv), device=a.device,

@@ -30,7 +30,7 @@ def profiled(fn, device):
     return out, prof.events()
 
 
-LAUNCHES = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch"}
+LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch")  # and their Ex / _v variants
 
 
 def counts(events, device):
@@ -38,7 +38,7 @@ def counts(events, device):
     call no other aten op (inductor's own fused loops are no events: a compiled step shows its extern calls)."""
     from torch.autograd import DeviceType
     if device.type == "cuda":
-        return (sum(e.device_type == DeviceType.CUDA for e in events), sum(e.name in LAUNCHES for e in events))
+        return (sum(e.device_type == DeviceType.CUDA for e in events), sum(e.name.startswith(LAUNCHES) for e in events))
     leaf = [e for e in events if e.name.startswith("aten::")
             and not any(ch.name.startswith("aten::") for ch in e.cpu_children)]
     return len(leaf), None
@@ -106,7 +106,8 @@ def decode_section(sec, M):
         attention = attention_kernels(attention_ops(e2) - attention_ops(e1), per=p2 - p1)
         kind = "GPU kernels" if cuda else "aten ops"
         launches = f" ({(l2 - l1) / (p2 - p1):.0f} host launches)" if cuda else ""
-        return dict(minigrpo=f"{(t2 - t1) / (k2 - k1) * 1000:.2f} ms/step",
+        ms = f"{(t2 - t1) / (k2 - k1) * 1000:.2f} ms/step" if t2 > t1 else "n/a: the longer call was not slower (noise)"
+        return dict(minigrpo=ms,
                     note=f"{(n2 - n1) / (p2 - p1):.0f} {kind}/step{launches}; attention per step: {attention}; "
                          f"{first}graphs compiled meanwhile: {graphs() - g0}")
 
@@ -137,7 +138,7 @@ def decode_section(sec, M):
             logp = train.log_probs(M.ours, b, args, M.vocab)
         d = (logp - b.sampled).abs()[b.mask.bool()].double()
         return dict(minigrpo=f"mean {d.mean().item():.3g}, p95 {d.quantile(0.95).item():.3g}, max {d.max().item():.3g}",
-                    note=f"|trainer - sampler| over {d.numel()} tokens (train.log_probs of the sampled sequences)")
+                    note=f"abs(trainer - sampler) over {d.numel()} tokens (train.log_probs of the sampled sequences)")
 
     class StepClock(LogitsProcessor):
         def __init__(self):
