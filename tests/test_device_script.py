@@ -77,15 +77,18 @@ def test_a_kill_leaves_every_finished_row(tmp_path):
                             stderr=subprocess.DEVNULL)
     try:
         for _ in range(1200):                                       # until two rows are written, at most ~10 min
-            if proc.poll() is not None or len(load(tmp_path)["rows"]) >= 2:
+            written = os.path.exists(tmp_path / "results.json")      # once the script has imported torch
+            if proc.poll() is not None or (written and len(load(tmp_path)["rows"]) >= 2):
                 break
             time.sleep(0.5)
+        alive = proc.poll() is None                                 # the rows came while it ran, not at its end
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     finally:
         if proc.poll() is None:
             proc.kill()
     doc = load(tmp_path)                                            # valid JSON, whatever moment the kill came
+    assert alive and not doc["finished"]
     assert len(doc["rows"]) >= 2 and doc["rows"][0]["status"] == "ok"
 
 
