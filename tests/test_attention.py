@@ -1,4 +1,4 @@
-"""Attention on torch's fused CUDA kernels (minigrpo/attention.py), checked on the CPU: every scaled_dot_product_attention
+"""Attention on torch's fused CUDA kernels (minigrpo/attention.py), checked on the CPU: every attention
 call the model makes (training with and without padding, prefill, eager and static decode) at the attention shapes
 of each preset's model and Qwen2.5's is recorded and held to the fused kernels' rules (attention.cuda_kernel), so
 a change that would send a call to the math kernel fails here; the new layouts give the old call's outputs and
@@ -187,8 +187,14 @@ def test_rules_agree_with_torch_on_cuda():
     cfg = attention_config("Qwen3.5-4B")
     calls = [c for cs in record_every_path(cfg, 2, 256, 1, 2, 128, 64).values() for c in cs]
     for c in calls:
-        t = [torch.empty(s, dtype=c.dtype, device="cuda").as_strided(s, st) for s, st, _ in (c.q, c.k, c.v)]
+        t = [on_cuda(*meta, c.dtype) for meta in (c.q, c.k, c.v)]
         mask = None if c.mask is None else torch.zeros(c.mask[0], dtype=c.dtype, device="cuda")
         p = SDPAParams(*t, mask, 0.0, c.is_causal, c.enable_gqa)
         assert can_use_flash_attention(p) == attention.can_flash(c), c
         assert can_use_efficient_attention(p) == attention.can_mem_efficient(c), c
+
+
+def on_cuda(shape, stride, offset, dtype):
+    """A CUDA tensor with the recorded shape, strides and storage offset (the kernel checks read all three)."""
+    n = offset + sum((d - 1) * st for d, st in zip(shape, stride)) + 1
+    return torch.empty(n, dtype=dtype, device="cuda").as_strided(shape, stride, offset)
