@@ -2,8 +2,7 @@
 
 On CUDA, F.scaled_dot_product_attention picks a kernel per call: cuDNN (first on H100/H200 when torch prefers it),
 then flash, then memory-efficient, and where none accepts the call the math kernel, which materialises the
-(B, nh, T, S) scores in fp32 (2.2 GiB per layer for a soyuz micro-batch, and its backward as much again). The
-rules of torch 2.13 (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp) that decide our calls:
+(B, nh, T, S) scores in fp32, for the forward and again for the backward. The rules of torch 2.13 (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp) that decide our calls:
 
   flash             no mask; fp16/bf16; q, k, v head dims equal and <= 256; GQA (enable_gqa: nh a multiple of
                     nkv); is_causal only with as many queries as keys (its causal mask is top-left aligned)
@@ -20,7 +19,7 @@ never passes a mask it does not need, and passes a needed one only with equal he
                          q (B, nkv, r, hd) against k, v (B, nkv, S, hd), the (B, 1, 1, S) mask broadcast over the
                          rows; equal head counts with no copy of K/V: memory-efficient (padded or static decode)
   a mask, T > 1          K and V expanded to nh heads (a copy): memory-efficient (training, prefill with padding)
-  fp32 without a mask    flash has no fp32: K/V expanded when nh != nkv, is_causal: memory-efficient
+  fp32 without a mask    flash has no fp32: K/V expanded when nh != nkv, no mask: memory-efficient
 
 `cuda_kernel` restates those rules over a call's shapes, dtypes and strides (no GPU needed, so the CPU tests can
 hold every call of the model to them), and `Recorder` collects the calls a piece of code makes.
