@@ -2,7 +2,8 @@
 
 On CUDA, F.scaled_dot_product_attention picks a kernel per call: cuDNN (first on H100/H200 when torch prefers it),
 then flash, then memory-efficient, and where none accepts the call the math kernel, which materialises the
-(B, nh, T, S) scores in fp32, for the forward and again for the backward. The rules of torch 2.13 (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp) that decide our calls:
+(B, nh, T, S) scores in fp32, for the forward and again for the backward. The rules of torch 2.13
+(aten/src/ATen/native/transformers/cuda/sdp_utils.cpp) that decide our calls:
 
   flash             no mask; fp16/bf16; q, k, v head dims equal and <= 256; GQA (enable_gqa: nh a multiple of
                     nkv); is_causal only with as many queries as keys (its causal mask is top-left aligned)
