@@ -233,7 +233,13 @@ def policy_update(model, reference, params, opt, sched, seqs, args, dist_info, t
 
 
 def micro_batches(seqs, size):
-    return [seqs[i:i + size] for i in range(0, len(seqs), size)]
+    """Cut `seqs` into micro-batches of `size` after sorting them by length (prompt + completion), longest first
+    and ties in rollout order: each micro-batch is padded to its longest sequence, so a short turn-0 sequence
+    is batched with other short ones, not with a revision many times its length (bench/padding.py measures the
+    padding share). The loss does not depend on the cut (the step normaliser); the longest batch comes first, so
+    a run that runs out of memory does so on its first micro-batch."""
+    order = sorted(seqs, key=lambda s: len(s.prompt_ids) + len(s.completion_ids), reverse=True)  # stable
+    return [order[i:i + size] for i in range(0, len(order), size)]
 
 
 def step_normalizer(batches, args, dist_info) -> float:

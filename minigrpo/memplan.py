@@ -21,9 +21,15 @@ values, no checkpoint read), LoRA injected as the run would, and run forward at 
 token and per token^2 (the attention mask SDPA keeps) for this code as it is. The same run measures the layer's
 backward: the most bytes its gradients and temporaries hold beyond the saved activations (a tensor counts from the
 op that makes it until its storage is freed), which is the working set the plan adds on top of the saved ones; with
-checkpointing, one layer is recomputed and backpropagated at a time. On CUDA the attention kernel
-differs from the CPU's (memory-efficient attention with a mask keeps the same O(T) output + log-sum-exp and an
-O(T^2) mask); a GPU peak is checked by bench/device.py, which prints the plan next to the measured step.
+checkpointing, one layer is recomputed and backpropagated at a time.
+
+Attention: the attention layer is measured as a padded micro-batch runs it (with a mask: most micro-batches have
+pads). Its one scaled_dot_product_attention call is recorded (attention.Recorder) and attention.cuda_kernel names
+the CUDA kernel that call takes, the same rules the model's attention calls are tested against; what that kernel
+keeps for backward (its autograd node run on meta tensors: torch's own shape functions) replaces what the CPU's
+kernel kept. The memory-efficient kernel keeps what the CPU's does (q, expanded k and v, output, log-sum-exp, the
+mask as a (B, 1, T, S) bias); the math kernel would add its (B, nh, T, S) fp32 scores. A GPU peak is checked by
+bench/device.py, which prints the plan next to the measured step.
 
 A GPU "fits" when peak x 1.1 (allocator fragmentation) + 1 GiB (CUDA context, cuBLAS workspace) <= its memory.
 
@@ -35,10 +41,12 @@ import os
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from minigrpo.attention import Recorder, cuda_kernel
 from minigrpo.logprobs import LOGIT_BYTES
 from minigrpo.lora import DEFAULT_TARGETS, inject_lora
 from minigrpo.model import Block, Qwen, QwenConfig, RMSNorm, Rotary, attention_mask_4d
@@ -49,6 +57,7 @@ CONFIGS = os.path.join(os.path.dirname(__file__), "data", "configs")
 # config.json of the reference runs' models, bundled so that a plan needs no network (values: QWEN.md section 3)
 BUNDLED = {"Qwen/Qwen3.5-4B": "Qwen3.5-4B.json", "Qwen/Qwen3-1.7B-Base": "Qwen3-1.7B-Base.json",
            "Qwen/Qwen3-0.6B": "Qwen3-0.6B.json"}
+KERNEL_NAMES = {"flash": "flash", "efficient": "memory-efficient", "math": "math (unfused: (B, nh, T, S) fp32 scores)"}
 CRITIQUE_TOKENS = 256  # soyuz's turn-1 user message (tasks/soyuz.critique: up to 6 failed criteria with reasons)
 
 
@@ -194,11 +203,16 @@ def layer_costs(cfg, dtype, lora_r, targets=DEFAULT_TARGETS, lengths=(128, 256))
         for T in lengths:
             x = torch.randn(1, T, cfg.hidden_size, dtype=wdtype, requires_grad=True)
             real = torch.ones(1, T, dtype=torch.bool)
-            mask = attention_mask_4d(real, 0, T)
+            mask = attention_mask_4d(real, 0, T)  # as for a padded micro-batch
             cos, sin = rot(torch.arange(T)[None], x.dtype)
             shared = [t.untyped_storage().data_ptr() for t in (cos, sin, mask, real)]
             shared += [p.untyped_storage().data_ptr() for p in block.parameters()]
-            measured.append(_measure(lambda: block(x, cos, sin, mask, real), shared))
+            with Recorder() as rec:
+                saved, grads = _measure(lambda: block(x, cos, sin, mask, real), shared)
+            for call in rec.calls:  # the attention layer's one call: what the CUDA kernel keeps instead
+                costs["attention_kernel"] = cuda_kernel(call)
+                saved += kernel_saved_bytes(call, "cuda") - kernel_saved_bytes(call, "cpu")
+            measured.append((saved, grads))
         costs[kind] = LayerCost.fit(lengths, [m[0] for m in measured])
         costs[kind].backward = LayerCost.fit(lengths, [m[1] for m in measured])
         del block
@@ -206,6 +220,38 @@ def layer_costs(cfg, dtype, lora_r, targets=DEFAULT_TARGETS, lengths=(128, 256))
     x = torch.randn(1, 128, cfg.hidden_size, dtype=wdtype, requires_grad=True)
     costs["final_norm"] = LayerCost(_saved_bytes(lambda: norm(x), [norm.weight.untyped_storage().data_ptr()]) / 128, 0)
     return costs
+
+
+def kernel_saved_bytes(call, where):
+    """Bytes the autograd node of one attention call keeps for backward: where="cpu" as the CPU's SDPA runs it,
+    "cuda" as the CUDA kernel attention.cuda_kernel names for it (run on meta tensors: no GPU, no memory)."""
+    device = "cpu" if where == "cpu" else "meta"
+    q, k, v = (torch.zeros(t[0], dtype=call.dtype, device=device, requires_grad=True) for t in (call.q, call.k, call.v))
+    mask = None if call.mask is None else torch.ones(call.mask[0], dtype=torch.bool, device=device)
+    saved = {}
+
+    def pack(t):  # each storage once (meta tensors have none to compare: each tensor once)
+        saved.setdefault(id(t) if device == "meta" else t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        return t
+
+    kernel = cuda_kernel(call)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        if where == "cpu":
+            F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=call.is_causal,
+                                           enable_gqa=call.enable_gqa)
+        elif kernel == "efficient":  # SDPA hands it the mask as a bias of q's dtype, rows padded to 16 slots
+            bias = None
+            if mask is not None:
+                S = mask.shape[-1]
+                bias = torch.zeros(mask.shape[:-1] + (-(-S // 16) * 16,), dtype=call.dtype, device=device)
+                bias = bias[..., :S].expand(q.shape[:-1] + (S,))
+            torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, 0.0, call.is_causal)
+        elif kernel == "flash":
+            torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, call.is_causal)
+        else:
+            torch.ops.aten._scaled_dot_product_attention_math(q, k, v, mask, 0.0, call.is_causal,
+                                                             enable_gqa=call.enable_gqa)
+    return sum(saved.values())
 
 
 def _rotary(cfg):
@@ -254,7 +300,7 @@ def plan(cfg, shape, dtype, lora_r, targets=DEFAULT_TARGETS, beta=0.0, costs=Non
     s = torch.finfo(dtype).bits // 8
     total, trainable = param_counts(cfg, lora_r, targets)
     costs = costs or layer_costs(cfg, dtype, lora_r, targets)
-    p = {"params": total, "trainable_params": trainable}
+    p = {"params": total, "trainable_params": trainable, "attention_kernel": costs.get("attention_kernel")}
     if lora_r > 0:
         p["weights"] = total * s
         p["trainable"] = 16 * trainable
@@ -281,8 +327,11 @@ def fits(peak):
 
 def format_plan(p, header):
     gb = lambda x: f"{x / GiB:7.2f} GiB"
-    lines = [header, f"parameters {p['params']:,}; trainable {p['trainable_params']:,}", "",
-             "| part | memory |", "|---|---|"]
+    lines = [header, f"parameters {p['params']:,}; trainable {p['trainable_params']:,}"]
+    if p.get("attention_kernel"):
+        lines.append(f"training attention on CUDA: the {KERNEL_NAMES[p['attention_kernel']]} kernel for a padded "
+                     f"micro-batch (attention.cuda_kernel of the measured call; an unpadded one takes flash)")
+    lines += ["", "| part | memory |", "|---|---|"]
     rows = [("weights", "weights"), ("trainable (fp32 weights + grads + AdamW m, v)", "trainable"),
             ("rollout: attention K/V cache", "kv_cache"), ("rollout: Gated DeltaNet state + conv", "gdn_state"),
             ("rollout: prefill transient (bound: one layer's training activations) + last logits", "prefill"),

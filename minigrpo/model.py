@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from minigrpo.attention import attend
 from minigrpo.common import read_json
 from minigrpo.deltanet import GatedDeltaNet
 
@@ -212,7 +213,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, zc)
 
     def forward(self, x, cos, sin, mask, kv_cache=None, start=0):
-        """x: (B, T, H); mask: (B, 1, T, S) bool (True = may attend) or None = plain causal;
+        """x: (B, T, H); mask: (B, 1, T, S) bool (True = may attend) or None = causal, no padding (T == S or T == 1);
         kv_cache: (k, v) preallocated (B, nkv, max_len, hd) tensors: new K/V go to slots [start, start + T);
         a tensor `start` (static_decode.py) writes slot start[0] and attends over all max_len slots under `mask`."""
         B, T, _ = x.shape
@@ -236,9 +237,9 @@ class Attention(nn.Module):
             kc[:, :, start:start + T] = k
             vc[:, :, start:start + T] = v
             k, v = kc[:, :, :start + T], vc[:, :, :start + T]               # (B, nkv, S, hd)
-        # fused attention (softmax in fp32 inside); GQA: kv head j serves query heads j*r .. j*r + r-1
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                           enable_gqa=self.nh != self.nkv)  # (B, nh, T, hd)
+        # fused attention (softmax in fp32 inside); GQA: kv head j serves query heads j*r .. j*r + r-1;
+        # attention.py: the layout each case needs for a fused CUDA kernel (a mask with GQA forces math)
+        y = attend(q, k, v, mask)                                            # (B, nh, T, hd)
         y = y.transpose(1, 2).reshape(B, T, self.nh * self.hd)
         if self.gated:
             y = y * torch.sigmoid(gate)
@@ -308,11 +309,12 @@ class Cache:
     Attention layers: k[i], v[i] (B, nkv, max_len, hd) in model dtype. GDN layers: conv[i] (B, C, K-1) pre-conv
     inputs in model dtype and state[i] (B, nv, dk, dv) fp32. Entries of the other kind are None.
     `length` (int) is the slot count filled, shared by all rows; `mask` (B, max_len) marks real tokens among the
-    slots; `seen` (B,) counts each row's real tokens, so that new positions continue from it."""
+    slots; `seen` (B,) counts each row's real tokens, so that new positions continue from it. `padded` (bool,
+    on the host) says whether any slot written so far is a pad: without one, attention needs no mask."""
 
-    def __init__(self, k, v, conv, state, mask, seen, length=0):
+    def __init__(self, k, v, conv, state, mask, seen, length=0, padded=False):
         self.k, self.v, self.conv, self.state = k, v, conv, state
-        self.mask, self.seen, self.length = mask, seen, length
+        self.mask, self.seen, self.length, self.padded = mask, seen, length, padded
 
     @property
     def max_len(self):
@@ -321,7 +323,7 @@ class Cache:
     def _map(self, fn):
         each = lambda xs: [None if x is None else fn(x) for x in xs]
         return Cache(each(self.k), each(self.v), each(self.conv), each(self.state), fn(self.mask), fn(self.seen),
-                     self.length)
+                     self.length, self.padded)
 
     def repeat_interleave(self, n):
         """Each row repeated n times, in place order (row0, row0, ..., row1, ...): prefill once, decode n samples."""
@@ -366,6 +368,7 @@ class Qwen(nn.Module):
         dev = input_ids.device
         real = None if attention_mask is None else attention_mask.to(dev).bool()       # (B, T)
         start = 0 if cache is None else cache.length
+        padded = real is not None and not bool(real.all())  # one host read a call: no padding, no mask
         if positions is None:
             positions = (torch.arange(T, device=dev).expand(B, T) if real is None
                          else (real.long().cumsum(-1) - 1).clamp(min=0))
@@ -377,9 +380,12 @@ class Qwen(nn.Module):
                                  f"make new_cache with a larger max_len")
             cache.mask[:, start:start + T] = True if real is None else real
             keys = cache.mask[:, :start + T]                                           # (B, S)
+            padded = cache.padded = cache.padded or padded
         else:
             keys = real
-        mask = None if keys is None else attention_mask_4d(keys, start, T)
+        # without pads, causal attention needs no mask (attention.attend: is_causal, or nothing for one token),
+        # except several new tokens after cached ones (is_causal would align them with the first keys)
+        mask = attention_mask_4d(keys, start, T) if padded or (start > 0 and T > 1) else None
 
         x = self.model.embed_tokens(input_ids)                                         # (B, T, H)
         cos, sin = self.model.rotary(positions, x.dtype)

@@ -1,15 +1,17 @@
 """The memory plan's arithmetic (minigrpo/memplan.py): exact parameter and cache counts, per-layer activation costs
 that add up to what autograd saves for the whole model, and (slow) the plan within 25% of a real step's peak RSS."""
 
+import json
 import os
 import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from minigrpo import memplan
+from minigrpo import attention, memplan, model as model_mod
 from minigrpo.lora import inject_lora
-from minigrpo.model import Qwen
+from minigrpo.model import Qwen, QwenConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KINDS = ["tiny", "tiny-qwen3.5"]
@@ -69,3 +71,66 @@ def test_plan_within_25_percent_of_a_measured_step():
     for ckpt, planned, measured in memplan_check.check(memplan_check.parse(["--batch", "8", "--seq", "256",
                                                                             "--prompt", "128"])):
         assert abs(planned / measured - 1) < 0.25, (ckpt, planned, measured)
+
+
+def narrow(name):
+    """A bundled model's attention shapes (heads, head dim, dtype rules) at width 64, 3 DeltaNet + 1 attention
+    layer for Qwen3.5: the kernel choice reads only the attention call."""
+    with open(os.path.join(memplan.CONFIGS, memplan.BUNDLED[name])) as f:
+        d = json.load(f)
+    if "text_config" in d:
+        d = dict(d["text_config"], model_type="qwen3_5_text",
+                 layer_types=["linear_attention"] * 3 + ["full_attention"], num_hidden_layers=4)
+    else:
+        d = dict(d, num_hidden_layers=1)
+    d.update(hidden_size=64, intermediate_size=64, vocab_size=272)
+    return QwenConfig.from_dict(d, source=name)
+
+
+def model_training_kernels(cfg, dtype=torch.bfloat16):
+    """The CUDA kernels of the model's own attention calls in a padded training forward (model.hidden)."""
+    m = Qwen(cfg).to(dtype)
+    pads = torch.ones(2, 96, dtype=torch.long)
+    pads[1, :30] = 0
+    with attention.Recorder(skip=True) as rec:
+        m.hidden(torch.randint(0, 250, (2, 96)), attention_mask=pads)
+    return set(rec.kernels())
+
+
+@pytest.mark.parametrize("name", ["Qwen/Qwen3.5-4B", "Qwen/Qwen3-1.7B-Base"])
+def test_plan_assumes_the_kernel_the_model_takes(name, monkeypatch):
+    """The plan's attention kernel is the one the model's padded training forward takes, and what it keeps is that
+    kernel's: the memory-efficient kernel keeps a bias of ~2 bytes (bf16) per token^2; were the call to fall to math
+    (the old masked GQA call), the plan would name math and count its (nh, T, S) fp32 scores."""
+    cfg = narrow(name)
+    costs = memplan.layer_costs(cfg, torch.bfloat16, lora_r=8)
+    assert {costs["attention_kernel"]} == model_training_kernels(cfg) == {"efficient"}
+    assert 1.5 < costs["full_attention"].per_token2 < 2.5
+    p = memplan.plan(cfg, memplan.Shape(1, 4, 64, 128, 2, 512, 128), torch.bfloat16, 8, costs=costs)
+    assert p["attention_kernel"] == "efficient"
+    assert "the memory-efficient kernel" in memplan.format_plan(p, "header")
+    old = lambda q, k, v, mask: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    monkeypatch.setattr(model_mod, "attend", old)
+    slow = memplan.layer_costs(cfg, torch.bfloat16, lora_r=8)
+    assert {slow["attention_kernel"]} == model_training_kernels(cfg) == {"math"}
+    assert slow["full_attention"].per_token2 > cfg.num_attention_heads * 4
+
+
+def test_kernel_saved_bytes_by_kernel():
+    """What each CUDA kernel's autograd node keeps, from torch's meta functions: flash keeps no mask; the
+    memory-efficient kernel keeps the CPU kernel's tensors (the bias rows padded to 16 slots); math keeps more."""
+    B, nh, T, hd = 2, 8, 100, 128
+    q = torch.zeros(B, nh, T, hd, dtype=torch.bfloat16)
+    mask = torch.ones(B, 1, T, T, dtype=torch.bool)
+    masked = attention.Call.of(q, q, q, attn_mask=mask)
+    causal = attention.Call.of(q, q, q, is_causal=True)
+    assert attention.cuda_kernel(masked) == "efficient" and attention.cuda_kernel(causal) == "flash"
+    qkvo = 4 * q.numel() * 2
+    lse = B * nh * T * 4
+    assert memplan.kernel_saved_bytes(causal, "cuda") == qkvo + lse + 16 + 8       # + the RNG state
+    eff = memplan.kernel_saved_bytes(masked, "cuda")
+    assert eff == qkvo + B * nh * 128 * 4 + B * T * 112 * 2 + 16  # log-sum-exp rows padded to 32, bias to 16
+    assert abs(eff - memplan.kernel_saved_bytes(masked, "cpu")) < 0.02 * eff
+    math_call = attention.Call.of(q, q[:, :2], q[:, :2], attn_mask=mask, enable_gqa=True)
+    assert attention.cuda_kernel(math_call) == "math"
+    assert memplan.kernel_saved_bytes(math_call, "cuda") > B * nh * T * T * 4
