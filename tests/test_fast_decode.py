@@ -52,6 +52,7 @@ def test_merged_copy_computes_the_unmerged_model_and_leaves_it_untouched(kind):
     # the sampler through the copy (static path) against the unmerged eager path: tokens equal, log-probs to 1e-5
     kw = dict(n=3, max_new_tokens=16, temperature=1.0, seed=3, vocab_size=VOCAB, stop_ids=())
     assert_same(sample(model, PROMPTS, static=True, **kw), sample(model, PROMPTS, **kw))
+    assert copy in static_decode._pool and model not in static_decode._pool   # the sampler decoded the copy
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)     # training weights: the same bits
     # shared, not copied: every tensor but the adapted weights is the model's own storage
@@ -123,7 +124,7 @@ def test_static_batch_pads_and_splits_to_the_fixed_rows():
         got = sample(model, PROMPTS, n=n, static=True, rows=rows, **kw)
         assert len(got) == 3 * n
         assert_same(got, sample(model, PROMPTS, n=n, **kw))
-    assert all(key[0] in (8, 4, 2, 3) for key in static_decode._pool[model])
+    assert {key[0] for key in static_decode._pool[model]} == {8, 4, 2, 3}   # padded to 8; split into 4, 2, 3
     assert static_decode.bucket_rows(5, 6) == 6 and static_decode.bucket_rows(5) == 8
 
 
