@@ -122,7 +122,8 @@ def rollout_step(model, tok, task, args, examples, step, dist_info):
 def rollout(model, tok, task, args, examples, step, index):
     """Rollouts of `examples` (their positions in this step's global batch are `index`)."""
     seeds = [sample_seed(args, step, i) for i in index]
-    return task.rollout(lambda prompts, ss, n: generate(model, tok, args, prompts, ss, n, task.stop_strings),
+    rows = decode_rows(task, args, len(examples))
+    return task.rollout(lambda prompts, ss, n: generate(model, tok, args, prompts, ss, n, task.stop_strings, rows),
                         tok, examples, seeds, args)
 
 
@@ -132,14 +133,29 @@ def sample_seed(args, step, index):
     return derive_seed(args.seed, "sample", step, index)
 
 
-def generate(model, tok, args, prompts, seeds, n, stop_strings=()):
-    """Sample n completions for each prompt (token-id lists). Returns a list of n-lists of Samples."""
+def decode_rows(task, args, n_examples):
+    """The rows of the largest sampler call a rollout of n_examples makes: a chunk of examples (twoturn tasks
+    sample a chunk at a time; the others all at once) x G samples. A revision call has as many rows (one per
+    turn-0 sample), so turn 0 and revisions share the fast path's fixed batch."""
+    return min(getattr(task, "chunk", None) or n_examples, n_examples) * args.group_size
+
+
+def decode_path(args, device) -> str:
+    """--decode: "fast" (the static-shape compiled step, LoRA merged) or "eager"; default fast on CUDA only."""
+    return getattr(args, "decode", None) or ("fast" if torch.device(device).type == "cuda" else "eager")
+
+
+def generate(model, tok, args, prompts, seeds, n, stop_strings=(), rows=None):
+    """Sample n completions for each prompt (token-id lists). Returns a list of n-lists of Samples. On the fast
+    path (decode_path) the decode batch is `rows` rows (padded; default the call's rows rounded up to a power of
+    two) and the cache one of a few length buckets, so one compiled graph per bucket serves the whole run."""
+    fast = decode_path(args, model.device) == "fast"
     model.eval()
     with torch.no_grad():
         samples = sample(model, prompts, n=n, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                          stop_ids=tok.eos_ids, stop_strings=list(stop_strings), tokenizer=tok, seed=list(seeds),
-                         vocab_size=tok.vocab_size)
+                         vocab_size=tok.vocab_size, compile=fast, rows=rows if fast else None)
     return [samples[i * n:(i + 1) * n] for i in range(len(prompts))]
 
 
@@ -221,7 +237,9 @@ def policy_update(model, reference, params, opt, sched, seqs, args, dist_info, t
             st = {k: float(v) for k, v in st.items()}
             st["loss"] = float(loss.detach())
             st["entropy"] = float(grpo.masked_mean(ent.detach(), mask))
-            st["sampler_logp_diff"] = float(grpo.masked_mean((logp.detach() - b.sampled).abs(), mask))
+            gap = (logp.detach() - b.sampled).abs()
+            st["sampler_logp_diff"] = float(grpo.masked_mean(gap, mask))
+            st["sampler_logp_gaps"] = gap[mask].tolist()          # per token: runs.step_metrics' p95 and max
             stats.append(st)
         grad_norm = finish_gradients(params, args, dist_info)
         if not math.isfinite(grad_norm):

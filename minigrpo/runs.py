@@ -116,6 +116,7 @@ def step_metrics(step, epoch, seqs, adv_stats, loss_stats, grad_norm, lr, t_samp
         "loss": wmean("loss"), "pg": wmean("pg"), "kl": wmean("kl"), "entropy": wmean("entropy"),
         "clip_low": wmean("clip_low"), "clip_high": wmean("clip_high"), "ratio_mean": wmean("ratio_mean"),
         "sampler_logp_diff": wmean("sampler_logp_diff"),
+        **gap_quantiles([g for st in loss_stats for g in st.get("sampler_logp_gaps", ())]),
         "grad_norm": grad_norm, "lr": lr,
         "completion_len": tokens / max(len(seqs), 1),
         "truncated": sum(s.finish_reason == "length" for s in seqs) / max(len(seqs), 1),
@@ -128,6 +129,14 @@ def step_metrics(step, epoch, seqs, adv_stats, loss_stats, grad_norm, lr, t_samp
         m[f"score_turn{turn}"] = mean([s.score for s in seqs if s.turn == turn])
     m.update(extra)
     return m
+
+
+def gap_quantiles(gaps) -> dict:
+    """p95 and max of the per-token |trainer - sampler| log-prob gaps of a step (their mean: sampler_logp_diff)."""
+    if not gaps:
+        return {"sampler_logp_diff_p95": 0.0, "sampler_logp_diff_max": 0.0}
+    g = np.asarray(gaps, dtype=np.float64)
+    return {"sampler_logp_diff_p95": float(np.quantile(g, 0.95)), "sampler_logp_diff_max": float(g.max())}
 
 
 def sample_records(step, seqs, tok):

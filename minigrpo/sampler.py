@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minigrpo import static_decode
+from minigrpo import merged, static_decode
 from minigrpo.common import _shr, derive_seed, left_pad, splitmix64  # noqa: F401  (sampler.splitmix64)
 
 
@@ -168,7 +168,7 @@ def cut_after_stop(text, stop_strings):
 @torch.no_grad()
 def sample(model, prompts, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, stop_ids=None,
            stop_strings=(), tokenizer=None, seed=None, vocab_size=None, pad_id=None, sync_every=None,
-           compact_fraction=0.25, compile=False, static=False):
+           compact_fraction=0.25, compile=False, static=False, rows=None):
     """n completions for each prompt (lists of token ids), prompt-major: result[i*n:(i+1)*n] belong to prompt i.
 
     stop_ids: ids that end a row (kept in its completion); default tokenizer.eos_ids, or none without a tokenizer.
@@ -177,10 +177,13 @@ def sample(model, prompts, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=
     temperature 0 = greedy. top_k=0 / top_p=1.0 = no truncation; log-probs are before truncation (module doc).
     sync_every: decode steps between host checks for finished rows (default 8 on CUDA, 1 elsewhere).
     compact_fraction: drop finished rows from the batch once at least this fraction of it is done.
-    compile: torch.compile the decode step (the GPU speed option, off by default): the static-shape step of
-      static_decode.py, compiled once (fullgraph) and on CUDA replayed as a CUDA graph (mode="reduce-overhead").
-    static: the same static-shape step without compiling (its eager twin; compile=True implies it): a cache of fixed
-      size reused across calls, attention over all its slots, no compaction.
+    compile: torch.compile the decode step (the fast path, train.py --decode fast): the static-shape step of
+      static_decode.py, one graph per shape bucket (fullgraph), on CUDA replayed as a CUDA graph; a LoRA model
+      decodes through its merged copy (merged.py). A string names the torch.compile backend (default inductor).
+    static: the same static-shape step without compiling (its eager twin; compile implies it): caches of fixed
+      sizes kept across calls, attention over all their slots, no compaction, LoRA merged.
+    rows: the static batch's fixed row count (the caller's largest call): a call with fewer rows is padded to it,
+      one with more is split into calls of whole prompts (default: the next power of two of the call's rows).
     """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("sampler.py: sample needs a non-empty list of non-empty prompts (token-id lists)")
@@ -200,26 +203,42 @@ def sample(model, prompts, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=
     seeds = list(seed) if isinstance(seed, (list, tuple)) else [derive_seed(seed, i) for i in range(len(prompts))]
     if len(seeds) != len(prompts):
         raise ValueError(f"sampler.py: {len(seeds)} seeds for {len(prompts)} prompts; pass one per prompt or an int")
-    row_keys = sample_keys(seeds, n, device)                        # (B,) int64, one per sample row
+    static = bool(compile or static)
+    if static and rows and n <= rows < len(prompts) * n:
+        # more rows than the fixed batch: calls of whole prompts (a sample depends on its prompt's seed only)
+        per, out = rows // n, []
+        for i in range(0, len(prompts), per):
+            part = sample(model, prompts[i:i + per], n, max_new_tokens, temperature, top_p, top_k, stop_ids,
+                          stop_strings, tokenizer, seeds[i:i + per], vocab_size, pad_id, sync_every,
+                          compact_fraction, compile, static, rows)
+            out += [Sample(s.prompt_index + i, s.completion_ids, s.logprobs, s.finish_reason, s.text) for s in part]
+        return out
+    real = len(prompts) * n                                         # rows returned
+    B = static_decode.bucket_rows(real, rows) if static else real   # rows decoded (static: padded to the run's)
+    row_keys = sample_keys(seeds, n, device)                        # (real,) int64, one per sample row
     scanner = StopScanner(stop_ids, stop_strings, tokenizer)
 
-    if compile or static:  # fixed shapes (static_decode.py): a bucketed cache, no compaction
+    if static:  # fixed shapes (static_decode.py): a bucketed cache of fixed rows, no compaction, LoRA merged
+        model = merged.decode_model(model)
         L = max(map(len, prompts))
-        cache, logits = prefill(model, prompts, static_decode.padded_len(L + max_new_tokens) - L, pad_id)
-        cache = static_decode.static_cache(model, cache, n)
-        step_fn = static_decode.compiled_step(device) if compile else static_decode.decode_step
+        cache, logits = prefill(model, prompts, static_decode.bucket_len(L + max_new_tokens) - L, pad_id)
+        cache = static_decode.static_cache(model, cache, n, B)
+        if compile:
+            step_fn = static_decode.compiled_step(device, compile if isinstance(compile, str) else "inductor")
+        else:
+            step_fn = static_decode.decode_step
         compact_fraction = float("inf")
     else:
         cache, logits = prefill(model, prompts, max_new_tokens, pad_id)
         cache, step_fn = cache.repeat_interleave(n), decode_step
-    logits = logits.repeat_interleave(n, dim=0)                     # (B, V)
-    B = len(prompts) * n
+    src = (torch.arange(B, device=device) // n).clamp_(max=len(prompts) - 1)   # the prompt of each row
+    logits, row_keys = logits[src], row_keys[src * n + torch.arange(B, device=device) % n].clone()  # (B, V), (B,)
     out_tok = torch.zeros(B, max_new_tokens, dtype=torch.long, device=device)
     out_lp = torch.zeros(B, max_new_tokens, dtype=torch.float32, device=device)
     rows = torch.arange(B, device=device)   # original row of each live batch row
     live = list(range(B))                   # the same, on the host
     gen_ids = [[] for _ in range(B)]        # host copy of each row's tokens, for stop detection
-    ended = {}                              # row -> (length, finish_reason)
+    ended = {r: (0, "pad") for r in range(real, B)}  # row -> (length, finish_reason); padding rows never count
     checked = 0                             # steps already read by the host
 
     for t in range(max_new_tokens):
@@ -251,7 +270,7 @@ def sample(model, prompts, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=
 
     logprobs = out_lp.cpu()
     results = []
-    for r in range(B):
+    for r in range(real):
         length, reason = ended.get(r, (max_new_tokens, "length"))
         ids = gen_ids[r][:length]
         text = None

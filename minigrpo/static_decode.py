@@ -11,13 +11,18 @@ What changes here, and nothing else (the model's modules and weights are the sam
   one-element tensor that the step advances in place (model.Attention takes a tensor `start` to mean this).
 - Positions are `cache.seen` (a tensor), RoPE is computed from it inside the graph.
 - Gated DeltaNet's conv and recurrent state are fixed-size already; Block copies them into the cache in place.
-- The cache lives at fixed addresses: one StaticCache per model is kept and reused while (rows, max_len) stay the
-  same, and max_len is rounded up to a multiple of BUCKET, so that prompts of other lengths reuse the same graph.
+- The shapes are the run's, not the call's: rows are a fixed count (the caller's largest call, `rows=`; a call with
+  fewer rows pads the batch with copies of its last row, whose tokens are discarded) and max_len is one of a few
+  fixed buckets, LENGTHS (powers of two and 1.5x them, from 256). So a run of turn-0 answers and long revisions,
+  whose prompts have any lengths, uses one graph per bucket its calls land in: a handful, counted by the tests,
+  never torch's recompile limit. One StaticCache per (rows, bucket) is kept per model, at fixed addresses, so a
+  call of a shape seen before reuses its buffers (and on CUDA its recorded graph).
 - No batch compaction: a finished row keeps decoding (its tokens are discarded). At the batch sizes of GRPO a
   decode step costs the weights' read, not the rows, so this is nearly free on a GPU.
 
 Its twin is the ordinary path: tests check that greedy tokens are equal and log-probs agree to 1e-5 in fp32
-(tests/test_static_decode.py), and that the compiled step compiles once with no graph break.
+(tests/test_static_decode.py), and that compiled, a whole two-turn rollout compiles a bounded number of graphs
+(tests/test_fast_decode.py).
 
 Shape letters: B rows being decoded, P prompts, S = max_len cache slots, H hidden size, V vocab.
 """
@@ -26,11 +31,24 @@ import weakref
 
 import torch
 
-BUCKET = 128  # max_len is rounded up to this: prompts whose length + max_new_tokens land in the same bucket share a graph
+SMALLEST = 256  # the smallest max_len bucket
 
 
-def padded_len(n):
-    return -(-n // BUCKET) * BUCKET
+def bucket_len(n):
+    """The max_len bucket for n slots: the smallest of 256, 384, 512, 768, 1024, 1536, ... (2^k and 1.5 * 2^k)
+    that holds n. At most 1.5x the slots needed, and a few buckets cover every length a run meets."""
+    size = SMALLEST
+    while size < n:
+        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3   # 2^k -> 1.5 * 2^k -> 2^(k+1)
+    return size
+
+
+def bucket_rows(rows_needed, rows=None):
+    """The decode batch for a call of `rows_needed` rows: `rows` (the run's fixed count) when it holds them, else the
+    next power of two (calls larger than the run's rows are split by the sampler before they get here)."""
+    if rows is not None and rows_needed <= rows:
+        return rows
+    return 1 << (rows_needed - 1).bit_length()
 
 
 class StaticCache:
@@ -53,14 +71,11 @@ class StaticCache:
         return [t for t in self.k + self.v + self.conv + self.state + [self.mask, self.seen, self.pos]
                 if t is not None]
 
-    def matches(self, like, rows):
-        return self.mask.shape == (rows, like.max_len) and self.mask.device == like.mask.device and all(
-            (a is None and b is None) or (a is not None and b is not None and a.dtype == b.dtype)
-            for a, b in zip(self.k + self.state, like.k + like.state))
-
     def load(self, cache, n):
-        """Copy a prefilled model.Cache (P rows) in, each row repeated n times: row r takes prompt r // n."""
-        src = torch.arange(self.mask.shape[0], device=self.mask.device) // n
+        """Copy a prefilled model.Cache (P rows) in, each row repeated n times: row r takes prompt r // n; the rows
+        past P*n (padding up to the fixed row count) take the last prompt."""
+        P = cache.mask.shape[0]
+        src = (torch.arange(self.mask.shape[0], device=self.mask.device) // n).clamp_(max=P - 1)
         for dst, s in zip(self.tensors()[:-1], cache_tensors(cache)):
             torch.index_select(s, 0, src, out=dst)
         self.pos.fill_(cache.length)
@@ -71,21 +86,27 @@ def cache_tensors(cache):
     return [t for t in cache.k + cache.v + cache.conv + cache.state + [cache.mask, cache.seen] if t is not None]
 
 
-_pool = weakref.WeakKeyDictionary()  # model -> its StaticCache (one per model: the last shape used)
+def shape_key(cache, rows):
+    """What a StaticCache's graph depends on: rows, slots, device and each layer's kind and dtype."""
+    kinds = tuple(None if a is None else a.dtype for a in cache.k + cache.state)
+    return rows, cache.max_len, cache.mask.device, kinds
 
 
-def static_cache(model, cache, n):
-    """The model's StaticCache for P*n rows of `cache` (reused when the shape matches), loaded from `cache`."""
-    rows = cache.mask.shape[0] * n
-    sc = _pool.get(model)
-    if sc is None or not sc.matches(cache, rows):
-        _pool.pop(model, None)  # free the old buffers before allocating new ones
-        sc = _pool[model] = StaticCache(cache, rows)
-    return sc.load(cache, n)
+_pool = weakref.WeakKeyDictionary()  # model -> {shape_key: its StaticCache}: every shape the run has used
+
+
+def static_cache(model, cache, n, rows):
+    """The model's StaticCache of `rows` rows for `cache` (P prompts, each decoded n times; P*n <= rows), kept per
+    shape and reused, loaded from `cache`."""
+    caches = _pool.setdefault(model, {})
+    key = shape_key(cache, rows)
+    if key not in caches:
+        caches[key] = StaticCache(cache, rows)
+    return caches[key].load(cache, n)
 
 
 def release(model):
-    """Free the model's kept StaticCache (its memory returns to the allocator)."""
+    """Free the model's kept StaticCaches (their memory returns to the allocator)."""
     _pool.pop(model, None)
 
 
@@ -104,22 +125,28 @@ def decode_step(model, tokens, cache):
 
 
 _compiled = {}
+# torch recompiles a code object at most recompile_limit (8) times. The decode step's graphs are bounded by the run's
+# shapes instead: its row counts (one for a run's rollouts) x the length buckets its calls reach, two per doubling
+# (256 to 64k slots: 17). The limit is raised to this for the decode step only, so a run that needs more graphs
+# than torch's default still compiles each once; more than this is a bug (a shape that is not bucketed) and fails.
+GRAPH_LIMIT = 64
 
 
-def compiled_step(device):
-    """decode_step under torch.compile, one compiled function per device type for the process: fullgraph (a graph
-    break is an error), static shapes (dynamic=False: a new shape is a new graph, never a dynamic one), and on CUDA
-    mode="reduce-overhead", which records the step as a CUDA graph and replays it."""
+def compiled_step(device, backend="inductor"):
+    """decode_step under torch.compile, one compiled function per (device type, backend) for the process: fullgraph
+    (a graph break is an error), static shapes (dynamic=False: a new shape is a new graph, never a dynamic one), and
+    on CUDA with inductor mode="reduce-overhead", which records the step as a CUDA graph and replays it. Another
+    backend ("eager", "aot_eager") runs the same graphs uncompiled: tests count graphs with it on a slow CPU."""
     kind = torch.device(device).type
-    if kind not in _compiled:
-        mode = "reduce-overhead" if kind == "cuda" else None
-        fn = torch.compile(decode_step, fullgraph=True, dynamic=False, mode=mode)
-        if kind == "cuda":
-            def step(model, tokens, cache):
-                # a new replay may overwrite the previous step's outputs: the sampler has consumed them by now
+    if (kind, backend) not in _compiled:
+        graphs = kind == "cuda" and backend == "inductor"
+        fn = torch.compile(decode_step, fullgraph=True, dynamic=False, backend=backend,
+                           mode="reduce-overhead" if graphs else None)
+
+        def step(model, tokens, cache):
+            if graphs:  # a new replay may overwrite the previous step's outputs: the sampler has consumed them
                 torch.compiler.cudagraph_mark_step_begin()
+            with torch._dynamo.config.patch(recompile_limit=GRAPH_LIMIT, fail_on_recompile_limit_hit=True):
                 return fn(model, tokens, cache)
-            _compiled[kind] = step
-        else:
-            _compiled[kind] = fn
-    return _compiled[kind]
+        _compiled[kind, backend] = step
+    return _compiled[kind, backend]

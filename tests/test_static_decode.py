@@ -58,15 +58,21 @@ def test_static_with_stop_ids_and_strings(kind):
 
 
 def test_the_static_cache_is_kept_and_reused():
-    """Same rows and bucket: the same buffers (fixed addresses for a CUDA graph); their old contents do not leak."""
+    """Same rows and bucket: the same buffers (fixed addresses for a CUDA graph); their old contents do not leak.
+    Another bucket gets its own cache, and the first one is still kept."""
     model = Qwen.from_pretrained("tiny-qwen3.5")
     kw = dict(n=2, max_new_tokens=10, temperature=0.0, stop_ids=(), vocab_size=VOCAB)
+    static_decode.release(model)
     first = sample(model, PROMPTS, static=True, **kw)
-    ptrs = [t.data_ptr() for t in static_decode._pool[model].tensors()]
+    (key, sc), = static_decode._pool[model].items()
+    ptrs = [t.data_ptr() for t in sc.tensors()]
     other = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [40], [41, 42]]  # other lengths, same bucket
     second = sample(model, other, static=True, **kw)
-    assert [t.data_ptr() for t in static_decode._pool[model].tensors()] == ptrs
+    assert [t.data_ptr() for t in static_decode._pool[model][key].tensors()] == ptrs
     assert_same(second, sample(model, other, **kw))
+    long = [[7] * 300, [8] * 5]                                # another bucket (and fewer rows: padded to 6)
+    assert_same(sample(model, long, static=True, rows=6, **kw), sample(model, long, **kw))
+    assert len(static_decode._pool[model]) == 2 and static_decode._pool[model][key] is sc
     assert_same(sample(model, PROMPTS, static=True, **kw), first)
     static_decode.release(model)
     assert model not in static_decode._pool
@@ -83,7 +89,7 @@ def test_compiled_step_compiles_once(capsys):
     static_decode._compiled.clear()
     counters.clear()
     kw = dict(n=2, max_new_tokens=64, temperature=0.0, stop_ids=(), vocab_size=VOCAB)
-    batches = [PROMPTS, [[3] * 11, [4] * 30, [5, 6]]]  # 7/2/4 and 11/30/2 tokens: both fit a 128-slot bucket
+    batches = [PROMPTS, [[3] * 11, [4] * 30, [5, 6]]]  # 7/2/4 and 11/30/2 tokens: both fit the 256-slot bucket
     with torch._dynamo.config.patch(error_on_recompile=True):
         compiled = [sample(model, p, compile=True, **kw) for p in batches]
     graphs = counters["stats"]["unique_graphs"]
