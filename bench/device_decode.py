@@ -58,17 +58,10 @@ def attention_kernels(events, per=1):
 
 
 def rollout_call(model, tok, args, prompts, seeds, n):
-    """One sampler call as train.py makes it, the path picked by args.decode: "eager" is train.generate as it
-    stands; "fast" is the same call with sample(compile=True), the static compiled decode. The one place to change
-    once train.py picks the path itself (then: set its field from args.decode and call train.generate)."""
-    from unittest import mock
-
+    """One sampler call as train.py makes it: train.generate, on the path args.decode names ("eager", or "fast":
+    the merged-LoRA static compiled decode), with the call's own rows as the decode batch."""
     import train
-    from minigrpo import sampler
-    if args.decode == "eager":
-        return train.generate(model, tok, args, prompts, seeds, n)
-    with mock.patch.object(train, "sample", functools.partial(sampler.sample, compile=True)):
-        return train.generate(model, tok, args, prompts, seeds, n)
+    return train.generate(model, tok, args, prompts, seeds, n, rows=len(prompts) * n)
 
 
 def decode_section(sec, M):

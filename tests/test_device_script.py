@@ -157,8 +157,8 @@ def test_rollout_call_picks_the_path_from_args(tmp_path):
     with mock.patch("minigrpo.sampler.sample", fake_sample), mock.patch("train.sample", fake_sample):
         for path in ("eager", "fast"):
             args.decode = path
-            device_decode.rollout_call(SimpleNamespace(eval=lambda: None), tok, args, [[1, 2]], [0], 2)
-    assert "compile" not in calls[0] and calls[1]["compile"] is True
+            device_decode.rollout_call(SimpleNamespace(eval=lambda: None, device="cpu"), tok, args, [[1, 2]], [0], 2)
+    assert calls[0]["compile"] is False and calls[1]["compile"] is True and calls[1]["rows"] == 2
     assert calls[0]["seed"] == calls[1]["seed"] == [0] and calls[1]["n"] == 2   # train.generate's own arguments
 
 
