@@ -146,7 +146,13 @@ def generate(model, tok, args, prompts, seeds, n, stop_strings=()):
 def assign_advantages(seqs, args):
     """Group-relative advantages per (example, turn) group, on each Seq's reward. Zero spread is judged on the raw
     score, so shaping alone never creates a gradient inside a group whose answers all scored the same. An example
-    drawn twice in one step (across an epoch boundary) forms one larger group: same prompt, same baseline."""
+    drawn twice in one step (across an epoch boundary) forms one larger group: same prompt, same baseline.
+    --overlong-buffer's penalty goes into the reward (logged in info), never the score, so it never trains a group
+    whose answers all scored the same."""
+    for s in seqs:                                             # DAPO's soft overlong punishment, on the reward
+        penalty = grpo.overlong_penalty(len(s.completion_ids), args.max_new_tokens, args.overlong_buffer)
+        if penalty and s.reward is not None:
+            s.reward, s.info["overlong_penalty"] = s.reward + penalty, penalty
     keys = [(s.example_id, s.turn) for s in seqs]
     ids = {k: i for i, k in enumerate(dict.fromkeys(keys))}
     adv, stats = grpo.group_advantages([s.reward for s in seqs], group_ids=[ids[k] for k in keys],
@@ -213,9 +219,14 @@ def policy_update(model, reference, params, opt, sched, seqs, args, dist_info, t
         opt.zero_grad(set_to_none=True)
         for b, ref, old in zip(batches, refs, olds):
             logp, ent = log_probs(model, b, args, V, entropy=True)
-            loss, st = grpo.policy_loss(logp, old, b.adv, b.mask, eps_low=args.eps_low, eps_high=args.eps_high,
+            gspo = args.loss.startswith("gspo")    # the sequence ratio has its own, much smaller, clip
+            loss, st = grpo.policy_loss(logp, old, b.adv, b.mask,
+                                        eps_low=args.gspo_eps_low if gspo else args.eps_low,
+                                        eps_high=args.gspo_eps_high if gspo else args.eps_high,
                                         agg=args.agg, normalizer=norm, ref_logp=ref, beta=args.beta,
-                                        kl_kind=args.kl, max_tokens=args.max_new_tokens)
+                                        kl_kind=args.kl, max_tokens=args.max_new_tokens, loss=args.loss,
+                                        sampler_logp=b.sampled, is_correction=args.is_correction,
+                                        is_level=args.is_level, is_cap=args.is_cap)
             loss.backward()
             mask = b.mask.bool()
             st = {k: float(v) for k, v in st.items()}
