@@ -17,7 +17,6 @@ from minigrpo import grpo
 from minigrpo.flags import resolve_args
 from minigrpo.tasks import Seq
 from test_grpo import random_batch
-from toy_lm import ToyLM
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 F64 = torch.float64
@@ -141,7 +140,7 @@ def test_cispo_value_and_gradient_by_hand():
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# every loss: REINFORCE on-policy, micro-batch invariant
+# every loss: REINFORCE on-policy (micro-batch invariance: test_grpo.py, for every loss)
 
 
 @pytest.mark.parametrize("kind", LOSSES)
@@ -155,43 +154,6 @@ def test_on_policy_gradient_is_reinforce(kind, agg):
     w = mask.double() / (mask.sum(-1, keepdim=True) if agg == "seq" else 1)
     assert torch.allclose(logp.grad, -adv[:, None] * w / norm, atol=1e-12)
     assert st["ratio_mean"].item() == 1.0 and st["clip_low"].item() == st["clip_high"].item() == 0.0
-
-
-@pytest.mark.parametrize("kind", LOSSES[1:])
-def test_micro_batch_invariance(kind):
-    """mu > 1 (old log-probs off the current ones), KL and very different lengths: micro-batches of 1 and 2
-    accumulate the full batch's gradient (fp64)."""
-    torch.manual_seed(0)
-    model, ref_model = ToyLM(seed=1), ToyLM(seed=2)
-    B, T, P = 4, 12, 4
-    ids = torch.randint(0, 23, (B, T))
-    attn = torch.ones(B, T, dtype=torch.long)
-    attn[1, :2] = 0
-    attn[3, :3] = 0
-    loss_mask = grpo.span_mask(P, torch.tensor([8, 2, 5, 1]), T)
-    adv = torch.tensor([1.0, -0.7, 0.3, 2.0], dtype=F64)
-    with torch.no_grad():
-        old = grpo.token_logprobs(model, ids, attn) + 0.01 * torch.randn(B, T - 1, dtype=F64)
-        ref = grpo.token_logprobs(ref_model, ids, attn)
-    agg = "token" if kind == "cispo" else "seq"
-    eps = (0.2, 0.28) if kind == "cispo" else (3e-3, 4e-3)
-
-    def grads(mb):
-        model.zero_grad()
-        chunks = [slice(i, i + mb) for i in range(0, B, mb)]
-        norm = grpo.loss_normalizer([loss_mask[c] for c in chunks], agg)
-        for c in chunks:
-            logp = grpo.token_logprobs(model, ids[c], attn[c], chunk=3)
-            loss, _ = grpo.policy_loss(logp, old[c], adv[c], loss_mask[c], *eps, agg, norm, ref_logp=ref[c],
-                                       beta=0.1, loss=kind)
-            loss.backward()
-        return [p.grad.clone() for p in model.parameters()]
-
-    full = grads(B)
-    assert max(g.abs().max() for g in full) > 1e-3
-    for mb in (1, 2):
-        for a, b in zip(full, grads(mb)):
-            assert (a - b).abs().max() <= 1e-6
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -315,3 +277,43 @@ def test_loss_flag_ranges():
         ("gspo", 8, "mis", "token", 2.0)
     defaults = resolve_args(["--task", "synthetic"])
     assert (defaults.loss, defaults.overlong_buffer, defaults.is_correction) == ("grpo", 0, "none")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# train.py passes the flags on: one optimizer step of policy_update on the tiny model, mu = 2
+
+
+def update_stats(*flags, adv=(1.0, 1.0, 1.0, 1.0)):
+    """Per-micro-batch stats of one train.policy_update (2 micro-batches x 2 passes) on four made-up rollouts with
+    advantages `adv` and every sampler log-prob 0."""
+    from minigrpo.dist import Dist
+    from minigrpo.optim import adamw
+    args = resolve_args(["--task", "synthetic", "--micro-batch", "2", "--mu", "2", "--lr", "1e-4", *flags])
+    torch.manual_seed(0)
+    model, tok, params, reference = train.build_policy(args, torch.device("cpu"), torch.float32)
+    opt, sched = adamw(params, args.lr, 4)
+    g = torch.Generator().manual_seed(0)
+    seqs = []
+    for i in range(4):
+        comp = torch.randint(0, 261, (3 + i,), generator=g).tolist()
+        s = Seq(f"ex{i}", 0, torch.randint(0, 261, (5,), generator=g).tolist(), comp, [0.0] * len(comp), "eos",
+                "", 1.0, 1.0)
+        s.advantage = adv[i]
+        seqs.append(s)
+    stats, _ = train.policy_update(model, reference, params, opt, sched, seqs, args, Dist(), tok,
+                                   torch.device("cpu"))
+    return stats
+
+
+def test_policy_update_uses_the_loss_flags():
+    grpo_st, cispo_st = update_stats(), update_stats("--loss", "cispo")
+    assert sum(st["pg"] for st in grpo_st[:2]) == pytest.approx(-1.0)  # on-policy GRPO: -mean(A)
+    assert sum(st["pg"] for st in cispo_st[:2]) > 3.0  # CISPO's value -A logp: about log(261) = 5.6
+    # the second pass is off-policy: GSPO's own small clip (3e-4, 4e-4) clips on both sides, GRPO's 0.2 does not
+    signs = (1.0, -1.0, 1.0, -1.0)
+    assert all(st["clip_low"] + st["clip_high"] == 0 for st in update_stats(adv=signs))
+    gspo = update_stats("--loss", "gspo", "--agg", "seq", adv=signs)[2:]
+    assert sum(st["clip_low"] for st in gspo) > 0 and sum(st["clip_high"] for st in gspo) > 0
+    tis = update_stats("--is-correction", "tis")
+    assert "is_weight_mean" not in grpo_st[0]
+    assert all(0 < st["is_weight_mean"] < 0.1 for st in tis)  # pi_old / 1 = the token's probability, ~1/261
