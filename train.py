@@ -75,6 +75,7 @@ def train(args, policy=None, task=None) -> dict:
         t0 = time.perf_counter()
         everyone, seqs = rollout_step(model, tok, task, args, examples, step, dist_info)
         t_sample = time.perf_counter() - t0
+        overlong_shaping(everyone, args)                       # --overlong-buffer's length penalty, on the reward
         adv_stats = assign_advantages(everyone, args)          # identical on every rank; sets each Seq's advantage
         t1 = time.perf_counter()
         loss_stats, grad_norm = policy_update(model, reference, params, opt, sched, seqs, args, dist_info, tok,
@@ -146,13 +147,7 @@ def generate(model, tok, args, prompts, seeds, n, stop_strings=()):
 def assign_advantages(seqs, args):
     """Group-relative advantages per (example, turn) group, on each Seq's reward. Zero spread is judged on the raw
     score, so shaping alone never creates a gradient inside a group whose answers all scored the same. An example
-    drawn twice in one step (across an epoch boundary) forms one larger group: same prompt, same baseline.
-    --overlong-buffer's penalty goes into the reward (logged in info), never the score, so it never trains a group
-    whose answers all scored the same."""
-    for s in seqs:                                             # DAPO's soft overlong punishment, on the reward
-        penalty = grpo.overlong_penalty(len(s.completion_ids), args.max_new_tokens, args.overlong_buffer)
-        if penalty and s.reward is not None:
-            s.reward, s.info["overlong_penalty"] = s.reward + penalty, penalty
+    drawn twice in one step (across an epoch boundary) forms one larger group: same prompt, same baseline."""
     keys = [(s.example_id, s.turn) for s in seqs]
     ids = {k: i for i, k in enumerate(dict.fromkeys(keys))}
     adv, stats = grpo.group_advantages([s.reward for s in seqs], group_ids=[ids[k] for k in keys],
@@ -160,6 +155,15 @@ def assign_advantages(seqs, args):
     for s, a in zip(seqs, adv.tolist()):
         s.advantage = a
     return stats
+
+
+def overlong_shaping(seqs, args):
+    """--overlong-buffer: DAPO's soft overlong punishment added to each Seq's reward and logged in its info. The
+    raw score is left alone, so the penalty never gives a group whose answers all scored the same a gradient."""
+    for s in seqs:
+        penalty = grpo.overlong_penalty(len(s.completion_ids), args.max_new_tokens, args.overlong_buffer)
+        if penalty and s.reward is not None:
+            s.reward, s.info["overlong_penalty"] = s.reward + penalty, penalty
 
 
 def validate(model, tok, task, args, step) -> dict:

@@ -236,6 +236,7 @@ MUTANTS = [
      LOSSES),
     ("overlong_on_the_score", "s.reward, s.info[\"overlong_penalty\"] = s.reward + penalty, penalty",
      "s.reward, s.score, s.info[\"overlong_penalty\"] = s.reward + penalty, s.reward + penalty, penalty", LOSSES),
+    ("overlong_not_applied", "        overlong_shaping(everyone, args)", "        pass", LOSSES),
     ("loss_flag_ignored", "max_tokens=args.max_new_tokens, loss=args.loss,",
      "max_tokens=args.max_new_tokens, loss=\"grpo\",", LOSSES),
     ("gspo_eps_ignored", "eps_low=args.gspo_eps_low if gspo else args.eps_low,", "eps_low=args.eps_low,", LOSSES),

@@ -4,6 +4,7 @@ for a sampler that is not bit-equal to the trainer, and DAPO's soft overlong pun
 train on top-p / top-k truncated samples. Every expected value and gradient is computed by hand or with a plain loop.
 """
 import argparse
+import json
 import math
 import os
 import subprocess
@@ -237,6 +238,7 @@ def test_overlong_penalty_enters_the_reward_never_a_zero_spread_group():
     args = argparse.Namespace(max_new_tokens=10, overlong_buffer=4, adv_scale="group")
     seqs = [seq("a", 4, 0.5), seq("a", 8, 0.5), seq("a", 10, 0.5),     # one score: no signal, lengths differ
             seq("b", 6, 1.0), seq("b", 9, 0.0), seq("b", 10, None)]   # a failed score stays failed
+    train.overlong_shaping(seqs, args)
     stats = train.assign_advantages(seqs, args)
     assert [s.advantage for s in seqs[:3]] == [0.0, 0.0, 0.0] and stats["zero_spread"] == 1
     assert [s.reward for s in seqs[:5]] == pytest.approx([0.5, 0.0, -0.5, 1.0, -0.75]) and seqs[5].reward is None
@@ -317,3 +319,19 @@ def test_policy_update_uses_the_loss_flags():
     tis = update_stats("--is-correction", "tis")
     assert "is_weight_mean" not in grpo_st[0]
     assert all(0 < st["is_weight_mean"] < 0.1 for st in tis)  # pi_old / 1 = the token's probability, ~1/261
+
+
+def test_train_logs_the_overlong_penalty(tmp_path):
+    """One step of the tiny run with --overlong-buffer 4 (max_new_tokens 8): a completion cut at the limit carries
+    the full penalty -1 in samples.jsonl and in its reward; the task's score is untouched."""
+    cmd = [sys.executable, "train.py", "--task", "synthetic", "--model", "tiny", "--tasks-per-step", "2",
+           "--group-size", "4", "--steps", "1", "--quiet", "--overlong-buffer", "4", "--runs-dir", str(tmp_path),
+           "--run-name", "r"]
+    subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, check=True)
+    with open(tmp_path / "r" / "samples.jsonl") as f:
+        recs = [json.loads(ln) for ln in f]
+    assert len(recs) == 8
+    penalties = [r.get("info", {}).get("overlong_penalty", 0.0) for r in recs]
+    assert [r["reward"] for r in recs] == pytest.approx([r["score"] + p for r, p in zip(recs, penalties)])
+    assert all(p == -1.0 for r, p in zip(recs, penalties) if r["finish"] == "length")
+    assert any(r["finish"] == "length" for r in recs)  # a random tiny model rarely stops by itself
