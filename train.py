@@ -75,6 +75,7 @@ def train(args, policy=None, task=None) -> dict:
         t0 = time.perf_counter()
         everyone, seqs = rollout_step(model, tok, task, args, examples, step, dist_info)
         t_sample = time.perf_counter() - t0
+        overlong_shaping(everyone, args)                       # --overlong-buffer's length penalty, on the reward
         adv_stats = assign_advantages(everyone, args)          # identical on every rank; sets each Seq's advantage
         t1 = time.perf_counter()
         loss_stats, grad_norm = policy_update(model, reference, params, opt, sched, seqs, args, dist_info, tok,
@@ -172,6 +173,15 @@ def assign_advantages(seqs, args):
     return stats
 
 
+def overlong_shaping(seqs, args):
+    """--overlong-buffer: DAPO's soft overlong punishment added to each Seq's reward and logged in its info. The
+    raw score is left alone, so the penalty never gives a group whose answers all scored the same a gradient."""
+    for s in seqs:
+        penalty = grpo.overlong_penalty(len(s.completion_ids), args.max_new_tokens, args.overlong_buffer)
+        if penalty and s.reward is not None:
+            s.reward, s.info["overlong_penalty"] = s.reward + penalty, penalty
+
+
 def validate(model, tok, task, args, step) -> dict:
     """Greedy, one sample per val example: the mean raw score of the final turn, logged as val_reward."""
     examples = task.examples("val")[:args.eval_limit]
@@ -229,9 +239,14 @@ def policy_update(model, reference, params, opt, sched, seqs, args, dist_info, t
         opt.zero_grad(set_to_none=True)
         for b, ref, old in zip(batches, refs, olds):
             logp, ent = log_probs(model, b, args, V, entropy=True)
-            loss, st = grpo.policy_loss(logp, old, b.adv, b.mask, eps_low=args.eps_low, eps_high=args.eps_high,
+            gspo = args.loss.startswith("gspo")    # the sequence ratio has its own, much smaller, clip
+            loss, st = grpo.policy_loss(logp, old, b.adv, b.mask,
+                                        eps_low=args.gspo_eps_low if gspo else args.eps_low,
+                                        eps_high=args.gspo_eps_high if gspo else args.eps_high,
                                         agg=args.agg, normalizer=norm, ref_logp=ref, beta=args.beta,
-                                        kl_kind=args.kl, max_tokens=args.max_new_tokens)
+                                        kl_kind=args.kl, max_tokens=args.max_new_tokens, loss=args.loss,
+                                        sampler_logp=b.sampled, is_correction=args.is_correction,
+                                        is_level=args.is_level, is_cap=args.is_cap)
             loss.backward()
             mask = b.mask.bool()
             st = {k: float(v) for k, v in st.items()}

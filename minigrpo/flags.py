@@ -6,6 +6,7 @@ import math
 import os
 import time
 
+from minigrpo.losses import IS_CORRECTIONS, IS_LEVELS, LOSSES
 from minigrpo.presets import PRESETS
 from minigrpo.runs import TRACKERS, RunFolder, require_tracker
 from minigrpo.tasks import TASKS, task_class
@@ -69,6 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--agg", default="token", choices=["token", "seq", "const"], help="loss aggregation (see grpo.py)")
     p.add_argument("--adv-scale", default="group", choices=["group", "batch", "none"])
     p.add_argument("--mask-truncated", action="store_true", help="do not train completions cut by the limit")
+    p.add_argument("--loss", default="grpo", choices=list(LOSSES),
+                   help="policy objective (docs/losses.md): grpo (token ratio), gspo / gspo-token (sequence ratio), "
+                        "cispo (clipped stop-gradient weight)")
+    p.add_argument("--gspo-eps-low", type=float, default=3e-4, help="gspo / gspo-token: the sequence ratio's clip")
+    p.add_argument("--gspo-eps-high", type=float, default=4e-4, help="gspo / gspo-token: the sequence ratio's clip")
+    p.add_argument("--overlong-buffer", type=int, default=0,
+                   help="DAPO's soft overlong punishment over the last N tokens before --max-new-tokens (0 = off)")
+    p.add_argument("--is-correction", default="none", choices=list(IS_CORRECTIONS),
+                   help="weigh by trainer / sampler probability: tis truncates it at --is-cap, mis drops above it")
+    p.add_argument("--is-level", default="token", choices=list(IS_LEVELS), help="the weight per token or sequence")
+    p.add_argument("--is-cap", type=float, default=2.0, help="--is-correction's cap, >= 1")
     # length of the run
     p.add_argument("--steps", type=int, help="optimizer steps (default: epochs over the train split)")
     p.add_argument("--epochs", type=int, default=1)
@@ -127,6 +139,7 @@ def resolve_args(argv=None) -> argparse.Namespace:
                                                      given.get("run_name")))
     args = parser.parse_args(argv)
     check_task_flags(args, given)
+    check_loss_flags(args)
     if args.run_name is None:
         args.run_name = f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}"
     require_tracker(args.log_to)
@@ -156,6 +169,24 @@ def check_task_flags(args, given):
         if args.experiment and key in given:
             raise SystemExit(f"{_flag(key, given)}: --experiment sets it for each of its arms (minigrpo/tasks/"
                              "revise_pipeline.py ARMS); drop it, or run one arm without --experiment")
+
+
+def check_loss_flags(args):
+    """The ranges of the policy-loss flags, and no training on a distribution the loss does not score."""
+    if args.algo == "grpo" and (args.top_p < 1.0 or args.top_k > 0):
+        raise SystemExit(f"--top-p {args.top_p} --top-k {args.top_k}: GRPO trains on its own samples, and the "
+                         "loss scores the untruncated policy while top-p / top-k sample a truncated one (an "
+                         "off-policy update by construction); train with --top-p 1 --top-k 0 (truncate in eval.py)")
+    if not 0 <= args.overlong_buffer <= args.max_new_tokens:
+        raise SystemExit(f"--overlong-buffer {args.overlong_buffer}: must be between 0 (off) and --max-new-tokens "
+                         f"({args.max_new_tokens})")
+    if not (math.isfinite(args.is_cap) and args.is_cap >= 1.0):
+        raise SystemExit(f"--is-cap {args.is_cap}: must be a finite number >= 1 (a cap below 1 would change the "
+                         "weight 1 of a sampler that agrees with the trainer)")
+    for key in ("gspo_eps_low", "gspo_eps_high"):
+        if not 0 <= getattr(args, key) < 1:
+            raise SystemExit(f"--{key.replace('_', '-')} {getattr(args, key)}: must be in [0, 1) (the paper's "
+                             "3e-4 and 4e-4)")
 
 
 def _flag(key, given) -> str:

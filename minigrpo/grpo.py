@@ -21,7 +21,28 @@ Every choice an implementation makes, with the default used here (each is a name
   With several updates per batch, PPO's clipped surrogate min(r*A, clip(r, 1-eps_low, 1+eps_high)*A); default
   eps_low = eps_high = 0.2; eps_high = 0.28 is DAPO's "clip-higher" against entropy collapse. old_logp must come
   from this trainer's `token_logprobs` at the sampling temperature (not from a top-p/top-k truncated sampler
-  distribution, which is a different policy).
+  distribution, which is a different policy: train.py refuses to train on truncated samples).
+- The objective (`policy_loss`, loss=; the per-token terms live in minigrpo/losses.py), r_t = pi(y_t) / pi_old(y_t):
+    "grpo"       (default) -min(r_t A, clip(r_t, 1 - eps_low, 1 + eps_high) A) per token, as above.
+    "gspo"       GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"): one ratio per sequence,
+                 s_i = exp(1/|y_i| sum_t (logp_t - old_logp_t)), and -min(s_i A_i, clip(s_i, 1 - e_l, 1 + e_h) A_i)
+                 with the paper's small epsilons (3e-4, 4e-4). The sequence's term stands at each of its tokens, so
+                 agg="seq" is the paper's 1/G sum_i; one advantage per sequence.
+    "gspo-token" GSPO-token (same paper): s_i,t = sg[s_i] pi(y_t) / sg[pi(y_t)], clipped per token like "grpo":
+                 the value of s_i, the gradient of the token's own log-prob, and per-token advantages. With one
+                 advantage per sequence and agg="seq" its gradient equals GSPO's.
+    "cispo"      CISPO (MiniMax-M1 report 2025): -sg[clip(r_t, 1 - eps_low, 1 + eps_high)] A logp_t, token-
+                 normalised (agg="token"). The weight is clipped but never removes a token's gradient; the report
+                 sets no lower bound (eps_low = 1) and tunes eps_high.
+  On-policy every one of them has REINFORCE's gradient (GSPO's with each sequence's tokens sharing its weight).
+- Sampler-trainer mismatch (`policy_loss`, is_correction=; TIS: Yao et al. 2025, "Your efficient RL framework
+  secretly brings you off-policy RL training"): each token's policy term times the detached weight
+  w = pi_old / pi_sampler (old = this trainer's log-prob of the rollout; the sampler's from its own kernels),
+  per token or per sequence (the product over its tokens): "tis" min(w, cap), "mis" w if w <= cap else 0 (the
+  token or sequence is dropped). Off by default; an exact no-op when the two agree (w = 1, cap >= 1).
+- Soft overlong punishment (`overlong_penalty`; DAPO: Yu et al. 2025): over the last `buffer` tokens before
+  max_new_tokens the reward falls linearly from 0 to -1: (max_new_tokens - buffer - |y|) / buffer there, 0
+  before. It is added to the reward, never to the raw score, so it cannot give a zero-spread group a gradient.
 - Aggregation (`policy_loss`, agg=) and its denominator, computed ONCE per optimizer step over all micro-batches by
   `loss_normalizer` and passed in, so gradient accumulation cannot reweight tokens:
     "token" (default, DAPO): sum of per-token losses / total loss tokens in the step;
@@ -47,6 +68,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from minigrpo import losses
 from minigrpo.logprobs import entropy, token_logprobs  # noqa: F401  (DESIGN.md's public API: grpo.token_logprobs)
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -217,15 +239,18 @@ def _aggregate(per_token, mask, agg, normalizer):
 
 
 def policy_loss(logp, old_logp, advantages, loss_mask, eps_low=0.2, eps_high=0.2, agg="token", normalizer=None,
-                ref_logp=None, beta=0.0, kl_kind="k3", max_tokens=None):
+                ref_logp=None, beta=0.0, kl_kind="k3", max_tokens=None, loss="grpo", sampler_logp=None,
+                is_correction="none", is_level="token", is_cap=2.0):
     """
-    The (clipped) policy-gradient loss of one micro-batch plus beta * KL, aggregated by agg over the step's
-    normalizer (from `loss_normalizer` over every micro-batch of the step; None = this call is the whole step).
-    logp, old_logp, ref_logp, loss_mask: (B, T-1); old_logp None = on-policy (ratio 1, REINFORCE gradient).
-    advantages: (B,) one per sequence, or (B, T-1) per token (multi-turn: each turn's tokens get its turn's value).
+    The policy-gradient loss of one micro-batch plus beta * KL, aggregated by agg over the step's normalizer (from
+    `loss_normalizer` over every micro-batch of the step; None = this call is the whole step).
+    logp, old_logp, ref_logp, sampler_logp, loss_mask: (B, T-1); old_logp None = on-policy (ratio 1, REINFORCE
+    gradient). advantages: (B,) one per sequence, or (B, T-1) per token (multi-turn: each turn's tokens get its
+    turn's value). loss: "grpo" | "gspo" | "gspo-token" | "cispo" (module doc; eps_low/eps_high are that loss's
+    clip). is_correction "tis" | "mis" weighs the policy term by pi_old / pi_sampler (needs sampler_logp).
     Returns (loss, stats); stats are detached 0-d tensors: "pg" and "kl_loss" are this micro-batch's share of the
-    step's terms (sum them over micro-batches), "kl", "ratio_mean", "clip_low", "clip_high" are token means over
-    this micro-batch (weigh by "tokens" to combine).
+    step's terms (sum them over micro-batches), "kl", "ratio_mean", "clip_low", "clip_high", "is_weight_mean" are
+    token means over this micro-batch (weigh by "tokens" to combine).
     """
     mask = loss_mask.bool()
     if normalizer is None:
@@ -239,27 +264,41 @@ def policy_loss(logp, old_logp, advantages, loss_mask, eps_low=0.2, eps_high=0.2
     logp = torch.where(mask, logp, 0.0)
     old = logp.detach() if old_logp is None else torch.where(mask, old_logp, 0.0)
     ref_logp = None if ref_logp is None else torch.where(mask, ref_logp, 0.0)
-    ratio = torch.exp(logp - old)  # (B, T-1); exactly 1 on-policy, gradient = grad(logp)
-    surr = ratio * adv
-    surr_clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
-    pg_tok = -torch.minimum(surr, surr_clipped)  # (B, T-1); clipped region -> constant -> zero gradient
-    pg = _aggregate(pg_tok, mask, agg, normalizer)
-    loss = pg
+    pg_tok, ratio, clipped_low, clipped_high = losses.policy_tokens(loss, logp, old, adv, mask, eps_low, eps_high)
     stats = {}
+    if is_correction != "none":
+        if sampler_logp is None:
+            raise ValueError(f"grpo.policy_loss: is_correction={is_correction!r} needs sampler_logp=")
+        w = losses.is_weights(old, sampler_logp.to(logp.dtype), mask, is_correction, is_level, is_cap)
+        pg_tok = pg_tok * w
+        stats["is_weight_mean"] = masked_mean(w.expand_as(logp), mask)
+    pg = _aggregate(pg_tok, mask, agg, normalizer)
+    total = pg
     if ref_logp is not None:
         kl_tok = kl(logp, ref_logp, kl_kind)  # (B, T-1)
         kl_loss = beta * _aggregate(kl_tok, mask, agg, normalizer)
-        loss = loss + kl_loss
+        total = total + kl_loss
         stats["kl"] = masked_mean(kl_tok.detach(), mask)
         stats["kl_loss"] = kl_loss.detach()
     with torch.no_grad():
         stats["pg"] = pg.detach()
-        stats["ratio_mean"] = masked_mean(ratio, mask)
-        # the fraction of tokens whose gradient the clip removed, by side
-        stats["clip_low"] = masked_mean(((ratio < 1.0 - eps_low) & (adv < 0)).to(logp.dtype), mask)
-        stats["clip_high"] = masked_mean(((ratio > 1.0 + eps_high) & (adv > 0)).to(logp.dtype), mask)
+        stats["ratio_mean"] = masked_mean(ratio.detach(), mask)
+        # the fraction of tokens whose term the clip changed, by side
+        stats["clip_low"] = masked_mean(clipped_low.to(logp.dtype), mask)
+        stats["clip_high"] = masked_mean(clipped_high.to(logp.dtype), mask)
         stats["tokens"] = mask.sum()
-    return loss, stats
+    return total, stats
+
+
+def overlong_penalty(length, max_new_tokens, buffer):
+    """DAPO's soft overlong punishment of a completion of `length` tokens: 0 up to max_new_tokens - buffer, then
+    linear down to -1 at max_new_tokens (and -1 past it); buffer 0 = off."""
+    if buffer <= 0:
+        return 0.0
+    start = max_new_tokens - buffer
+    if length <= start:
+        return 0.0
+    return max((start - length) / buffer, -1.0)
 
 
 # ----------------------------------------------------------------------------------------------------------------

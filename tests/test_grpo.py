@@ -275,9 +275,11 @@ def test_clipped_region_has_zero_gradient():
     assert torch.allclose(logp.grad, torch.tensor([expected], dtype=torch.float64))
 
 
+@pytest.mark.parametrize("kind", ["grpo", "gspo", "gspo-token", "cispo"])
 @pytest.mark.parametrize("agg", ["token", "seq", "const"])
-def test_micro_batch_invariance(agg):
-    """The gradient accumulated over micro-batches of 1, 2, 4 sequences equals the full-batch one (fp64)."""
+def test_micro_batch_invariance(agg, kind):
+    """The gradient accumulated over micro-batches of 1, 2, 4 sequences equals the full-batch one (fp64), for every
+    objective of the menu (test_grpo_losses.py), mu > 1 (old log-probs off the current ones) and a KL term."""
     torch.manual_seed(0)
     model, ref_model = ToyLM(seed=1), ToyLM(seed=2)
     B, T, P = 4, 12, 4  # P: left-padded prompt width
@@ -298,7 +300,7 @@ def test_micro_batch_invariance(agg):
         for c in chunks:
             logp = grpo.token_logprobs(model, ids[c], attn[c], chunk=3)
             loss, _ = grpo.policy_loss(logp, old[c], adv[c], loss_mask[c], 0.2, 0.28, agg, norm,
-                                       ref_logp=ref[c], beta=0.1)
+                                       ref_logp=ref[c], beta=0.1, loss=kind)
             loss.backward()
         return [p.grad.clone() for p in model.parameters()]
 
