@@ -4,9 +4,10 @@ with one line listing them all (given with the run's own value, a flag is no cha
 run goes on, how often it saves, evaluates and logs, or how it uses the machine is applied, and recorded in
 config.json's "resumes" list (minigrpo/runs.py RunFolder.record_resume).
 
-train.py prints "resumed from step N of M" with the checkpoint and what changed; --resume of a run killed before its
-first checkpoint starts it over. A longer --steps (or --epochs) stretches the schedule's remaining part: the learning rate of a step after the resume
-point follows the new length, so the resumed run equals an uninterrupted run of the new length only from its start.
+train.py prints "resumed from step N of M" with the checkpoint and what changed; --resume of a run killed before
+its first checkpoint starts it over. A longer --steps (or --epochs) stretches the schedule's remaining part: the
+learning rate of a step after the resume point follows the new length, so the resumed run equals an uninterrupted
+run of the new length only from its start.
 """
 import sys
 

@@ -12,8 +12,9 @@ config.json is written to a temporary name and renamed into place (rename is ato
 logs are cut back to the checkpoint's step on resume, so the resumed run's logs equal an uninterrupted run's.
 
 An existing folder is a run folder when it holds the marker. A folder from before the marker is recognised by what
-only a run writes (a config.json holding the trainer's own keys, run_name, runs_dir, group_size, save_every..., beside
-a checkpoints/ folder) and is marked; any other non-empty folder (a model folder holding its own config.json, say) is refused untouched.
+only a run writes (a config.json holding the trainer's own keys, run_name, runs_dir, group_size, save_every...,
+beside a checkpoints/ folder) and is marked; any other non-empty folder (a model folder holding its own
+config.json, say) is refused untouched.
 """
 import importlib
 import json

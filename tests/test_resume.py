@@ -244,7 +244,8 @@ def test_a_file_size_limit_stops_the_checkpoint_with_one_line(run):
                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
     assert out.returncode == 1, out.stderr[-2000:]
     line = out.stderr.strip().splitlines()[-1]
-    assert line.startswith(f"train.py: stopping: checkpoint step-6 could not be written to {run / 'checkpoints'} ("), line
+    assert line.startswith("train.py: stopping: checkpoint step-6 could not be written to "
+                           f"{run / 'checkpoints'} ("), line
     assert "File too large" in line and f"the last checkpoint, {run / 'checkpoints' / 'step-4'}, is intact" in line
     assert sorted(os.listdir(run / "checkpoints")) == ["step-2", "step-4"]
     assert tree(run / "checkpoints" / "step-4") == last
@@ -312,8 +313,8 @@ def test_the_judge_down_stop_names_the_judges_error_and_what_is_kept(tmp_path, m
     assert judge.grade(task.tasks[0], "an answer") is None
     with pytest.raises(JudgeDown) as e:
         task._count_ungraded(before)
-    assert str(e.value) == ("stopping: the cmd:/bin/false judge failed every call for 3 steps in a row (1 of 1 in the last; "
-                            "its last error: /bin/false exited 1:): check the judge command or server")
+    assert str(e.value) == ("stopping: the cmd:/bin/false judge failed every call for 3 steps in a row (1 of 1 in the "
+                            "last; its last error: /bin/false exited 1:): check the judge command or server")
     def judge_down(args):
         RunFolder(args.runs_dir, args.run_name).claim(fresh=False)
         raise e.value

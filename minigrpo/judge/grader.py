@@ -250,7 +250,7 @@ class Judge:
         self.lock = threading.Lock()
         self.counts = {"graded": 0, "calls": 0, "cache_hits": 0, "failures": 0, "invalid": 0, "errors": 0,
                        "latency_s": 0.0}
-        self.last_error = None    # the last failed call's error, for the line that stops a run on a judge that is down
+        self.last_error = None    # the last failed call's error: the line that stops a run on a judge that is down
 
     def submit(self, task, answer):
         """Future[Verdict | None], graded on the pool."""
