@@ -198,6 +198,21 @@ def test_every_checkpoint_damaged_is_one_line_and_nothing_is_cut(run):
     assert tree(run) == before                                   # the logs were not cut back to step 0
 
 
+def test_a_trainer_state_that_is_not_one_counts_as_damaged(run, capsys):
+    """A readable file that is not a trainer state (another pickle) is damaged too, and the model is not touched
+    by it: the state is read before the weights."""
+    from minigrpo.model import Qwen
+    ckpt = run / "checkpoints"
+    torch.save({"step": 4}, ckpt / "step-4" / "trainer_state.pt")
+    model = Qwen.from_pretrained("tiny", dtype=torch.float32, device="cpu")
+    folder, state = checkpoints.load_latest(str(ckpt), model, lora=False)
+    assert folder == str(ckpt / "step-2") and state["step"] == 2
+    err = capsys.readouterr().err
+    assert f"{ckpt / 'step-4' / 'trainer_state.pt'}: not a trainer state" in err
+    weights = load_file(str(ckpt / "step-2" / "model.safetensors"))
+    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items() if k in weights)
+
+
 def test_what_a_kill_left_half_written_is_removed_at_start(run, capsys):
     tmp = run / "checkpoints" / ".tmp-step-6-99999"
     tmp.mkdir()
