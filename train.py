@@ -434,7 +434,7 @@ def main(argv=None):
         print(f"train.py: {e}; {RunFolder(args.runs_dir, args.run_name).stop_note()}", file=sys.stderr)
         raise SystemExit(1) from None
     except KeyboardInterrupt:  # Ctrl-C: the steps after the last checkpoint are redone by the resume
-        if int(os.environ.get("RANK", 0)) == 0:
+        if int(os.environ.get("RANK", "0")) == 0:
             print(f"\ntrain.py: stopped by Ctrl-C; {RunFolder(args.runs_dir, args.run_name).stop_note()}",
                   file=sys.stderr)
         raise SystemExit(130) from None

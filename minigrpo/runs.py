@@ -202,7 +202,7 @@ class RunFolder:
 
     def resume_command(self) -> str:
         """The command that continues this run (the same launcher, python or torchrun with the same ranks)."""
-        world = int(os.environ.get("WORLD_SIZE", 1))
+        world = int(os.environ.get("WORLD_SIZE", "1"))
         python = os.path.basename(sys.executable)
         if shutil.which(python) is None or os.path.realpath(shutil.which(python)) != os.path.realpath(sys.executable):
             python = sys.executable
