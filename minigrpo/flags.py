@@ -134,8 +134,10 @@ def resolve_args(argv=None) -> argparse.Namespace:
     check_task_flags(args, given)
     if args.run_name is None:
         args.run_name = f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if args.task != "mdp" and not args.experiment:     # a pipeline's folder holds its stages' run folders
-        RunFolder(args.runs_dir, args.run_name).refuse_foreign()      # before any work: nothing of it is touched
+    # before any work, nothing of it touched; a pipeline's folder holds its stages' run folders; under torchrun
+    # rank 0 alone, as it alone makes the folder (another rank could see it half made)
+    if args.task != "mdp" and not args.experiment and os.environ.get("RANK", "0") == "0":
+        RunFolder(args.runs_dir, args.run_name).refuse_foreign()
     require_tracker(args.log_to)
     return args
 

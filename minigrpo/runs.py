@@ -79,11 +79,12 @@ class RunFolder:
         self.refuse_foreign()
         if fresh and os.path.exists(self.file("metrics.jsonl")):
             raise SystemExit(f"{self.path} already holds a run: pass --resume to continue it, or another --run-name")
-        os.makedirs(self.ckpt_dir, mode=0o700, exist_ok=True)
+        os.makedirs(self.path, mode=0o700, exist_ok=True)
         os.chmod(self.path, 0o700)     # samples, the judge's cache and checkpoints: nobody else's to read
-        if not os.path.isfile(self.file(MARKER)):
+        if not os.path.isfile(self.file(MARKER)):   # first: a folder train.py made is never left unmarked
             atomic_write(self.file(MARKER), "a minigrpo run folder: train.py writes only into folders holding this "
                                             "file\n")
+        os.makedirs(self.ckpt_dir, mode=0o700, exist_ok=True)
         self.remove_temporary()
 
     def remove_temporary(self, say: bool = True):
