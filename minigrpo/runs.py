@@ -176,11 +176,11 @@ class RunFolder:
             rows = [json.loads(ln) for ln in f if ln.strip()]
         return (rows[0].get(key), rows[-1].get(key)) if rows else (None, None)
 
-    def save_checkpoint(self, step: int, model, state: dict, lora: bool):
+    def save_checkpoint(self, step: int, model, state: dict, lora: bool, tokenizer=None):
         """checkpoints.save; a checkpoint that cannot be written (a full disk) stops the run with one line naming
         the folder, the error and the free space, its temporary folder removed and the older checkpoints intact."""
         try:
-            checkpoints.save(self.ckpt_dir, step, model, state, lora=lora)
+            checkpoints.save(self.ckpt_dir, step, model, state, lora=lora, tokenizer=tokenizer)
         except (OSError, RuntimeError, SafetensorError) as e:
             if not checkpoints.write_error(e):
                 raise
