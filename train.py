@@ -37,6 +37,7 @@ from minigrpo.flags import resolve_args
 from minigrpo.lora import adapters_disabled, inject_lora
 from minigrpo.model import Qwen, enable_activation_checkpointing
 from minigrpo.optim import adamw
+from minigrpo.resume import check_length, record_resume
 from minigrpo.runs import ProgressBar, RunFolder, StopRun, Tracker, epoch_summary, sample_records, step_metrics
 from minigrpo.sampler import sample
 from minigrpo.tasks import task_from_args
@@ -55,13 +56,15 @@ def train(args, policy=None, task=None) -> dict:
     dist_info = init_distributed(device)
     seed_everything(args.seed)
     run = RunFolder(args.runs_dir, args.run_name)
+    if dist_info.main:
+        run.claim(fresh=not args.resume)   # refuse a folder that is not a run's before any work; make, mark it
     os.makedirs(run.path, mode=0o700, exist_ok=True)        # the judge's cache lives there; private to us
     task = task or task_from_args(args)
     train_set = task.examples("train")
     n_steps = total_steps(args, len(train_set))
     model, tok, params, reference = policy or build_policy(args, device, dtype)
     opt, sched = adamw(params, args.lr, n_steps, args.warmup, args.schedule, args.adam_beta2, args.weight_decay)
-    data, step, nonfinite = resume_or_start(run, args, model, opt, sched, dist_info, device)
+    data, step, nonfinite = resume_or_start(run, args, model, opt, sched, dist_info, device, n_steps)
     if dist_info.main:
         print(f"minigrpo: task={args.task} model={args.model} device={device} dtype={str(dtype)[6:]} "
               f"ranks={dist_info.world} steps={n_steps} trainable={sum(p.numel() for p in params):,} "
@@ -101,6 +104,7 @@ def train(args, policy=None, task=None) -> dict:
     bar.close()
     tracker.close()
     if dist_info.main:
+        first_reward, last_reward = run.first_and_last("reward_mean")   # the run's, not this process's
         print(epoch_summary(run.file("metrics.jsonl")), file=sys.stderr)
         print(f"mean reward: first step {_fmt(first_reward)} -> last step {_fmt(last_reward)}", file=sys.stderr)
     return {"run": run.path, "first_reward": first_reward, "last_reward": last_reward, "model": model}
@@ -333,8 +337,9 @@ def nonfinite_streak(streak, grad_norm, step, run) -> int:
         print(f"warning: step {step}: non-finite loss or gradient, step skipped ({streak} in a row)",
               file=sys.stderr)
     if streak >= MAX_NONFINITE_STEPS:
-        raise SystemExit(f"stopping: {MAX_NONFINITE_STEPS} non-finite steps in a row; the last good checkpoint in "
-                         f"{run.ckpt_dir} is intact (lower --lr or check the data)")
+        raise SystemExit(f"stopping: {streak} non-finite steps in a row (steps {step - streak + 1}-{step}, the last "
+                         f"grad-norm {grad_norm}; their updates were skipped, so the weights are those of step "
+                         f"{step - streak}): lower --lr or check the data; {run.checkpoint_note()}")
     return streak
 
 
@@ -392,21 +397,28 @@ def next_examples(train, count, state: DataState, seed) -> list:
     return out
 
 
-def resume_or_start(run, args, model, opt, sched, dist_info, device):
-    """(data state, step, non-finite streak): from the latest checkpoint with --resume (the logs cut back to it),
-    else a fresh run folder. --resume before any checkpoint starts over. The trainer state is loaded straight onto
-    this rank's device: rank 0 saved it from its own GPU, and without map_location every rank would load it there."""
-    latest = checkpoints.latest(run.ckpt_dir) if args.resume else None
+def resume_or_start(run, args, model, opt, sched, dist_info, device, n_steps):
+    """(data state, step, non-finite streak): from the newest checkpoint that loads with --resume (the logs cut
+    back to it; a damaged newer one is named and set aside), else a fresh run. --resume before any checkpoint
+    starts over. The trainer state is loaded straight onto this rank's device: rank 0 saved it from its own GPU,
+    and without map_location every rank would load it there."""
+    latest, state = None, None
+    if args.resume:
+        latest, state = checkpoints.load_latest(run.ckpt_dir, model, lora=args.lora_r > 0, map_location=device,
+                                                main=dist_info.main)
     if latest is None:
         if dist_info.main:
-            run.create(vars(args), fresh=not args.resume)
+            if args.resume:
+                print(f"train.py: no checkpoint in {run.ckpt_dir} yet: the run starts over", file=sys.stderr)
+            run.create(vars(args))
         return DataState(), 0, 0
-    state = checkpoints.load(latest, model, lora=args.lora_r > 0, map_location=device)
+    check_length(latest, state["step"], n_steps)
     opt.load_state_dict(state["optimizer"])
     sched.load_state_dict(state["scheduler"])
     checkpoints.set_rng_state(state["rng"])
     if dist_info.main:
         run.truncate_logs(state["step"])
+        record_resume(run, latest, state["step"], n_steps, vars(args))    # config.json's history, one line
     return DataState(**state["data"]), state["step"], state["nonfinite"]
 
 
@@ -421,10 +433,11 @@ def checkpoint_due(step, n_steps, args) -> bool:
 
 def save(run, step, model, tok, params, args, dist_info, state):
     """Every rank checks the replicas agree; rank 0 writes checkpoints/step-N, keeps the latest few and redraws
-    curves.png from metrics.jsonl (the last step is always a checkpoint, so the end of the run is drawn too)."""
+    curves.png from metrics.jsonl (the last step is always a checkpoint, so the end of the run is drawn too). A
+    checkpoint that cannot be written (a full disk) stops the run with one line; the older ones are untouched."""
     assert_replicas_in_sync(params, dist_info)
     if dist_info.main:
-        checkpoints.save(run.ckpt_dir, step, model, state, lora=args.lora_r > 0, tokenizer=tok)
+        run.save_checkpoint(step, model, state, lora=args.lora_r > 0, tokenizer=tok)   # a full disk: StopRun
         checkpoints.prune(run.ckpt_dir, args.keep_checkpoints)
         plots.write_run_curves(run.path)      # never raises: a failed plot is one warning line
 
@@ -456,9 +469,14 @@ def main(argv=None):
     try:
         train(args)
         finish_distributed()  # torchrun: the process group is torn down before exit, not by it
-    except StopRun as e:      # a run-policy rule (a judge that is down): one line; the last checkpoint is intact
-        print(f"train.py: {e}", file=sys.stderr)
+    except StopRun as e:      # a run-policy rule (a judge that is down, a full disk): its cause, what is kept
+        print(f"train.py: {e}; {RunFolder(args.runs_dir, args.run_name).stop_note()}", file=sys.stderr)
         raise SystemExit(1) from None
+    except KeyboardInterrupt:  # Ctrl-C: the steps after the last checkpoint are redone by the resume
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"\ntrain.py: stopped by Ctrl-C; {RunFolder(args.runs_dir, args.run_name).stop_note()}",
+                  file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

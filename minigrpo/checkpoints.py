@@ -9,19 +9,32 @@ Either kind loads elsewhere: eval.py --adapter / --model, Qwen.from_pretrained, 
 
 A checkpoint is built in a temporary folder and renamed into place (rename is atomic on POSIX), so a crash, a
 judge failure or SIGKILL never leaves a half-written one: a step-N folder either exists complete or not at all.
+What a kill leaves is a .tmp-step-N-PID folder, which the next start removes (runs.RunFolder.remove_temporary).
+A step-N folder that still cannot be read (a disk error, a file cut by hand or by a full disk outside train.py) is
+set aside as step-N.damaged by load_latest, which resumes from the newest one that loads.
 """
 import json
 import os
+import pickle
 import random
 import shutil
+import sys
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from minigrpo.lora import load_adapter, save_adapter
 
 PREFIX = "step-"
+TMP_PREFIX = f".tmp-{PREFIX}"     # a checkpoint being written: .tmp-step-N-PID
+STATE_KEYS = {"step", "data", "optimizer", "scheduler", "rng", "nonfinite"}
+UNREADABLE = (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError, SafetensorError)
+
+
+class DamagedCheckpoint(Exception):
+    """A checkpoint file that cannot be read back; the message names the file and what went wrong."""
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -86,7 +99,7 @@ def save(ckpt_dir: str, step: int, model, trainer_state: dict, lora: bool, token
     """Write ckpt_dir/step-N atomically: build it in a temporary folder, then rename. A full fine-tune's folder
     is a model folder too: config.json and (given `tokenizer`) the tokenizer's files beside model.safetensors."""
     final = path(ckpt_dir, step)
-    tmp = os.path.join(ckpt_dir, f".tmp-{PREFIX}{step}-{os.getpid()}")
+    tmp = os.path.join(ckpt_dir, f"{TMP_PREFIX}{step}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     if lora:
@@ -108,17 +121,80 @@ def save(ckpt_dir: str, step: int, model, trainer_state: dict, lora: bool, token
 
 def load(folder: str, model, lora: bool, map_location=None) -> dict:
     """Load a checkpoint's weights into `model`; returns its trainer state, its tensors (the optimizer's moments)
-    on map_location: under torchrun each rank's own device, not the GPU of the rank that saved them."""
+    on map_location: under torchrun each rank's own device, not the GPU of the rank that saved them. The trainer
+    state is read first: a damaged one (DamagedCheckpoint) leaves the model untouched."""
+    state_path = os.path.join(folder, "trainer_state.pt")
+    try:
+        state = torch.load(state_path, map_location=map_location, weights_only=False)
+    except UNREADABLE as e:
+        raise DamagedCheckpoint(f"{state_path}: {_first_line(e)}") from None
+    if not isinstance(state, dict) or not STATE_KEYS <= state.keys():
+        raise DamagedCheckpoint(f"{state_path}: not a trainer state (keys {sorted(STATE_KEYS)} expected)")
     if lora:
-        load_adapter(model, os.path.join(folder, "adapter"))
+        try:
+            load_adapter(model, os.path.join(folder, "adapter"))
+        except UNREADABLE as e:
+            raise DamagedCheckpoint(f"{os.path.join(folder, 'adapter')}: {_first_line(e)}") from None
     else:
-        sd = load_file(os.path.join(folder, "model.safetensors"))
-        missing, unexpected = model.load_state_dict(sd, strict=False)
-        missing = [k for k in missing if k != "lm_head.weight"]
-        if missing or unexpected:
-            raise SystemExit(f"{folder}/model.safetensors does not match the model: missing {missing[:3]}, "
-                             f"unexpected {unexpected[:3]}; was it saved from another --model?")
-    return torch.load(os.path.join(folder, "trainer_state.pt"), map_location=map_location, weights_only=False)
+        _load_full(folder, model)
+    return state
+
+
+def _load_full(folder, model):
+    weights = os.path.join(folder, "model.safetensors")
+    try:
+        sd = load_file(weights)
+    except UNREADABLE as e:
+        raise DamagedCheckpoint(f"{weights}: {_first_line(e)}") from None
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise SystemExit(f"{folder}/model.safetensors does not match the model: missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]}; was it saved from another --model?")
+
+
+def load_latest(ckpt_dir: str, model, lora: bool, map_location=None, main: bool = True):
+    """(folder, trainer state) of the newest checkpoint that loads, or (None, None) when there is none. Each newer
+    one that does not load is named in one line with the one resumed from, and (rank 0) set aside as
+    step-N.damaged: the steps after the one resumed from are redone, and its step is saved again when reached."""
+    damaged = []
+    for step in reversed(steps(ckpt_dir)):
+        folder = path(ckpt_dir, step)
+        try:
+            state = load(folder, model, lora, map_location=map_location)
+        except DamagedCheckpoint as e:
+            damaged.append((folder, str(e)))
+            continue
+        for bad, why in damaged:
+            if main:
+                shutil.rmtree(bad + ".damaged", ignore_errors=True)
+                os.replace(bad, bad + ".damaged")
+                print(f"train.py: checkpoint {bad} is damaged ({why}); resuming from {folder} instead (the damaged "
+                      f"one is kept as {os.path.basename(bad)}.damaged)", file=sys.stderr)
+        return folder, state
+    if damaged:
+        raise SystemExit(f"--resume: no checkpoint in {ckpt_dir} can be read ({'; '.join(w for _, w in damaged)}); "
+                         "start a new run under another --run-name")
+    return None, None
+
+
+def write_error(e: BaseException) -> str:
+    """What went wrong when `e` was raised by writing a checkpoint ("" when it is not an I/O failure): an OSError's
+    own words (No space left on device, File too large), safetensors' message, or torch's writer's, which says
+    only "unexpected pos" when the disk is full (the free space the caller prints tells the rest)."""
+    while e is not None:
+        if isinstance(e, OSError):
+            return e.strerror or _first_line(e)
+        if isinstance(e, SafetensorError) or (isinstance(e, RuntimeError) and "inline_container" in str(e)):
+            return _first_line(e)
+        e = e.__cause__ or e.__context__
+    return ""
+
+
+def _first_line(e: BaseException, limit: int = 200) -> str:
+    """The error's first sentence (torch's reader adds a paragraph of advice after it)."""
+    text = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _fsync_dir(folder):

@@ -8,6 +8,7 @@ import time
 
 from minigrpo.losses import IS_CORRECTIONS, IS_LEVELS, LOSSES
 from minigrpo.presets import PRESETS
+from minigrpo.resume import check_resume_flags
 from minigrpo.runs import TRACKERS, RunFolder, require_tracker
 from minigrpo.tasks import TASKS, task_class
 
@@ -123,25 +124,36 @@ def given_flags(parser, argv) -> dict:
 def resolve_args(argv=None) -> argparse.Namespace:
     """The run's arguments: a flag given > the saved config.json (--resume) > the task's preset > the default."""
     parser = build_parser()
+    task_flag = next(a for a in parser._actions if a.dest == "task")
+    task_flag.required = False          # --resume reads it from the run; a fresh run needs it (below)
     given = given_flags(parser, argv)
-    if given["task"] == "mdp":   # the pipeline's stages take their settings from its own table, not from flags
+    if "task" not in given and not given.get("resume"):
+        parser.error("the following arguments are required: --task (or --resume --run-name NAME to continue a run)")
+    if given.get("task") == "mdp":   # the pipeline's stages take their settings from its own table, not from flags
         from minigrpo.tasks.mdp_pipeline import FLAGS
         unused = [f"--{k.replace('_', '-')}" for k in given if k not in FLAGS]
         if unused:
             raise SystemExit(f"{', '.join(unused)}: not used by --task mdp; its stage settings live in "
                              "minigrpo/tasks/mdp_pipeline.py PIPELINES (edit them there)")
-    preset = given.get("preset") or given["task"]
+    saved = {}
+    if given.get("resume"):   # the run's own settings; a flag that would change what it trains is refused
+        saved = RunFolder.saved_config(given.get("runs_dir", parser.get_default("runs_dir")), given.get("run_name"))
+    preset = given.get("preset") or saved.get("preset") or given.get("task") or saved.get("task")
     if preset not in PRESETS:
         raise SystemExit(f"--preset {preset!r} is not a preset: choose one of {', '.join(PRESETS)}")
     parser.set_defaults(**PRESETS[preset])
-    if given.get("resume"):
-        parser.set_defaults(**RunFolder.saved_config(given.get("runs_dir", parser.get_default("runs_dir")),
-                                                     given.get("run_name")))
+    if saved:
+        check_resume_flags(given, saved, parser.get_default)
+        parser.set_defaults(**saved)
     args = parser.parse_args(argv)
     check_task_flags(args, given)
     check_loss_flags(args)
     if args.run_name is None:
         args.run_name = f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}"
+    # before any work, nothing of it touched; a pipeline's folder holds its stages' run folders; under torchrun
+    # rank 0 alone, as it alone makes the folder (another rank could see it half made)
+    if args.task != "mdp" and not args.experiment and os.environ.get("RANK", "0") == "0":
+        RunFolder(args.runs_dir, args.run_name).refuse_foreign()
     require_tracker(args.log_to)
     return args
 

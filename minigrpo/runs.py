@@ -1,6 +1,7 @@
 """The run folder and its checkpoints.
 
-    runs/<name>/config.json          every resolved argument
+    runs/<name>/.minigrpo-run        the marker, written first: train.py writes only into folders that hold it
+    runs/<name>/config.json          every resolved argument, and a "resumes" list (each resume's step and changes)
     runs/<name>/metrics.jsonl        one line per optimizer step
     runs/<name>/samples.jsonl        prompts, completions, scores (and judge reasons) per step
     runs/<name>/checkpoints/step-N/  weights + trainer state (minigrpo/checkpoints.py: save, load, list, prune)
@@ -9,51 +10,138 @@
 
 config.json is written to a temporary name and renamed into place (rename is atomic on POSIX). The append-only
 logs are cut back to the checkpoint's step on resume, so the resumed run's logs equal an uninterrupted run's.
+
+An existing folder is a run folder when it holds the marker. A folder from before the marker is recognised by what
+only a run writes (a config.json holding the trainer's own keys, run_name, runs_dir, group_size, save_every...,
+beside a checkpoints/ folder) and is marked; any other non-empty folder (a model folder holding its own
+config.json, say) is refused untouched.
 """
 import importlib
 import json
 import math
 import os
 import secrets
+import shlex
+import shutil
+import sys
+import time
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 
 from minigrpo import checkpoints
 from minigrpo.common import atomic_write, mean
 
 
 class StopRun(RuntimeError):
-    """A run-policy rule stopped the run (e.g. a judge that is down); the message is the one line to print. The
-    last checkpoint is intact."""
+    """A run-policy rule stopped the run (a judge that is down, a checkpoint that cannot be written); the message
+    names the cause, and train.py adds what the checkpoints hold and the command that continues the run."""
+
+
+MARKER = ".minigrpo-run"
+OWN_FILES = ("config.json", "metrics.jsonl", "samples.jsonl", "curves.png", "wandb_id", MARKER)  # atomic_write's
+RUN_KEYS = {"task", "model", "run_name", "runs_dir", "lr", "group_size", "save_every"}     # in every config.json
 
 
 class RunFolder:
     def __init__(self, root: str, name: str):
+        self.root, self.name = root, name
         self.path = os.path.join(root, name)
         self.ckpt_dir = os.path.join(self.path, "checkpoints")
 
+    # -- whose folder it is ---------------------------------------------------------------------------------------
+
+    def is_run(self) -> bool:
+        """The folder holds the marker, or is a run folder from before the marker (module docstring)."""
+        return os.path.isfile(self.file(MARKER)) or self._unmarked_run()
+
+    def _unmarked_run(self) -> bool:
+        try:
+            with open(self.file("config.json")) as f:
+                cfg = json.load(f)
+        except (OSError, ValueError):
+            return False
+        return isinstance(cfg, dict) and RUN_KEYS <= cfg.keys() and os.path.isdir(self.ckpt_dir)
+
+    def refuse_foreign(self):
+        """One line, and nothing written, when the path exists and is not a run folder (nor an empty folder)."""
+        if not os.path.exists(self.path) or self.is_run():
+            return
+        if os.path.isdir(self.path) and not os.listdir(self.path):
+            return
+        raise SystemExit(f"{self.path} exists and is not a minigrpo run folder (no {MARKER} in it); train.py writes "
+                         "only into new, empty or its own run folders: pass another --run-name or --runs-dir")
+
+    def claim(self, fresh: bool):
+        """Before any work: refuse a folder that is not ours, or (fresh) one that holds a run's logs, so that two
+        runs never interleave their metrics; then make and mark the folder and remove what a kill left."""
+        self.refuse_foreign()
+        if fresh and os.path.exists(self.file("metrics.jsonl")):
+            raise SystemExit(f"{self.path} already holds a run: pass --resume to continue it, or another --run-name")
+        os.makedirs(self.path, mode=0o700, exist_ok=True)
+        os.chmod(self.path, 0o700)     # samples, the judge's cache and checkpoints: nobody else's to read
+        if not os.path.isfile(self.file(MARKER)):   # first: a folder train.py made is never left unmarked
+            atomic_write(self.file(MARKER), "a minigrpo run folder: train.py writes only into folders holding this "
+                                            "file\n")
+        os.makedirs(self.ckpt_dir, mode=0o700, exist_ok=True)
+        self.remove_temporary()
+
+    def remove_temporary(self, say: bool = True):
+        """Temporary checkpoint folders and files that a kill left half-written (one run folder, one trainer: no
+        other process is writing them); one line names them."""
+        gone = [os.path.join("checkpoints", d) for d in sorted(os.listdir(self.ckpt_dir))
+                if d.startswith(checkpoints.TMP_PREFIX)]
+        for d in gone:
+            shutil.rmtree(self.file(d), ignore_errors=True)
+        for name in os.listdir(self.path):
+            base, _, pid = name.rpartition(".tmp-")
+            if base in OWN_FILES and pid.isdigit() and os.path.isfile(self.file(name)):
+                os.remove(self.file(name))
+                gone.append(name)
+        if gone and say:
+            print(f"train.py: removed what an interrupted run left half-written in {self.path}: {', '.join(gone)}",
+                  file=sys.stderr)
+
+    # -- the run's settings ---------------------------------------------------------------------------------------
+
     @staticmethod
     def saved_config(root: str, name: str | None) -> dict:
+        """The settings the run trains with: config.json's, with each resume's changes applied in order."""
         if not name:
             raise SystemExit("--resume needs --run-name: the run folder to continue")
-        path = os.path.join(root, name, "config.json")
+        run = RunFolder(root, name)
+        path = run.file("config.json")
         if not os.path.exists(path):
             raise SystemExit(f"--resume: {path} does not exist; start the run without --resume first")
-        with open(path) as f:
-            cfg = json.load(f)
+        run.refuse_foreign()
+        cfg = run.config()
+        for entry in cfg.pop("resumes", []):
+            cfg.update({k: new for k, (_, new) in entry["changed"].items()})
         cfg.pop("resume", None)
         return cfg
 
-    def create(self, config: dict, fresh: bool = True):
-        """Start the run folder. A fresh run refuses a folder that already holds a run's logs, so that two runs
-        never interleave their metrics; --resume of a run killed before its first checkpoint starts it over."""
-        if fresh and os.path.exists(self.file("metrics.jsonl")):
-            raise SystemExit(f"{self.path} already holds a run: pass --resume to continue it, or another --run-name")
-        os.makedirs(self.ckpt_dir, exist_ok=True)
-        os.chmod(self.path, 0o700)     # samples, the judge's cache and checkpoints: nobody else's to read
+    def config(self) -> dict:
+        with open(self.file("config.json")) as f:
+            try:
+                return json.load(f)
+            except ValueError as e:
+                raise SystemExit(f"--resume: {self.file('config.json')} is not valid JSON ({e}); the run's settings "
+                                 "cannot be read") from None
+
+    def create(self, config: dict):
+        """Start the run's logs and config.json in a claimed folder."""
         self.truncate_logs(0)
-        atomic_write(os.path.join(self.path, "config.json"), json.dumps(config, indent=2, default=str) + "\n")
+        atomic_write(self.file("config.json"), json.dumps(config, indent=2, default=str) + "\n")
+
+    def record_resume(self, step: int, changed: dict):
+        """Append this resume (its step, and each setting it changed: [before, after]) to config.json's list."""
+        cfg = self.config()
+        cfg.setdefault("resumes", []).append({"step": step, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                              "changed": changed})
+        atomic_write(self.file("config.json"), json.dumps(cfg, indent=2, default=str) + "\n")
+
+    # -- logs and checkpoints -------------------------------------------------------------------------------------
 
     def file(self, name):
         return os.path.join(self.path, name)
@@ -80,8 +168,47 @@ class RunFolder:
                     pass
             atomic_write(path, "".join(keep))
 
+    def first_and_last(self, key: str):
+        """`key` of the run's first and last logged step (metrics.jsonl: the whole run's, across resumes)."""
+        if not os.path.exists(self.file("metrics.jsonl")):
+            return None, None
+        with open(self.file("metrics.jsonl")) as f:
+            rows = [json.loads(ln) for ln in f if ln.strip()]
+        return (rows[0].get(key), rows[-1].get(key)) if rows else (None, None)
+
+    def save_checkpoint(self, step: int, model, state: dict, lora: bool, tokenizer=None):
+        """checkpoints.save; a checkpoint that cannot be written (a full disk) stops the run with one line naming
+        the folder, the error and the free space, its temporary folder removed and the older checkpoints intact."""
+        try:
+            checkpoints.save(self.ckpt_dir, step, model, state, lora=lora, tokenizer=tokenizer)
+        except (OSError, RuntimeError, SafetensorError) as e:
+            if not checkpoints.write_error(e):
+                raise
+            self.remove_temporary(say=False)
+            free = shutil.disk_usage(self.ckpt_dir).free / 2 ** 20
+            raise StopRun(f"stopping: checkpoint step-{step} could not be written to {self.ckpt_dir} "
+                          f"({checkpoints.write_error(e)}; {free:.1f} MiB free there): free some space") from None
+
     def latest_checkpoint(self) -> str | None:
         return checkpoints.latest(self.ckpt_dir)
+
+    def checkpoint_note(self) -> str:
+        """What a stop message may say about the checkpoints: the latest one, only when there is one."""
+        latest = self.latest_checkpoint()
+        return f"the last checkpoint, {latest}, is intact" if latest else "no checkpoint was written yet"
+
+    def stop_note(self) -> str:
+        """What a stopped run keeps and the command that continues it."""
+        return f"{self.checkpoint_note()}; continue with: {self.resume_command()}"
+
+    def resume_command(self) -> str:
+        """The command that continues this run (the same launcher, python or torchrun with the same ranks)."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        python = os.path.basename(sys.executable)
+        if shutil.which(python) is None or os.path.realpath(shutil.which(python)) != os.path.realpath(sys.executable):
+            python = sys.executable
+        launcher = [python] if world == 1 else ["torchrun", "--nproc_per_node", str(world)]
+        return shlex.join([*launcher, "train.py", "--resume", "--runs-dir", self.root, "--run-name", self.name])
 
 
 def _jsonable(x):

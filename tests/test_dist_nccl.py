@@ -162,6 +162,8 @@ def test_resume_loads_the_trainer_state_onto_the_rank_device(tmp_path, monkeypat
     sum(p.sum() for p in params).backward()
     opt.step()
     run = RunFolder(str(tmp_path), "r")
+    run.claim(fresh=True)
+    run.create({"resume": False, "lora_r": 0})
     checkpoints.save(run.ckpt_dir, 1, model, train.trainer_state(1, train.DataState(), opt, sched, 0), lora=False)
     state = checkpoints.load(checkpoints.latest(run.ckpt_dir), model, lora=False, map_location="meta")
     moments = [t for s in state["optimizer"]["state"].values() for t in s.values() if t.dim()]
@@ -169,7 +171,7 @@ def test_resume_loads_the_trainer_state_onto_the_rank_device(tmp_path, monkeypat
     seen, real = [], checkpoints.load
     monkeypatch.setattr(checkpoints, "load", lambda *a, **kw: seen.append(kw.get("map_location")) or real(*a, **kw))
     args = argparse.Namespace(resume=True, lora_r=0)
-    assert train.resume_or_start(run, args, model, opt, sched, Dist(), torch.device("cpu"))[1] == 1
+    assert train.resume_or_start(run, args, model, opt, sched, Dist(), torch.device("cpu"), 10)[1] == 1
     assert seen == [torch.device("cpu")]
 
 

@@ -9,6 +9,7 @@ import pytest
 
 import train
 from minigrpo.flags import resolve_args
+from minigrpo.runs import RunFolder
 from minigrpo.sampler import Sample
 from minigrpo.tasks import task_from_args, twoturn
 from minigrpo.tasks.revise import RevisionTask, critique, grade, letter_sets
@@ -181,7 +182,7 @@ def test_soyuz_takes_the_guard_and_coef_from_the_flags():
 
 @pytest.mark.parametrize("task", ["revise", "soyuz"])
 def test_flags_reach_the_task(task, tmp_path):
-    (tmp_path / "r").mkdir()                                 # soyuz's judge keeps its cache in the run folder
+    RunFolder(str(tmp_path), "r").claim(fresh=True)         # soyuz's judge keeps its cache in the run folder
     run = ["--runs-dir", str(tmp_path), "--run-name", "r"]
     t = task_from_args(resolve_args(["--task", task, "--recovery-coef", "0.25", "--no-turn0-guard", *run]))
     assert (t.coef, t.turn0_guard) == (0.25, False)

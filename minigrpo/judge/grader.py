@@ -250,6 +250,7 @@ class Judge:
         self.lock = threading.Lock()
         self.counts = {"graded": 0, "calls": 0, "cache_hits": 0, "failures": 0, "invalid": 0, "errors": 0,
                        "latency_s": 0.0}
+        self.last_error = None    # the last failed call's error: the line that stops a run on a judge that is down
 
     def submit(self, task, answer):
         """Future[Verdict | None], graded on the pool."""
@@ -334,9 +335,11 @@ class Judge:
                 return parse_verdict(self.backend(build_prompt(task, answer, criteria), self.timeout), ids)
             except InvalidVerdict as e:
                 self._count(invalid=1)
+                self.last_error = f"invalid verdict: {e}"
                 log.info("judge %s: task %s attempt %d: invalid verdict: %s", self.spec, task.get("id"), attempt, e)
             except Exception as e:    # BackendError, or anything unexpected: retry, never raise into training
                 self._count(errors=1)
+                self.last_error = " ".join(str(e).split())[:300] or type(e).__name__
                 log.info("judge %s: task %s attempt %d: %s", self.spec, task.get("id"), attempt, e)
         return None
 

@@ -187,8 +187,8 @@ class SoyuzTask:
             self.ungraded_steps = self.ungraded_steps + 1 if failed == calls else 0
         if self.ungraded_steps >= JUDGE_DOWN_STEPS:
             raise JudgeDown(f"stopping: the {self.judge_spec} judge failed every call for {self.ungraded_steps} "
-                            f"steps in a row ({failed} of {calls} in the last); check the judge command or server; "
-                            "the last checkpoint is intact")
+                            f"steps in a row ({failed} of {calls} in the last; its last error: "
+                            f"{getattr(self.judge, 'last_error', None)}): check the judge command or server")
 
     # -- metrics as the seed reports them ------------------------------------------------------------------------
 

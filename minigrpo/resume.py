@@ -1,0 +1,70 @@
+"""What `--resume` may change. A resumed run is the run it continues: its task, model, data, LoRA shape, sampling,
+loss, optimizer, schedule and seed come from its config.json, and a flag that would change one of them is refused
+with one line listing them all (given with the run's own value, a flag is no change). What only says how long the
+run goes on, how often it saves, evaluates and logs, or how it uses the machine is applied, and recorded in
+config.json's "resumes" list (minigrpo/runs.py RunFolder.record_resume).
+
+train.py prints "resumed from step N of M" with the checkpoint and what changed; --resume of a run killed before
+its first checkpoint starts it over. A longer --steps (or --epochs) stretches the schedule's remaining part: the
+learning rate of a step after the resume point follows the new length, so the resumed run equals an uninterrupted
+run of the new length only from its start.
+"""
+import sys
+
+from minigrpo.runs import RunFolder
+
+SAFE_TO_CHANGE = {
+    "steps", "epochs",                                      # how long the run goes on
+    "save_every", "keep_checkpoints", "eval_every", "eval_limit",
+    "quiet", "log_to", "plan",                              # what it shows and where it logs
+    "device", "micro_batch", "grad_checkpoint", "judge_workers",   # memory and concurrency, not the math
+}
+IDENTITY = {"resume", "runs_dir", "run_name"}               # which run: never a change
+
+
+def refused_changes(given: dict, saved: dict, default) -> list[str]:
+    """The flags in `given` (those on the command line) that would change what the saved run trains, each as
+    "--flag VALUE (the run's: SAVED)". `default(key)` is the value a run that predates the flag trained with."""
+    out = []
+    for key, value in given.items():
+        if key in IDENTITY or key in SAFE_TO_CHANGE:
+            continue
+        was = saved.get(key, default(key))
+        if value != was:
+            shown = "" if isinstance(value, bool) else f" {value}"
+            out.append(f"{flag(key, value)}{shown} (the run's: {was})")
+    return out
+
+
+def check_resume_flags(given: dict, saved: dict, default):
+    """SystemExit with one line when a given flag would change the run being resumed."""
+    refused = refused_changes(given, saved, default)
+    if refused:
+        raise SystemExit(f"--resume: {', '.join(refused)}: would change what run {given.get('run_name')!r} trains; "
+                         "drop them to continue it (its settings come from its config.json), or start a new run "
+                         "under another --run-name")
+
+
+def changed_settings(saved: dict, resolved: dict) -> dict:
+    """{key: [before, after]} of the safe settings this resume changes (what record_resume writes down)."""
+    return {k: [saved.get(k), resolved[k]] for k in sorted(SAFE_TO_CHANGE)
+            if k in resolved and resolved[k] != saved.get(k)}
+
+
+def check_length(latest: str, step: int, n_steps: int):
+    if step > n_steps:
+        raise SystemExit(f"--resume: {latest} is past the run's end ({n_steps} steps): pass --steps {step} or more "
+                         "to continue it")
+
+
+def record_resume(run: RunFolder, latest: str, step: int, n_steps: int, resolved: dict):
+    """Write this resume into config.json's history and say it in one line."""
+    changed = changed_settings(RunFolder.saved_config(run.root, run.name), resolved)
+    run.record_resume(step, changed)
+    note = "".join(f"; {flag(k)} {old} -> {new}" for k, (old, new) in changed.items())
+    print(f"train.py: resumed from step {step} of {n_steps} ({latest}){note}", file=sys.stderr)
+
+
+def flag(key: str, value=None) -> str:
+    """The flag as typed: --no-turn0-guard for a BooleanOptionalAction given False."""
+    return f"--{'no-' if value is False else ''}{key.replace('_', '-')}"
