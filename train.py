@@ -22,6 +22,7 @@ import argparse
 import math
 import os
 import random
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -30,17 +31,18 @@ import numpy as np
 import torch
 
 from minigrpo import checkpoints, grpo, plots
-from minigrpo.common import derive_seed, left_pad, mean, pick_device, pick_dtype
+from minigrpo.common import (UsageError, derive_seed, first_line, left_pad, mean, pick_device, pick_dtype,
+                             set_cpu_threads, threads_note)
 from minigrpo.dist import (all_gather_objects, all_reduce_, all_reduce_sum, assert_replicas_in_sync, finish_distributed,
                            init_distributed)
 from minigrpo.flags import resolve_args
 from minigrpo.lora import adapters_disabled, inject_lora
 from minigrpo.model import Qwen, enable_activation_checkpointing
 from minigrpo.optim import adamw
+from minigrpo.pretrained import load_model_and_tokenizer
 from minigrpo.runs import ProgressBar, RunFolder, StopRun, Tracker, epoch_summary, sample_records, step_metrics
 from minigrpo.sampler import sample
 from minigrpo.tasks import task_from_args
-from minigrpo.tokenizer import Tokenizer
 
 
 # -----------------------------------------------------------------------------------------------------------------
@@ -63,7 +65,8 @@ def train(args, policy=None, task=None) -> dict:
     opt, sched = adamw(params, args.lr, n_steps, args.warmup, args.schedule, args.adam_beta2, args.weight_decay)
     data, step, nonfinite = resume_or_start(run, args, model, opt, sched, dist_info, device)
     if dist_info.main:
-        print(f"minigrpo: task={args.task} model={args.model} device={device} dtype={str(dtype)[6:]} "
+        print(f"minigrpo: task={args.task} model={args.model} device={device}{threads_note(device)} "
+              f"dtype={str(dtype)[6:]} "
               f"ranks={dist_info.world} steps={n_steps} trainable={sum(p.numel() for p in params):,} "
               f"run={run.path}", file=sys.stderr)
     bar = ProgressBar(n_steps, step, args.task, enabled=dist_info.main and not args.quiet)
@@ -100,8 +103,8 @@ def train(args, policy=None, task=None) -> dict:
     bar.close()
     tracker.close()
     if dist_info.main:
-        print(epoch_summary(run.file("metrics.jsonl")), file=sys.stderr)
-        print(f"mean reward: first step {_fmt(first_reward)} -> last step {_fmt(last_reward)}", file=sys.stderr)
+        print(epoch_summary(run.file("metrics.jsonl")))      # the result: stdout; progress and warnings: stderr
+        print(f"mean reward: first step {_fmt(first_reward)} -> last step {_fmt(last_reward)}")
     return {"run": run.path, "first_reward": first_reward, "last_reward": last_reward, "model": model}
 
 
@@ -311,11 +314,13 @@ def seed_everything(seed):
 def build_policy(args, device, dtype):
     """(model, tokenizer, trainable params, reference or None). One compute dtype for the whole run; LoRA weights
     and the optimizer state stay fp32 (lora.py casts A and B in forward)."""
-    model = Qwen.from_pretrained(args.model, dtype=dtype, device=device)
-    tok = Tokenizer.from_pretrained(args.model)
+    model, tok = load_model_and_tokenizer(args.model, dtype, device)      # a folder that cannot be used: one line
     if args.lora_r > 0:
         kw = {"targets": args.lora_targets.split(",")} if args.lora_targets else {}
-        params = inject_lora(model, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout, **kw)
+        try:
+            params = inject_lora(model, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout, **kw)
+        except ValueError as e:              # --lora-targets that name no projection of this model
+            raise UsageError(f"--lora-targets {args.lora_targets}: {first_line(e)}") from None
         reference = None  # the reference is the same model under adapters_disabled()
     else:
         # Full fine-tune: every weight trains, in fp32 (a bf16 weight cannot absorb small updates). With β > 0
@@ -342,6 +347,8 @@ class DataState:
 
 
 def next_examples(train, count, state: DataState, seed) -> list:
+    if not train:
+        raise ValueError("next_examples: the train split is empty")     # the loop below would never end
     out = []
     while len(out) < count:
         order = np.random.default_rng(derive_seed(seed, "epoch", state.epoch)).permutation(len(train))
@@ -402,24 +409,37 @@ def main(argv=None):
         args = resolve_args(argv)
     except SystemExit as e:   # a usage error with its one-line message: exit code 2, as argparse's own
         if isinstance(e.code, str):
-            print(f"train.py: error: {e.code}", file=sys.stderr)
-            raise SystemExit(2) from None
+            usage_error(e.code)
         raise
     if args.plan:             # the memory plan from the model's config.json; nothing is loaded
         from minigrpo.memplan import print_plan
         return print_plan(args)
-    if args.task == "mdp":    # the verifier-MDP pipeline: SFT, DPO, then GRPO through this file's train()
-        from minigrpo.tasks.mdp_pipeline import run_pipeline
-        return run_pipeline(args, trainer=train)
-    if args.experiment:       # the revise experiment: a base, three shaping arms x seeds through train(), report
-        from minigrpo.tasks.revise_pipeline import run_experiment
-        return run_experiment(args, trainer=train)
+    if pick_device(args.device).type == "cpu":   # saved in config.json: a resume computes as this run did
+        args.threads = set_cpu_threads(args.threads, "kept from the run resumed" if args.resume else "set by --threads")
+    run_path = os.path.join(args.runs_dir, args.run_name)
+    made = not os.path.exists(run_path)
     try:
+        if args.task == "mdp":    # the verifier-MDP pipeline: SFT, DPO, then GRPO through this file's train()
+            from minigrpo.tasks.mdp_pipeline import run_pipeline
+            return run_pipeline(args, trainer=train)
+        if args.experiment:       # the revise experiment: a base, three shaping arms x seeds through train(), report
+            from minigrpo.tasks.revise_pipeline import run_experiment
+            return run_experiment(args, trainer=train)
         train(args)
         finish_distributed()  # torchrun: the process group is torn down before exit, not by it
+    except UsageError as e:   # a model or data file that cannot be used: one line; the run folder made for it goes
+        if made and os.path.isdir(run_path) and set(os.listdir(run_path)) <= {"judge_cache.sqlite"}:
+            shutil.rmtree(run_path)     # made by this process and holding nothing but the judge's (empty) cache
+        usage_error(str(e))
     except StopRun as e:      # a run-policy rule (a judge that is down): one line; the last checkpoint is intact
         print(f"train.py: {e}", file=sys.stderr)
         raise SystemExit(1) from None
+
+
+def usage_error(line):
+    """The one line of a flag, model or data problem, as argparse prints its own: exit code 2."""
+    print(f"train.py: error: {line}", file=sys.stderr)
+    raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import re
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.decoders import DecodeStream
 
+from minigrpo.common import first_line
 from minigrpo.pretrained import TOKENIZER_FILES, local_folder
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
@@ -237,7 +238,7 @@ class Tokenizer:
         try:
             hf = HFTokenizer.from_file(tok_path)
         except Exception as e:
-            raise ValueError(f"{tok_path}: cannot read it as a tokenizers file ({_first_line(e)})") from None
+            raise ValueError(f"{tok_path}: cannot read it as a tokenizers file ({first_line(e)})") from None
         template = _read_template(folder)
         config = _read_json(os.path.join(folder, "config.json"))
         model_type = config.get("model_type") if config else None
@@ -288,18 +289,17 @@ class Tokenizer:
         return f"Tokenizer({self.name!r}, family={self.family}, vocab_size={self.vocab_size})"
 
 
-def _first_line(e):
-    return (str(e).splitlines() or [""])[0]
-
-
 def _read_json(path):
     if not os.path.isfile(path):
         return None
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            data = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object ({{...}}), got a {type(data).__name__}")
+    return data
 
 
 def _read_template(folder):
