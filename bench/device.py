@@ -148,7 +148,7 @@ def synthetic(args):
         dt = time.perf_counter() - t
     if out.returncode != 0:
         raise RuntimeError(f"exit {out.returncode}: {out.stderr.strip().splitlines()[-1:]}")
-    m = re.search(r"mean reward: first step (\S+) -> last step (\S+)", out.stderr)
+    m = re.search(r"mean reward: first step (\S+) -> last step (\S+)", out.stdout)   # the result: stdout
     return dict(ours=f"{dt:.1f} s wall", note=f"reward first {m.group(1)} -> last {m.group(2)}" if m else "")
 
 

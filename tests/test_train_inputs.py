@@ -261,12 +261,13 @@ def test_threads_come_from_the_flag_then_the_variable_then_the_idle_cores(monkey
     assert common.pick_threads(None)[0] == 2
 
 
-def test_a_run_says_its_threads_records_them_and_prints_its_table_to_stdout(tmp_path, capsys):
-    train.main([*SYN, "--tasks-per-step", "2", "--group-size", "2", "--max-new-tokens", "2", "--threads", "1",
+def test_a_run_says_its_threads_records_them_and_prints_its_table_to_stdout(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    train.main([*SYN, "--tasks-per-step", "2", "--group-size", "2", "--max-new-tokens", "2",
                 "--runs-dir", str(tmp_path), "--run-name", "r"])
     out, err = capsys.readouterr()
     start = [ln for ln in err.splitlines() if ln.startswith("minigrpo: ")]
-    assert len(start) == 1 and "threads=1 (set by --threads; --threads N or OMP_NUM_THREADS=N" in start[0]
+    assert len(start) == 1 and "threads=1 (set by OMP_NUM_THREADS; --threads N or OMP_NUM_THREADS=N" in start[0]
     assert "| epoch | steps |" in out and "mean reward: first step" in out        # the result: stdout
     assert "| epoch |" not in err and "mean reward" not in err
     assert json.loads((tmp_path / "r" / "config.json").read_text())["threads"] == 1   # a resume reuses it
