@@ -271,3 +271,10 @@ def test_a_run_says_its_threads_records_them_and_prints_its_table_to_stdout(tmp_
     assert "| epoch | steps |" in out and "mean reward: first step" in out        # the result: stdout
     assert "| epoch |" not in err and "mean reward" not in err
     assert json.loads((tmp_path / "r" / "config.json").read_text())["threads"] == 1   # a resume reuses it
+
+
+def test_the_pipelines_take_threads_too(tmp_path, capsys):
+    """--threads is a machine setting: the mdp pipeline, which takes few flags, takes it and checks its range."""
+    from minigrpo.flags import resolve_args
+    assert resolve_args(["--task", "mdp", "--threads", "1", "--runs-dir", str(tmp_path)]).threads == 1
+    assert "--threads 0" in one_line_error(["--task", "mdp", "--threads", "0"], tmp_path / "runs", capsys)
