@@ -22,6 +22,8 @@ Per task (minigrpo/evals/<task>.py; what they share: minigrpo/evals/common.py):
     soyuz      the seed's metrics over one 2-turn rollout (answer -> critique -> revision) per task and sample:
                reward (final answer), turn-0 score, recovery, bad->good, good->bad; a per-task table
     synthetic  mean score
+    revise     the revise experiment's metrics (final and turn-0 score, recovery, bad->good, good->bad) over
+               --group-size two-turn rollouts of each held-out prompt, with the experiment's seeds
     mdp        solve rate by probe budget next to the random / minimax / max-split / oracle baselines, and which
                probes it picks (probe_choices: among minimax's, max-split's, the oracle's best; repeats); the MDP
                and its baselines are minigrpo/mdp.py
@@ -33,8 +35,8 @@ import time
 
 import torch
 
-from minigrpo.evals import gsm8k, mdp, soyuz, synthetic
-from minigrpo.evals.common import UsageError, resolve_adapter
+from minigrpo.evals import gsm8k, mdp, revise, soyuz, synthetic
+from minigrpo.evals.common import UsageError, adapter_base, resolve_adapter, resolve_model
 from minigrpo.presets import PRESETS
 from minigrpo.tasks import TASKS
 
@@ -43,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="eval.py",
                                 description="Evaluate a model (and a LoRA adapter on it) on a minigrpo task.")
     p.add_argument("--task", required=True, choices=TASKS)
-    p.add_argument("--model", help="hub id, local folder, 'tiny' or 'tiny-qwen3.5' (default: the task's preset)")
+    p.add_argument("--model", help="hub id, local folder, 'tiny' or 'tiny-qwen3.5', a full fine-tune's checkpoint "
+                                   "or run folder (its latest checkpoint) (default: the base --adapter names, else "
+                                   "the task's preset)")
     p.add_argument("--adapter", help="LoRA adapter folder, a checkpoint folder holding adapter/, or a run folder "
                                      "(its latest checkpoint); adds the 'adapter' column next to 'base'")
     p.add_argument("--data", help="task data: gsm8k JSONL file / folder / 'hub' (default hub); soyuz tasks JSON")
@@ -69,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     # soyuz
     p.add_argument("--judge", help="soyuz judge: local (default) | claude | cmd:<command> | http(s)://server/v1")
     p.add_argument("--judge-workers", type=int, default=8)
-    p.add_argument("--group-size", type=int, help="soyuz: rollouts per task (default 1; >1 needs --temperature)")
+    p.add_argument("--group-size", type=int, help="soyuz, revise: rollouts per task or prompt (default 1; >1 needs "
+                                                  "--temperature)")
     # mdp
     p.add_argument("--mdp-prompt", choices=["full", "compact"],
                    help="mdp: prompt style (default: the one in pipeline.json next to --model or --adapter, from "
@@ -88,9 +93,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args):
     """Every flag problem we can see before loading anything, as one actionable line."""
-    if args.task not in EVALS:
-        raise UsageError(f"--task {args.task}: no eval.py evaluation; its experiment evaluates base and trained "
-                         "(python train.py --task revise --model tiny --experiment)")
     for flag in ("limit", "max_new_tokens", "batch_size", "group_size", "judge_workers"):
         value = getattr(args, flag)
         if value is not None and value < 1:
@@ -99,12 +101,13 @@ def check_args(args):
         raise UsageError(f"--hint-probe {args.hint_probe}: must be 0 (off) or a number of problems")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         raise UsageError("--temperature must be >= 0 (0 = greedy) and --top-p in (0, 1]")
-    only = {"gsm8k": ("svamp", "math", "no_stop", "hint_probe"), "soyuz": ("judge", "group_size"),
-            "mdp": ("mdp_prompt",)}
+    only = {"gsm8k": ("svamp", "math", "no_stop", "hint_probe"), "soyuz": ("judge",), "mdp": ("mdp_prompt",)}
     for task, flags in only.items():
         for flag in flags:
             if args.task != task and getattr(args, flag):
                 raise UsageError(f"--{flag.replace('_', '-')} is for --task {task} only")
+    if args.group_size and args.task not in ("soyuz", "revise"):
+        raise UsageError("--group-size is for --task soyuz and revise only")
     for flag in ("data", "svamp", "math"):
         path = getattr(args, flag)
         if path not in (None, "hub") and not os.path.exists(path):
@@ -113,6 +116,7 @@ def check_args(args):
         raise UsageError("--data hub: the soyuz tasks are a local JSON file (default minigrpo/data/soyuz_tasks.json)")
     if args.run is not None and not os.path.exists(os.path.join(args.run, "metrics.jsonl")):
         raise UsageError(f"--run {args.run}: no metrics.jsonl there; pass a training run folder (runs/<name>)")
+    args.model = resolve_model(args.model)
     if args.adapter is not None:
         args.adapter = resolve_adapter(args.adapter)
     if args.group_size and args.group_size > 1 and args.temperature == 0:
@@ -122,6 +126,8 @@ def check_args(args):
 
 def resolve_defaults(args):
     preset = PRESETS.get(args.task, {})
+    if args.model is None and args.adapter is not None:
+        args.model = adapter_base(args.adapter)
     args.model = args.model or preset.get("model", "tiny")
     args.max_new_tokens = args.max_new_tokens or preset.get("max_new_tokens", 8)
     args.group_size = args.group_size or 1
@@ -136,7 +142,7 @@ def resolve_defaults(args):
 
 
 EVALS = {"gsm8k": gsm8k.eval_gsm8k, "soyuz": soyuz.eval_soyuz, "synthetic": synthetic.eval_synthetic,
-         "mdp": mdp.eval_mdp}
+         "mdp": mdp.eval_mdp, "revise": revise.eval_revise}
 
 
 def main(argv=None) -> dict:

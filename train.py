@@ -98,7 +98,7 @@ def train(args, policy=None, task=None) -> dict:
             for rec in sample_records(step, everyone, tok):
                 run.append("samples.jsonl", rec)
         if checkpoint_due(step, n_steps, args):
-            save(run, step, model, params, args, dist_info, trainer_state(step, data, opt, sched, nonfinite))
+            save(run, step, model, tok, params, args, dist_info, trainer_state(step, data, opt, sched, nonfinite))
         bar.update(m)
     bar.close()
     tracker.close()
@@ -387,12 +387,12 @@ def checkpoint_due(step, n_steps, args) -> bool:
     return step % args.save_every == 0 or step == n_steps
 
 
-def save(run, step, model, params, args, dist_info, state):
+def save(run, step, model, tok, params, args, dist_info, state):
     """Every rank checks the replicas agree; rank 0 writes checkpoints/step-N, keeps the latest few and redraws
     curves.png from metrics.jsonl (the last step is always a checkpoint, so the end of the run is drawn too)."""
     assert_replicas_in_sync(params, dist_info)
     if dist_info.main:
-        checkpoints.save(run.ckpt_dir, step, model, state, lora=args.lora_r > 0)
+        checkpoints.save(run.ckpt_dir, step, model, state, lora=args.lora_r > 0, tokenizer=tok)
         checkpoints.prune(run.ckpt_dir, args.keep_checkpoints)
         plots.write_run_curves(run.path)      # never raises: a failed plot is one warning line
 

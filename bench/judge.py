@@ -43,7 +43,8 @@ def grade_all(root, workers):
     return {"wall": wall, "answers": len(verdicts), "not_1": not_1}
 
 
-HOSTILE = {"sleeps": "import time\ntime.sleep(600)", "spins": "while True:\n    pass"}
+HOSTILE = {"sleeps": "import time\ntime.sleep(600)", "spins": "while True:\n    pass",     # at import
+           "spins-in-call": "def merge_intervals(intervals):\n    while True:\n        pass"}     # when called
 
 
 def grade_batch(root, workers, hostile):

@@ -1,11 +1,16 @@
 """Run checkpoints: save, load, list, prune.
 
-    runs/<name>/checkpoints/step-N/adapter/             LoRA adapter in PEFT layout (or model.safetensors: full weights)
+    runs/<name>/checkpoints/step-N/adapter/             LoRA adapter in PEFT layout, naming its base model
+    runs/<name>/checkpoints/step-N/model.safetensors    or, for a full fine-tune, the weights with config.json and
+                                                        the tokenizer's files beside them: a model folder
     runs/<name>/checkpoints/step-N/trainer_state.pt     optimizer, scheduler, every RNG, step, data position
+
+Either kind loads elsewhere: eval.py --adapter / --model, Qwen.from_pretrained, and `python -m minigrpo.export`.
 
 A checkpoint is built in a temporary folder and renamed into place (rename is atomic on POSIX), so a crash, a
 judge failure or SIGKILL never leaves a half-written one: a step-N folder either exists complete or not at all.
 """
+import json
 import os
 import random
 import shutil
@@ -77,8 +82,9 @@ def full_weights(model) -> dict:
     return {k: v.detach().contiguous() for k, v in sd.items()}
 
 
-def save(ckpt_dir: str, step: int, model, trainer_state: dict, lora: bool):
-    """Write ckpt_dir/step-N atomically: build it in a temporary folder, then rename."""
+def save(ckpt_dir: str, step: int, model, trainer_state: dict, lora: bool, tokenizer=None):
+    """Write ckpt_dir/step-N atomically: build it in a temporary folder, then rename. A full fine-tune's folder
+    is a model folder too: config.json and (given `tokenizer`) the tokenizer's files beside model.safetensors."""
     final = path(ckpt_dir, step)
     tmp = os.path.join(ckpt_dir, f".tmp-{PREFIX}{step}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -87,6 +93,11 @@ def save(ckpt_dir: str, step: int, model, trainer_state: dict, lora: bool):
         save_adapter(model, os.path.join(tmp, "adapter"))
     else:
         save_file(full_weights(model), os.path.join(tmp, "model.safetensors"))
+        if model.config.raw:        # a model built from a config.json (hub, folder, tiny): a model folder too
+            with open(os.path.join(tmp, "config.json"), "w") as f:
+                json.dump(model.config.raw, f, indent=2)
+            if tokenizer is not None:
+                tokenizer.save_files(tmp)
     torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))
     _fsync_dir(tmp)
     if os.path.exists(final):       # re-saving the same step (e.g. after a resume): replace it whole

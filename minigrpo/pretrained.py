@@ -26,12 +26,17 @@ def load_pretrained(cls, path_or_hub_id, dtype=None, device=None):
     """Qwen.from_pretrained: a local checkpoint folder, a hub id (downloaded), or "tiny" / "tiny-qwen3.5"."""
     dtype = parse_dtype(dtype)
     if path_or_hub_id in ("tiny", "tiny-qwen3.5"):
-        return tiny_model(cls, path_or_hub_id).to(device=device, dtype=dtype)
+        model = tiny_model(cls, path_or_hub_id).to(device=device, dtype=dtype)
+        model.name_or_path = path_or_hub_id
+        return model
     folder = local_folder(path_or_hub_id)
     cfg = read_config(os.path.join(folder, "config.json"))
     with torch.device("meta"):  # no memory: every parameter is replaced by a loaded tensor below
         model = cls(cfg)
     load_weights(model, folder, dtype, device or "cpu")
+    # what a LoRA adapter saved on this model names as its base (adapter_config.json): the hub id, or the folder
+    # as an absolute path, so that the adapter finds its base from any working directory
+    model.name_or_path = os.path.abspath(folder) if os.path.isdir(str(path_or_hub_id)) else str(path_or_hub_id)
     return model
 
 

@@ -26,8 +26,9 @@ import codecs
 import json
 import os
 import re
+import shutil
 
-from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
 from tokenizers.decoders import DecodeStream
 
 from minigrpo.common import first_line
@@ -287,6 +288,56 @@ class Tokenizer:
 
     def __repr__(self):
         return f"Tokenizer({self.name!r}, family={self.family}, vocab_size={self.vocab_size})"
+
+    # --- files
+
+    def save_files(self, folder):
+        """Write this tokenizer's files into `folder`, so that the folder loads without the original: a
+        checkpoint's files are copied (never its config.json); the byte tokenizer is written as the equivalent
+        tokenizer.json (byte_tokenizer_json) with a tokenizer_config.json naming Qwen's special tokens."""
+        if self.hf is None:
+            with open(os.path.join(folder, "tokenizer.json"), "w", encoding="utf-8") as f:
+                f.write(byte_tokenizer_json())
+            with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+                json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
+                           "pad_token": "<|endoftext|>", "bos_token": None, "add_bos_token": False}, f, indent=2)
+            return
+        source = os.path.dirname(self.name)
+        for name in TOKENIZER_COPIES:
+            if os.path.isfile(os.path.join(source, name)):
+                shutil.copyfile(os.path.join(source, name), os.path.join(folder, name))
+
+
+# What save_files copies from a checkpoint's folder: the tokenizer and its chat template, nothing of the model's.
+TOKENIZER_COPIES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
+                    "added_tokens.json", "chat_template.jinja", "chat_template.json")
+
+
+def byte_tokenizer_json() -> str:
+    """The tiny models' byte tokenizer as a `tokenizers` file, for transformers and for minigrpo alike: byte-level
+    BPE without merges whose vocabulary maps each byte's GPT-2 character to the byte's value, then the five
+    SPECIALS at 256..260 (the first three special, the <think> tags plain added tokens, as in Qwen). It encodes and
+    decodes every text as ByteCodec does (tests/test_export.py)."""
+    chars = _bytes_to_unicode()
+    hf = HFTokenizer(models.BPE(vocab={chars[b]: b for b in range(256)}, merges=[]))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    hf.decoder = decoders.ByteLevel()
+    hf.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in CONTROL])
+    hf.add_tokens([AddedToken(s, special=False, normalized=False) for s in SPECIALS[len(CONTROL):]])
+    return hf.to_str(pretty=True)
+
+
+def _bytes_to_unicode() -> dict:
+    """GPT-2's byte -> printable character table, which byte-level BPE vocabularies are written in."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
 
 
 def _read_json(path):

@@ -215,6 +215,8 @@ MUTANTS = [
      "limits, keep_fds=[child.fileno()], _mode=\"plain\") as sb:", JUDGE),
     ("no_answer_budget", "ANSWER_BUDGET = 1.5 ", "ANSWER_BUDGET = 100.0 ", JUDGE),
     ("no_stall_detection", "STALL_S = 3.0 ", "STALL_S = 1e9 ", JUDGE),
+    ("no_import_limit", "IMPORT_CPU_S = 3.0 ", "IMPORT_CPU_S = 100.0 ", JUDGE),
+    ("unimported_answer_graded_on", "        if not imports:\n", "        if False:\n", JUDGE),
     ("only_if_ignored", "out[c[\"id\"]].passed is True and out.get(other, _UNCHECKED).passed is not True",
      "False", JUDGE),
     ("sqlite_authorizer_off", "    conn.set_authorizer(_authorize)\n", "", JUDGE),

@@ -186,7 +186,7 @@ def test_synthetic_mean_score(tmp_path):
     (["--task", "gsm8k", "--limit", "many"], "--limit"),
     (["--task", "gsm8k", "--mdp-prompt", "compact"], "--mdp-prompt"),
     (["--task", "mdp", "--mdp-prompt", "short"], "--mdp-prompt"),
-    (["--task", "revise"], "--task revise"),
+    (["--task", "gsm8k", "--group-size", "2"], "--group-size"),
 ])
 def test_bad_flags_exit_2_with_one_line(argv, names, capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
@@ -302,6 +302,14 @@ def test_mdp_stage_adapter_of_a_lora_sft_run_goes_on_the_sft_weights(tmp_path, m
     ev.main(["--task", "mdp", "--model", "tiny", "--adapter", str(run / "sft_adapter"), "--max-new-tokens", "2",
              "--out", str(tmp_path / "sft"), "--quiet"])            # the SFT adapter itself goes on the bare model
     assert "folded" not in (tmp_path / "sft" / "report.md").read_text()
+    from minigrpo import export        # the export folds sft_adapter in too: merged, and into the adapter's base/
+    export.main([str(run / "dpo_adapter"), str(tmp_path / "merged"), "--merge"])
+    export.main([str(run / "dpo_adapter"), str(tmp_path / "peft")])
+    on_base = Qwen.from_pretrained(str(tmp_path / "peft" / "base"))
+    load_adapter(on_base, str(tmp_path / "peft"))
+    with torch.no_grad():
+        torch.testing.assert_close(Qwen.from_pretrained(str(tmp_path / "merged"))(ids), expected(ids))
+        torch.testing.assert_close(on_base(ids), expected(ids))
     shutil.rmtree(run / "sft_adapter")
     with pytest.raises(SystemExit) as e:
         ev.main(["--task", "mdp", "--model", "tiny", "--adapter", str(run / "grpo_adapter"), "--out",

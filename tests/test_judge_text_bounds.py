@@ -1,6 +1,6 @@
-"""The text checks of the local judge against an adversary (issue 15, items 5, 6 and 9): every pattern of the task
-file grades any 64 KB answer in bounded time, the checks return a verdict on any input (never raise), a pattern
-over time fails its criterion, and "uses X" criteria read the parsed code, not comments or strings."""
+"""The text checks of the local judge against an adversary: every pattern of the task file grades any 64 KB answer
+in bounded time, the checks return a verdict on any input (never raise), a pattern over time fails its criterion,
+and "uses X" criteria read the parsed code, not comments or strings."""
 
 import ast
 import json
@@ -25,6 +25,10 @@ for _task in TASKS:
         with open(os.path.join(ANSWERS, f"{_task['id']}.{_kind}.md"), encoding="utf-8") as f:
             FIXTURES[(_task["id"], _kind)] = f.read()
 SIZE = 65000    # under checks.MAX_TEXT with room for a fence around it
+# CPU seconds one check may take on one 64 KB answer. The worst honest cost is ~0.4 s on an idle 2-core box; CPU
+# time itself grows about 2-3x when the box runs 8 times more work than it has cores (seen: 1.08 s at load 16),
+# while what this guards against (backtracking regexes, quadratic scans) takes tens of seconds or never ends.
+CPU_LIMIT = 2.5
 
 
 def leaves(check):
@@ -146,7 +150,7 @@ def test_rime_and_syllables_as_before():
     t0 = time.thread_time()
     checks.rime("a" * 60000 + "ba")
     checks.syllables("a" * 60000 + "ba")
-    assert time.thread_time() - t0 < 1.0
+    assert time.thread_time() - t0 < CPU_LIMIT
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -197,7 +201,8 @@ def _assert_fast(leaves_, inputs):
             for answer in answers:
                 seconds, value, reason = _timed(leaf, answer)
                 assert value in (True, False), (tid, cid, name, reason)
-                assert seconds < 1.0 and "took over" not in reason, f"{tid} {cid} on {name}: {seconds:.2f}s, {reason}"
+                assert seconds < CPU_LIMIT and "took over" not in reason, \
+                    f"{tid} {cid} on {name}: {seconds:.2f}s, {reason}"
 
 
 @pytest.mark.slow
@@ -220,7 +225,7 @@ def test_code_extraction_is_fast_on_adversarial_answers(name, text):
     fenced_blocks(text + "\n")
     extract_code(text)
     checks._fenced.cache_clear()
-    assert time.thread_time() - t0 < 1.0, name
+    assert time.thread_time() - t0 < CPU_LIMIT, name
 
 
 def test_many_unclosed_fences_are_linear():
@@ -229,7 +234,7 @@ def test_many_unclosed_fences_are_linear():
     assert fenced_blocks("```python\n" * 6500) == []                     # no closing line: no block
     assert fenced_blocks("```python\n" * 6500 + "```\n") == [("python", "```python\n" * 6499)]
     assert fenced_blocks("```\n" * 16000) == [("", "")] * 8000
-    assert time.thread_time() - t0 < 1.0
+    assert time.thread_time() - t0 < CPU_LIMIT
 
 
 # ----------------------------------------------------------------------------------------------------------------

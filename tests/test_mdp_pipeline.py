@@ -4,6 +4,7 @@ import os
 from dataclasses import replace
 
 import pytest
+import torch
 
 from minigrpo.tasks import mdp_pipeline as P
 from minigrpo.tasks.mdp import MDPTask, compact_text, messages_for, relabel
@@ -111,3 +112,37 @@ def test_relabelled_states_are_the_same_game():
     assert compact_text(task.text(new)).splitlines()[0] == f"left={ex['left']} probed={new['probed']:-<3}"
     tok = Tokenizer.from_pretrained("tiny")
     assert len(P.sft_items(tok, task, copies=2)) == 3 * len(task.examples("train"))
+
+
+def test_a_rerun_skips_the_finished_stages_and_reruns_an_incomplete_one(tmp_path, capsys):
+    """Each stage's output is its folder: a rerun into the same run folder skips every finished stage with one line
+    each and ends with the same results; a stage whose output is damaged runs again, on the same weights and random
+    numbers (its adapter comes out bit-identical), and a change of settings reruns everything."""
+    from safetensors.torch import load_file
+    cfg = replace(P.PIPELINES["tiny"], train_per_cell=2, eval_per_cell=1, eval_split="train", base_steps=2,
+                  sft_steps=3, dpo_steps=2, grpo_steps=1, grpo_tasks=2, group_size=4, relabel=0)
+    args = resolve_args(["--task", "mdp", "--model", "tiny", "--device", "cpu", "--runs-dir", str(tmp_path),
+                         "--run-name", "mdp", "--quiet"])
+    run = tmp_path / "mdp"
+    first = P.run_pipeline(args, train, cfg)
+    adapter = load_file(run / "grpo_adapter" / "adapter_model.safetensors")
+    assert any(v.abs().max() > 0 for k, v in adapter.items() if "lora_B" in k)      # GRPO trained something
+    for stage in ("dpo_adapter", "grpo_adapter"):                  # the stage adapters name the SFT weights
+        assert json.load(open(run / stage / "adapter_config.json"))["base_model_name_or_path"] == str(run / "sft")
+    capsys.readouterr()
+    again = P.run_pipeline(args, train, cfg)
+    skipped = [ln for ln in capsys.readouterr().err.splitlines() if "skipped" in ln]
+    assert [ln.split(":")[1].strip() for ln in skipped] == ["base", "sft", "dpo", "dpo-shuffled", "grpo"]
+    assert again["results"] == first["results"] and again["invalid"] == first["invalid"]
+
+    with open(run / "grpo_adapter" / "adapter_model.safetensors", "ab") as f:     # a damaged last stage
+        f.write(b"\0")
+    third = P.run_pipeline(args, train, cfg)
+    err = capsys.readouterr().err
+    assert "grpo: " + str(run / "grpo_adapter" / "adapter_model.safetensors") + " is missing or incomplete" in err
+    assert err.count("skipped") == 4 and third["results"] == first["results"]
+    again = load_file(run / "grpo_adapter" / "adapter_model.safetensors")
+    assert all(torch.equal(adapter[k], again[k]) for k in adapter)
+
+    P.run_pipeline(args, train, replace(cfg, dpo_steps=1))
+    assert "skipped" not in capsys.readouterr().err

@@ -5,6 +5,9 @@ import csv
 import os
 from dataclasses import replace
 
+import pytest
+import torch
+
 from minigrpo.report import REVISE_METRICS
 from minigrpo.tasks import revise_pipeline as P
 from train import resolve_args, train
@@ -35,3 +38,58 @@ def test_shrunk_experiment_trained_beats_base(tmp_path):
     diffs = list(csv.DictReader(open(run / "revise_differences.csv")))
     assert [(d["difference"], d["score"], d["reading"]) for d in diffs] == [
         ("coef 0.5 + guard - base", "final", "above"), ("coef 0.5 + guard - base", "turn-0", "above")]
+
+
+
+SMALL = replace(P.ExperimentConfig(), seeds=1, arms=("coef 0", "coef 0.5 + guard"), base_steps=3, eval_limit=4,
+                eval_samples=2)
+
+
+def small_args(root):
+    return resolve_args(["--task", "revise", "--model", "tiny", "--experiment", "--steps", "2", "--device", "cpu",
+                         "--runs-dir", str(root), "--run-name", "x", "--quiet"])
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    """A two-step experiment of one seed and two arms: (args, its result)."""
+    args = small_args(tmp_path_factory.mktemp("revise"))
+    return args, P.run_experiment(args, train, SMALL)
+
+
+def test_a_rerun_skips_the_finished_base_and_arms(small_run, capsys):
+    """The base and each arm are stages whose output is their folder: a rerun skips them with one line each and
+    gives the same results; an arm whose folder is incomplete (killed mid-run: no stage.pt) trains again from the
+    saved base and ends with the same weights."""
+    from safetensors.torch import load_file
+    args, first = small_run
+    arm = os.path.join(first["run"], "seed0-coef0")
+    weights = load_file(os.path.join(arm, "checkpoints", "step-2", "model.safetensors"))
+    capsys.readouterr()
+    again = P.run_experiment(args, train, SMALL)
+    skipped = [ln for ln in capsys.readouterr().err.splitlines() if "skipped" in ln]
+    assert [ln.split(":")[1].strip() for ln in skipped] == ["seed 0 base", "seed 0 coef 0", "seed 0 coef 0.5 + guard"]
+    assert again["results"] == first["results"]
+
+    os.remove(os.path.join(arm, "stage.pt"))
+    third = P.run_experiment(args, train, SMALL)
+    err = capsys.readouterr().err
+    assert f"seed 0 coef 0: {arm} is incomplete" in err and err.count("skipped") == 1
+    assert third["results"] == first["results"]
+    rerun = load_file(os.path.join(arm, "checkpoints", "step-2", "model.safetensors"))
+    assert all(torch.equal(weights[k], rerun[k]) for k in weights)
+
+
+def test_eval_py_reproduces_the_experiments_numbers(small_run, tmp_path):
+    """eval.py --task revise on the saved base folder and on an arm's run folder (its last checkpoint, a model
+    folder), with the experiment's sampling (temperature 1, its rollouts per prompt, its seed), gives the
+    experiment's own numbers for them."""
+    import eval as eval_py
+    _, first = small_run
+    for folder, policy in (("seed0-base", "base"), ("seed0-coef0", "coef 0")):
+        out = eval_py.main(["--task", "revise", "--model", os.path.join(first["run"], folder), "--temperature", "1",
+                            "--group-size", "2", "--limit", "4", "--seed", "0", "--quiet", "--device", "cpu",
+                            "--out", str(tmp_path / folder)])
+        want = {k: v for k, v in first["results"][0][policy].items() if k not in ("pairs", "curve")}
+        assert out["results"]["model"]["revise"] == want, folder
+        assert len(open(tmp_path / folder / "examples.jsonl").readlines()) == 4 * 2

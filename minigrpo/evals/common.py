@@ -18,19 +18,62 @@ from minigrpo.sampler import sample
 from minigrpo.tokenizer import Tokenizer
 
 
-def resolve_adapter(path: str) -> str:
-    """An adapter folder; a checkpoint folder (train.py's checkpoints/step-N holds adapter/); or a run folder
-    (its latest checkpoint)."""
+def run_checkpoint(path: str, flag: str = "") -> str:
+    """A run folder (runs/<name>, holding checkpoints/) -> its latest checkpoint; any other path as it is."""
     ckpts = os.path.join(path, "checkpoints")
-    if os.path.isdir(ckpts):
-        path = checkpoints.latest(ckpts)
-        if path is None:
-            raise UsageError(f"--adapter {os.path.dirname(ckpts)}: the run has no checkpoints yet")
+    if not os.path.isdir(ckpts):
+        return path
+    latest = checkpoints.latest(ckpts)
+    if latest is None:
+        raise UsageError(f"{flag} {path}: the run has no checkpoints yet".lstrip())
+    return latest
+
+
+def adapter_folder(path: str) -> str | None:
+    """The LoRA adapter folder at `path`: the folder itself, or a checkpoint's adapter/; None if neither."""
     for folder in (path, os.path.join(path, "adapter")):
         if os.path.exists(os.path.join(folder, "adapter_config.json")):
             return folder
+    return None
+
+
+def resolve_model(path: str | None) -> str | None:
+    """--model: a hub id, 'tiny', a model folder, a full fine-tune checkpoint (train.py writes config.json and the
+    tokenizer beside its weights) or a run folder (its latest checkpoint)."""
+    if path is None or not os.path.isdir(path):
+        return path
+    folder = run_checkpoint(path, "--model")
+    if adapter_folder(folder):
+        raise UsageError(f"--model {path}: a LoRA adapter, not a model; pass it as --adapter (its base model is "
+                         "then --model by default)")
+    if not os.path.exists(os.path.join(folder, "config.json")) and \
+            os.path.exists(os.path.join(folder, "trainer_state.pt")):
+        raise UsageError(f"--model {path}: a full fine-tune checkpoint without config.json (an older minigrpo "
+                         "wrote it): copy its base model's config.json and tokenizer files into it")
+    return folder
+
+
+def resolve_adapter(path: str) -> str:
+    """An adapter folder; a checkpoint folder (train.py's checkpoints/step-N holds adapter/); or a run folder
+    (its latest checkpoint)."""
+    path = run_checkpoint(path, "--adapter")
+    folder = adapter_folder(path)
+    if folder is not None:
+        return folder
+    if os.path.exists(os.path.join(path, "model.safetensors")):
+        raise UsageError(f"--adapter {path}: a full fine-tune (model.safetensors, no adapter); pass it as --model")
     raise UsageError(f"--adapter {path}: no adapter_config.json there (pass a LoRA adapter folder, a checkpoint "
                      "folder, or a run folder; a full fine-tune is evaluated with --model)")
+
+
+def adapter_base(adapter: str, flag: str = "--adapter") -> str | None:
+    """The base model an adapter names (adapter_config.json's base_model_name_or_path), if it names one."""
+    try:
+        with open(os.path.join(adapter, "adapter_config.json")) as f:
+            base = json.load(f).get("base_model_name_or_path")
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{flag} {adapter}: unreadable adapter_config.json ({first_line(e)})".lstrip()) from None
+    return base if isinstance(base, str) and base else None
 
 
 # -----------------------------------------------------------------------------------------------------------------

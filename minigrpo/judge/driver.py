@@ -44,7 +44,10 @@ timeout, in CPU seconds. A criterion that fails is charged the CPU it used, and 
 or stalled (no CPU progress for STALL_S while a reply is awaited); a passing one costs nothing (it did the work it
 was given). Once the budget is spent the remaining criteria fail at once, so a sleeping or spinning answer costs
 about ANSWER_BUDGET criteria's time, not one time-out per criterion, and an honest answer that is slow on one
-performance criterion is still graded on the rest.
+performance criterion is still graded on the rest. The answer's module itself (its top-level code, run again in
+each criterion's fresh sandbox) gets IMPORT_CPU_S of CPU: a module that does not finish importing in that time,
+or stalls while importing, fails that criterion and the rest at once, since it would not on the next one either.
+An honest module imports in well under a second, its libraries (pandas, sqlalchemy, fastapi) included.
 
 Reasons name the criterion's line and the kind of failure (assertion, the answer raised X, not plain data,
 exited, timed out); they never quote the test or anything the answer printed.
@@ -65,6 +68,8 @@ from minigrpo.judge.driver_answer import STALL_S, WALL_FACTOR, Answer, Broker, C
 
 TEST_FILE = "<criterion>"
 ANSWER_BUDGET = 1.5     # an answer's CPU budget across its criteria, in multiples of its largest criterion timeout
+IMPORT_CPU_S = 3.0      # CPU for the answer's top-level code, each criterion (all of pandas+sqlalchemy+fastapi: ~1.1)
+NOT_IMPORTED = "not run: the answer's module did not finish importing on an earlier criterion"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -103,34 +108,46 @@ def _test_line(tb):
 
 
 def run_criterion(broker, index, code, check, cpu_s):
-    """(passed: bool, reason, charged CPU seconds) for one python check on the answer's code."""
+    """(passed: bool, reason, charged CPU seconds, whether the answer's module finished importing) for one python
+    check on the answer's code."""
     answer = None
     try:
         answer = Answer(broker, index, cpu_s)
-        names = public_names(answer.request("import"))
-        if names is None:
-            return False, "the answer's module did not list its names", cpu_s
-        module = _SolutionModule(names)
-        sys.modules["solution"] = module
-        scope = _scope(answer, code, names, module)
-        exec(compile(check["test"], TEST_FILE, "exec"), scope)
-        if answer.failure:
-            return False, answer.failure, cpu_s
-        answer.check_cpu()
-        return True, "tests passed", 0.0
-    except CaseFatal as e:
-        return False, f"{e} (at {_test_line(e.__traceback__)})", _charge(answer, cpu_s)
-    except AssertionError as e:
-        return False, f"assertion failed at {_test_line(e.__traceback__)}", _charge(answer, cpu_s)
-    except Exception as e:
-        where = _test_line(e.__traceback__)
-        if answer is not None and answer.failure:
-            return False, f"{answer.failure} (at {where})", cpu_s
-        return False, f"{_public_name(type(e))} at {where}", _charge(answer, cpu_s)
+        return (*_run_test(answer, code, check, cpu_s), True)
+    except (CaseFatal, Exception):     # CaseFatal is no Exception: the answer's own `except Exception` misses it
+        return (*_failed(answer, cpu_s), answer is None or answer.imported or not answer.failure)
     finally:
         sys.modules.pop("solution", None)
         if answer is not None:
             answer.close()
+
+
+def _run_test(answer, code, check, cpu_s):
+    """(passed, reason, charged CPU seconds); raises for a failure, which _failed words."""
+    names = public_names(answer.import_names(min(cpu_s, IMPORT_CPU_S)))
+    if names is None:
+        return False, "the answer's module did not list its names", cpu_s
+    module = _SolutionModule(names)
+    sys.modules["solution"] = module
+    scope = _scope(answer, code, names, module)
+    exec(compile(check["test"], TEST_FILE, "exec"), scope)
+    if answer.failure:
+        return False, answer.failure, cpu_s
+    answer.check_cpu()
+    return True, "tests passed", 0.0
+
+
+def _failed(answer, cpu_s):
+    """(False, reason, charged CPU seconds) for the exception being handled."""
+    e = sys.exc_info()[1]
+    where = _test_line(e.__traceback__)
+    if isinstance(e, CaseFatal):
+        return False, f"{e} (at {where})", _charge(answer, cpu_s)
+    if isinstance(e, AssertionError):
+        return False, f"assertion failed at {where}", _charge(answer, cpu_s)
+    if answer is not None and answer.failure:
+        return False, f"{answer.failure} (at {where})", cpu_s
+    return False, f"{_public_name(type(e))} at {where}", _charge(answer, cpu_s)
 
 
 def _charge(answer, cpu_s):
@@ -151,7 +168,7 @@ def _scope(answer, code, names, module):
         return False
 
     def deadline(cpu_seconds):      # Answer._watch stops the sandbox the moment it is over, not at the next call
-        answer.cpu_budget = answer.cpu_seconds() + cpu_seconds
+        answer.limit_cpu(cpu_seconds)
 
     def in_sandbox(source, **inputs):
         codec = answer.endpoint.codec
@@ -185,19 +202,20 @@ def main():
     real_clock = time.process_time
     timeouts = [float(check.get("timeout", 10.0)) for check in job["checks"]]
     budget = ANSWER_BUDGET * max(timeouts, default=0.0)
-    results = []
+    imports = True
     for i, check in enumerate(job["checks"]):
         time.process_time = real_clock
         if "asyncio" in sys.modules:    # a criterion's own event loop does not leak into the next
             sys.modules["asyncio"].set_event_loop(None)
-        if budget <= 0.05:
-            results.append([False, "not run: the answer spent its time budget on earlier criteria"])
-            print(json.dumps({"result": results[-1]}), flush=True)
-            continue
-        passed, reason, spent = run_criterion(broker, i, job["code"], check, min(timeouts[i], budget))
-        budget -= spent
-        results.append([passed, reason])
-        print(json.dumps({"result": results[-1]}), flush=True)     # as it goes: a driver killed later keeps it
+        if not imports:
+            result = [False, NOT_IMPORTED]
+        elif budget <= 0.05:
+            result = [False, "not run: the answer spent its time budget on earlier criteria"]
+        else:
+            passed, reason, spent, imports = run_criterion(broker, i, job["code"], check, min(timeouts[i], budget))
+            budget -= spent
+            result = [passed, reason]
+        print(json.dumps({"result": result}), flush=True)     # as it goes: a driver killed later keeps it
 
 
 if __name__ == "__main__":

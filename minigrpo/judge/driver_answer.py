@@ -160,6 +160,8 @@ class Broker:
 # ---------------------------------------------------------------------------------------------------------------
 # One sandboxed answer process
 
+OVER_LIMIT = "over the criterion's CPU-time limit"
+
 class Answer:
     """The answer's sandboxed process (made by the broker) and the driver's end of its channel, with its time
     limits: `cpu_s` CPU seconds of the whole sandbox, WALL_FACTOR times that in wall seconds, and no stall longer
@@ -175,7 +177,8 @@ class Answer:
         self.id, self.t0 = reply["id"], time.monotonic()
         self.endpoint = DriverEndpoint(os.fdopen(fds[0], "rb", buffering=0), os.fdopen(fds[1], "wb", buffering=0),
                                        self._proxy, self._serve)
-        self.cpu_budget = None
+        self.cpu_budget, self.over_budget = None, OVER_LIMIT     # a limit inside cpu_s, and what breaking it is
+        self.imported = False           # the answer's module ran to its end in this sandbox
         self.waiting = 0                # requests in flight (nested callbacks count once each)
         self.closed = threading.Event()
         threading.Thread(target=self._watch, daemon=True).start()
@@ -189,7 +192,7 @@ class Answer:
             if cpu > self.cpu_s:
                 self.failure = self.failure or f"timed out: used its {self.cpu_s:g}s of CPU"
             elif self.cpu_budget is not None and cpu > self.cpu_budget:
-                self.failure = self.failure or "over the criterion's CPU-time limit"
+                self.failure = self.failure or self.over_budget
             elif now - self.t0 > WALL_FACTOR * self.cpu_s:
                 self.failure = self.failure or f"timed out after {WALL_FACTOR * self.cpu_s:g}s (wall clock)"
             elif now - last_progress > STALL_S:
@@ -252,8 +255,20 @@ class Answer:
 
     def check_cpu(self):
         if self.cpu_budget is not None and self.cpu_seconds() > self.cpu_budget:
-            self.failure = "over the criterion's CPU-time limit"
+            self.failure = self.failure or self.over_budget
             raise CaseFatal(self.failure)
+
+    def limit_cpu(self, cpu_seconds, reason=OVER_LIMIT):
+        """Stop the sandbox once it has used `cpu_seconds` more CPU (within cpu_s); `reason` is the failure."""
+        self.cpu_budget, self.over_budget = self.cpu_seconds() + cpu_seconds, reason
+
+    def import_names(self, cpu_seconds):
+        """Run the answer's module; its top-level code gets `cpu_seconds` of CPU of its own, since a module that
+        does not finish importing in that time is not going to on the next criterion either (driver.py)."""
+        self.limit_cpu(cpu_seconds, f"timed out: its module's top-level code used over {cpu_seconds:g}s of CPU")
+        names = self.request("import")
+        self.cpu_budget, self.over_budget, self.imported = None, OVER_LIMIT, True
+        return names
 
     def close(self):
         if self.closed.is_set():

@@ -230,6 +230,8 @@ _REASONS = [re.compile(p + _WHERE) for p in (
     rf"stalled: no progress for {_NUMBER}s \(it sleeps or blocks\)",
     r"the answer's process exited or was killed \(an exit is never a pass\)", r"over the criterion's CPU-time limit",
     r"the answer's module did not list its names", r"not run: the answer spent its time budget on earlier criteria",
+    rf"timed out: its module's top-level code used over {_NUMBER}s of CPU",
+    r"not run: the answer's module did not finish importing on an earlier criterion",
     re.escape(STOPPED))]
 _PREFIXES = ("the answer's reply is not plain data", "the judge's broker is gone", "the sandbox could not be started")
 

@@ -24,6 +24,10 @@ programs) and answers one letter; the verifier runs that probe (minigrpo/mdp.py)
                         rules' (probe_choices) and the plot into the run folder, with the SFT weights and the
                         LoRA adapters
 
+Each stage's output is a folder of the run (base/, sft/ or sft_adapter/, dpo_adapter/, dpo_shuffled_adapter/,
+grpo_adapter/ with the GRPO run in grpo/): a rerun into the same run folder skips the stages finished with the same
+settings, one line each, and ends with the same results (minigrpo/stages.py).
+
 Stage settings live in PIPELINES, picked by --model: "tiny" is the CPU quickstart, any other model id the seed's
 GPU recipe (Qwen/Qwen3.5-4B: SFT 360 steps, DPO 160, GRPO 120 with G = 8, batch 2 x grad-accum 2).
 
@@ -54,9 +58,10 @@ from safetensors.torch import save_file
 from minigrpo import mdp, report
 from minigrpo.checkpoints import full_weights
 from minigrpo.common import derive_seed, pick_device, pick_dtype
-from minigrpo.lora import fold_lora, inject_lora, save_adapter, strip_lora
+from minigrpo.lora import fold_lora, inject_lora, load_adapter, save_adapter, strip_lora
 from minigrpo.model import Qwen, QwenConfig
 from minigrpo.sampler import sample
+from minigrpo.stages import Stages, rng_kept
 from minigrpo.supervised import dpo_loop, sft_loop
 from minigrpo.tasks.mdp import MDPTask, messages_for, parse_letter, relabel
 from minigrpo.tokenizer import Tokenizer
@@ -313,55 +318,97 @@ def run_pipeline(args, trainer, cfg: PipelineConfig | None = None) -> dict:
     base = task.baselines(cfg.eval_split)
     clock.lap("data+baselines")
 
+    # each stage's output is its folder; a rerun skips the stages finished with these settings (minigrpo/stages.py)
+    stages = Stages({"model": args.model, "seed": args.seed, "dtype": args.dtype, **asdict(cfg)}, "mdp pipeline")
+    at = lambda name: os.path.join(run_dir, name)
     model, tok = build_model(args, cfg, device, dtype)
-    if cfg.scratch is not None:
-        sft_loop(model, tok, list(model.parameters()), format_items(tok, task, cfg.relabel, args.seed),
-                 cfg.base_steps, cfg.sft_lr, cfg, derive_seed(args.seed, "pretrain"), "pretrain", args.quiet)
-    evaluate_model(model, tok, task, cfg, "base", results, invalid)
+    if not restore(stages.done("base", at("base")), results, invalid):
+        if cfg.scratch is not None:
+            sft_loop(model, tok, list(model.parameters()), format_items(tok, task, cfg.relabel, args.seed),
+                     cfg.base_steps, cfg.sft_lr, cfg, derive_seed(args.seed, "pretrain"), "pretrain", args.quiet)
+            save_model(model, at("base"), tok)
+        evaluate_model(model, tok, task, cfg, "base", results, invalid)
+        stages.finish(at("base"), stage_result(results, invalid, "base"))
+    elif cfg.scratch is not None:
+        with rng_kept():
+            model = Qwen.from_pretrained(at("base"), device=device)
     clock.lap("base")
 
-    params = list(model.parameters()) if not cfg.sft_lora else inject_lora(model, cfg.lora_r, cfg.lora_alpha)
-    sft_loop(model, tok, params, sft_items(tok, task, cfg.relabel, args.seed), cfg.sft_steps, cfg.sft_lr, cfg,
-             derive_seed(args.seed, "sft"), "sft", args.quiet)
-    if cfg.sft_lora:   # a real Qwen: keep the adapter (not a second copy of the weights), then fold it in
-        save_adapter(model, os.path.join(run_dir, "sft_adapter"), args.model)
-        fold_lora(model)
+    sft_dir = at("sft_adapter" if cfg.sft_lora else "sft")
+    if not restore(stages.done("sft", sft_dir), results, invalid):
+        params = list(model.parameters()) if not cfg.sft_lora else inject_lora(model, cfg.lora_r, cfg.lora_alpha)
+        sft_loop(model, tok, params, sft_items(tok, task, cfg.relabel, args.seed), cfg.sft_steps, cfg.sft_lr, cfg,
+                 derive_seed(args.seed, "sft"), "sft", args.quiet)
+        if cfg.sft_lora:   # a real Qwen: keep the adapter (not a second copy of the weights), then fold it in
+            save_adapter(model, sft_dir, args.model)
+            fold_lora(model)
+        else:
+            save_model(model, sft_dir, tok)
+        evaluate_model(model, tok, task, cfg, "SFT", results, invalid)
+        stages.finish(sft_dir, stage_result(results, invalid, "SFT"))
     else:
-        save_model(model, os.path.join(run_dir, "sft"))
-    evaluate_model(model, tok, task, cfg, "SFT", results, invalid)
+        with rng_kept():   # the SFT weights again: the adapter folded into the base, or the full weights
+            if cfg.sft_lora:
+                load_adapter(model, sft_dir, dropout=0.0)
+                fold_lora(model)
+            else:
+                model = Qwen.from_pretrained(sft_dir, device=device)
+    if not cfg.sft_lora:   # what the stage adapters name as their base: these weights' folder, or --model
+        model.name_or_path = os.path.abspath(sft_dir)
     clock.lap("sft")
 
     model.requires_grad_(False)   # from here on only LoRA adapters train; the SFT weights are the reference
-    dpo(model, tok, task, cfg, derive_seed(args.seed, "dpo"), "dpo", args.quiet)
-    save_adapter(model, os.path.join(run_dir, "dpo_adapter"), args.model)
-    evaluate_model(model, tok, task, cfg, "process-DPO", results, invalid)
-    evaluate_model(model, tok, scrambled, cfg, "scrambled-features DPO", results, invalid)
-    strip_lora(model)
+    if not restore(stages.done("dpo", at("dpo_adapter")), results, invalid):
+        dpo(model, tok, task, cfg, derive_seed(args.seed, "dpo"), "dpo", args.quiet)
+        save_adapter(model, at("dpo_adapter"))
+        evaluate_model(model, tok, task, cfg, "process-DPO", results, invalid)
+        evaluate_model(model, tok, scrambled, cfg, "scrambled-features DPO", results, invalid)
+        strip_lora(model)
+        stages.finish(at("dpo_adapter"), stage_result(results, invalid, "process-DPO", "scrambled-features DPO"))
     clock.lap("dpo")
 
-    dpo(model, tok, shuffled, cfg, derive_seed(args.seed, "dpo"), "dpo-shuffled", args.quiet)
-    save_adapter(model, os.path.join(run_dir, "dpo_shuffled_adapter"), args.model)
-    evaluate_model(model, tok, task, cfg, "shuffled-reward DPO", results, invalid)
-    strip_lora(model)
+    if not restore(stages.done("dpo-shuffled", at("dpo_shuffled_adapter")), results, invalid):
+        dpo(model, tok, shuffled, cfg, derive_seed(args.seed, "dpo"), "dpo-shuffled", args.quiet)
+        save_adapter(model, at("dpo_shuffled_adapter"))
+        evaluate_model(model, tok, task, cfg, "shuffled-reward DPO", results, invalid)
+        strip_lora(model)
+        stages.finish(at("dpo_shuffled_adapter"), stage_result(results, invalid, "shuffled-reward DPO"))
     clock.lap("dpo-shuffled")
 
-    grpo_stage(model, tok, args, cfg, task, run_dir, trainer)
-    save_adapter(model, os.path.join(run_dir, "grpo_adapter"), args.model)
-    evaluate_model(model, tok, task, cfg, "GRPO", results, invalid)
-    strip_lora(model)
+    if not restore(stages.done("grpo", at("grpo_adapter"), at("grpo")), results, invalid):
+        grpo_stage(model, tok, args, cfg, task, run_dir, trainer)
+        save_adapter(model, at("grpo_adapter"))
+        evaluate_model(model, tok, task, cfg, "GRPO", results, invalid)
+        strip_lora(model)
+        stages.finish(at("grpo_adapter"), stage_result(results, invalid, "GRPO"))
     clock.lap("grpo")
 
     results = {**base, **results}                 # finish puts the rows in ORDER
     return finish(results, invalid, clock, run_dir, args)
 
 
-def save_model(model, folder):
-    """model.safetensors + config.json: Qwen.from_pretrained(folder) loads it (the tokenizer is "tiny" or
-    --model's)."""
+def stage_result(results, invalid, *labels) -> dict:
+    return {"results": {k: results[k] for k in labels}, "invalid": {k: invalid[k] for k in labels}}
+
+
+def restore(saved, results, invalid) -> bool:
+    """A skipped stage's rows back into the run's results; False when the stage has to run."""
+    if saved is None:
+        return False
+    results.update(saved["results"])
+    invalid.update(saved["invalid"])
+    return True
+
+
+def save_model(model, folder, tok=None):
+    """model.safetensors + config.json, and with `tok` the tokenizer's files: a model folder that
+    Qwen.from_pretrained and eval.py --model load."""
     os.makedirs(folder, exist_ok=True)
     save_file({k: v.cpu() for k, v in full_weights(model).items()}, os.path.join(folder, "model.safetensors"))
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(model.config.raw, f, indent=2)
+    if tok is not None:
+        tok.save_files(folder)
 
 
 ORDER = ("random", "base", "SFT", "process-DPO", "shuffled-reward DPO", "scrambled-features DPO", "GRPO",

@@ -17,6 +17,10 @@ guard that keeps turn-0 tokens on their own raw score, each taken away in turn. 
             the same two-turn rollout, `eval_samples` rollouts per prompt at temperature 1 with fixed seeds: the
             policy as it samples in training, the seed's metrics over it
 
+Each base (seed<N>-base/, a model folder) and each arm (its run folder) is a stage: a rerun into the same run folder
+skips those finished with the same settings, one line each (minigrpo/stages.py). eval.py --task revise evaluates a
+saved policy with this file's evaluate.
+
 The report (report.write_revise_report) holds the seed's table shape, base vs trained per arm, averaged over the
 seeds and per seed, the differences with paired bootstrap intervals, and a PNG; everything lands in the run folder.
 
@@ -40,7 +44,9 @@ import torch
 from minigrpo import report
 from minigrpo.common import derive_seed, pick_device
 from minigrpo.plots import read_metrics
+from minigrpo.model import Qwen
 from minigrpo.sampler import sample
+from minigrpo.stages import Stages, rng_kept
 from minigrpo.supervised import sft_loop
 from minigrpo.tasks.mdp_pipeline import TINY_MDP, Clock, save_model, scratch_model
 from minigrpo.tasks.revise import RevisionTask, critique, grade, shuffled
@@ -104,16 +110,16 @@ def pretrain_base(args, cfg, task, seed, device):
 # -----------------------------------------------------------------------------------------------------------------
 # Evaluation: the held-out prompts through the training rollout, sampled with fixed seeds
 
-def evaluate(model, tok, task, args, cfg, seed) -> dict:
+def evaluate(model, tok, task, args, cfg, seed, temperature=1.0, top_p=1.0) -> dict:
     """The seed's metrics over eval_samples sampled rollouts of each eval prompt, and per rollout its (turn-0,
-    final) scores in a fixed order (the pairs the bootstrap resamples)."""
+    final) scores in a fixed order (the pairs the bootstrap resamples). eval.py --task revise runs it too."""
     examples = task.examples(cfg.eval_split)[:cfg.eval_limit]
     eargs = argparse.Namespace(group_size=cfg.eval_samples, enable_thinking=False)
     seeds = [derive_seed(seed, "revise eval", i) for i in range(len(examples))]
 
     def generate(prompts, ss, n):
-        out = sample(model, prompts, n=n, max_new_tokens=args.max_new_tokens, temperature=1.0, tokenizer=tok,
-                     seed=list(ss))
+        out = sample(model, prompts, n=n, max_new_tokens=args.max_new_tokens, temperature=temperature, top_p=top_p,
+                     tokenizer=tok, seed=list(ss))
         return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
 
     model.eval()
@@ -135,17 +141,38 @@ def arm_args(args, name, run_dir, seed) -> argparse.Namespace:
                                  "resume": False, "quiet": True, "lora_r": 0, "beta": 0.0})
 
 
-def run_arm(base, tok, args, cfg, name, run_dir, seed, trainer):
-    """A copy of the base trained by `trainer` (train.py's train) with this arm's shaping; its eval and curve."""
+def run_arm(base, tok, args, cfg, name, run_dir, seed, trainer, stages):
+    """A copy of the base trained by `trainer` (train.py's train) with this arm's shaping; its eval and curve. The
+    arm's run folder (its checkpoints: model folders) is the stage's output: a rerun skips a finished arm."""
+    aargs = arm_args(args, name, run_dir, seed)
+    folder = os.path.join(run_dir, aargs.run_name)
+    done = stages.done(f"seed {seed} {name}", folder)
+    if done is not None:
+        return done
     model = copy.deepcopy(base)
     params = [p for p in model.parameters() if p.requires_grad]
-    aargs = arm_args(args, name, run_dir, seed)
     task = RevisionTask(coef=aargs.recovery_coef, turn0_guard=aargs.turn0_guard)
     trainer(aargs, policy=(model, tok, params, None), task=task)
     result = evaluate(model, tok, task, args, cfg, seed)
     result["curve"] = [{k: r.get(k) for k in ("step", "turn0_score", "final_score")}
-                       for r in read_metrics(os.path.join(run_dir, aargs.run_name, "metrics.jsonl"))]
+                       for r in read_metrics(os.path.join(folder, "metrics.jsonl"))]
+    stages.finish(folder, result)
     return result
+
+
+def base_stage(args, cfg, task, seed, device, run_dir, stages):
+    """(base model, tokenizer, its eval): pretrained and saved to seed<N>-base, or loaded from there when an
+    earlier run finished it."""
+    folder = os.path.join(run_dir, f"seed{seed}-base")
+    done = stages.done(f"seed {seed} base", folder)
+    if done is not None:
+        with rng_kept():
+            return Qwen.from_pretrained(folder, device=device), Tokenizer.from_pretrained("tiny"), done
+    base, tok = pretrain_base(args, cfg, task, seed, device)
+    save_model(base, folder, tok)
+    result = evaluate(base, tok, task, args, cfg, seed)
+    stages.finish(folder, result)
+    return base, tok, result
 
 
 # -----------------------------------------------------------------------------------------------------------------
@@ -164,15 +191,18 @@ def run_experiment(args, trainer, cfg: ExperimentConfig | None = None) -> dict:
     print(f"revise experiment: {cfg.seeds} seeds x {len(cfg.arms)} arms, {args.steps} GRPO steps each, "
           f"{len(task.examples(cfg.eval_split)[:cfg.eval_limit])} eval prompts x {cfg.eval_samples}; run={run_dir}",
           file=sys.stderr)
+    # each base and arm is a stage; a rerun skips those finished with these settings (minigrpo/stages.py)
+    quiet = ("quiet", "device", "runs_dir", "run_name", "log_to")
+    stages = Stages({"args": {k: v for k, v in vars(args).items() if k not in quiet}, "config": asdict(cfg)},
+                    "revise experiment")
     for seed in range(args.seed, args.seed + cfg.seeds):
         torch.manual_seed(seed)
-        base, tok = pretrain_base(args, cfg, task, seed, device)
-        save_model(base, os.path.join(run_dir, f"seed{seed}-base"))
-        results[seed] = {"base": evaluate(base, tok, task, args, cfg, seed)}
+        base, tok, result = base_stage(args, cfg, task, seed, device, run_dir, stages)
+        results[seed] = {"base": result}
         log_result(seed, "base", results[seed]["base"])
         clock.lap(f"seed {seed} base")
         for name in cfg.arms:
-            results[seed][name] = run_arm(base, tok, args, cfg, name, run_dir, seed, trainer)
+            results[seed][name] = run_arm(base, tok, args, cfg, name, run_dir, seed, trainer, stages)
             log_result(seed, name, results[seed][name])
             clock.lap(f"seed {seed} {name}")
     paths = report.write_revise_report(results, run_dir)
