@@ -22,6 +22,7 @@ import argparse
 import math
 import os
 import random
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -30,18 +31,19 @@ import numpy as np
 import torch
 
 from minigrpo import checkpoints, grpo, plots
-from minigrpo.common import derive_seed, left_pad, mean, pick_device, pick_dtype
-from minigrpo.dist import (all_gather_objects, all_reduce_, all_reduce_sum, assert_replicas_in_sync, finish_distributed,
-                           init_distributed)
+from minigrpo.common import (UsageError, derive_seed, first_line, mean, pick_device, pick_dtype, set_cpu_threads,
+                             threads_note)
+from minigrpo.dist import all_gather_objects, assert_replicas_in_sync, finish_distributed, init_distributed
 from minigrpo.flags import resolve_args
-from minigrpo.lora import adapters_disabled, inject_lora
+from minigrpo.lora import inject_lora
 from minigrpo.model import Qwen, enable_activation_checkpointing
 from minigrpo.optim import adamw
+from minigrpo.pretrained import load_model_and_tokenizer
 from minigrpo.resume import check_length, record_resume
 from minigrpo.runs import ProgressBar, RunFolder, StopRun, Tracker, epoch_summary, sample_records, step_metrics
 from minigrpo.sampler import sample
 from minigrpo.tasks import task_from_args
-from minigrpo.tokenizer import Tokenizer
+from minigrpo.update import collate, finish_gradients, log_probs, micro_batches, reference_logprobs, step_normalizer
 
 
 # -----------------------------------------------------------------------------------------------------------------
@@ -66,7 +68,8 @@ def train(args, policy=None, task=None) -> dict:
     opt, sched = adamw(params, args.lr, n_steps, args.warmup, args.schedule, args.adam_beta2, args.weight_decay)
     data, step, nonfinite = resume_or_start(run, args, model, opt, sched, dist_info, device, n_steps)
     if dist_info.main:
-        print(f"minigrpo: task={args.task} model={args.model} device={device} dtype={str(dtype)[6:]} "
+        print(f"minigrpo: task={args.task} model={args.model} device={device}{threads_note(device)} "
+              f"dtype={str(dtype)[6:]} "
               f"ranks={dist_info.world} steps={n_steps} trainable={sum(p.numel() for p in params):,} "
               f"run={run.path}", file=sys.stderr)
     bar = ProgressBar(n_steps, step, args.task, enabled=dist_info.main and not args.quiet)
@@ -105,8 +108,8 @@ def train(args, policy=None, task=None) -> dict:
     tracker.close()
     if dist_info.main:
         first_reward, last_reward = run.first_and_last("reward_mean")   # the run's, not this process's
-        print(epoch_summary(run.file("metrics.jsonl")), file=sys.stderr)
-        print(f"mean reward: first step {_fmt(first_reward)} -> last step {_fmt(last_reward)}", file=sys.stderr)
+        print(epoch_summary(run.file("metrics.jsonl")))      # the result: stdout; progress and warnings: stderr
+        print(f"mean reward: first step {_fmt(first_reward)} -> last step {_fmt(last_reward)}")
     return {"run": run.path, "first_reward": first_reward, "last_reward": last_reward, "model": model}
 
 
@@ -196,36 +199,9 @@ def validate(model, tok, task, args, step) -> dict:
 
 
 # -----------------------------------------------------------------------------------------------------------------
-# The update, over micro-batches. The normaliser is computed once for the whole optimizer step (all micro-batches,
-# all ranks), so the gradient does not depend on how the step is cut into micro-batches.
-
-@dataclass
-class Batch:
-    """One micro-batch, left-padded; every (B, T-1) tensor is aligned as logprobs.token_logprobs is."""
-    ids: torch.Tensor          # (B, T) prompt + completion
-    attn: torch.Tensor         # (B, T) 1 = real token
-    mask: torch.Tensor         # (B, T-1) True = a completion token to train (grpo.span_mask)
-    adv: torch.Tensor          # (B,) advantage of each sequence
-    sampled: torch.Tensor      # (B, T-1) the sampler's log-probs of the completion tokens
-    start: int                 # first column any completion occupies: logits are needed only from there
-
-
-def collate(seqs, pad_id, device, mask_truncated=False) -> Batch:
-    """Left-pad prompt+completion; the loss mask covers exactly each completion's positions, by position, never by
-    token id (grpo.span_mask: the EOS a model emitted is trained even when it equals the pad id)."""
-    ids, attn = left_pad([s.prompt_ids + s.completion_ids for s in seqs], pad_id)
-    T = ids.shape[1]
-    lengths = [len(s.completion_ids) for s in seqs]
-    trained = [0 if mask_truncated and s.finish_reason == "length" else c for s, c in zip(seqs, lengths)]
-    loss_mask = grpo.span_mask([T - c for c in lengths], trained, T)      # completions end at the last column
-    sampled = torch.zeros((len(seqs), T - 1))
-    for i, (s, c) in enumerate(zip(seqs, lengths)):
-        if c:
-            sampled[i, T - 1 - c:] = torch.tensor(s.logprobs, dtype=torch.float32)   # column t scores token t+1
-    adv = torch.tensor([s.advantage for s in seqs], dtype=torch.float32)
-    start = T - 1 - max(lengths)
-    return Batch(ids.to(device), attn.to(device), loss_mask.to(device), adv.to(device), sampled.to(device), start)
-
+# The update, over micro-batches (minigrpo/update.py: the batch, its log-probs, the step normaliser, the gradient
+# all-reduce). The normaliser is computed once for the whole optimizer step (all micro-batches, all ranks), so the
+# gradient does not depend on how the step is cut into micro-batches.
 
 def policy_update(model, reference, params, opt, sched, seqs, args, dist_info, tok, device):
     """μ passes over this step's rollouts; each pass accumulates over micro-batches, then one optimizer step.
@@ -269,60 +245,6 @@ def policy_update(model, reference, params, opt, sched, seqs, args, dist_info, t
     return stats, grad_norm
 
 
-def micro_batches(seqs, size):
-    """Cut `seqs` into micro-batches of `size` after sorting them by length (prompt + completion), longest first
-    and ties in rollout order: each micro-batch is padded to its longest sequence, so a short turn-0 sequence
-    is batched with other short ones, not with a revision many times its length (bench/padding.py measures the
-    padding share). The loss does not depend on the cut (the step normaliser); the longest batch comes first, so
-    a run that runs out of memory does so on its first micro-batch."""
-    order = sorted(seqs, key=lambda s: len(s.prompt_ids) + len(s.completion_ids), reverse=True)  # stable
-    return [order[i:i + size] for i in range(0, len(order), size)]
-
-
-def step_normalizer(batches, args, dist_info) -> float:
-    """The loss denominator of the whole optimizer step: over every micro-batch of every rank."""
-    local = grpo.loss_normalizer([b.mask for b in batches], args.agg, max_tokens=args.max_new_tokens)
-    return all_reduce_sum([local], dist_info)[0]
-
-
-def log_probs(model, b: Batch, args, vocab_size, entropy=False):
-    """The trainer's log-probs: logits / T with the sampler's T, ids past the tokenizer's vocabulary masked, as
-    the sampler does, so that the two agree (PITFALLS 5, 6, 9); the lm_head runs only over completion columns."""
-    return grpo.token_logprobs(model, b.ids, b.attn, temperature=args.temperature, return_entropy=entropy,
-                               vocab_size=vocab_size, start=b.start)
-
-
-def reference_logprobs(model, reference, b: Batch, args, vocab_size):
-    if args.beta == 0:
-        return None
-    with torch.no_grad():
-        if reference is not None:
-            return log_probs(reference, b, args, vocab_size)
-        with adapters_disabled(model):
-            return log_probs(model, b, args, vocab_size)
-
-
-def finish_gradients(params, args, dist_info) -> float:
-    """Sum gradients over ranks (each rank already divided by the global normaliser), then clip. Every rank sends
-    every parameter, zeros where it has no gradient (a rank without examples has none at all), so that all ranks
-    send the same layout; one has-a-gradient count per parameter rides along, so that a parameter gets a gradient
-    when some rank computed one and stays None (skipped by AdamW, as in one process) when none did."""
-    if dist_info.world > 1 and params:
-        flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in params]
-                         + [params[0].new_tensor([p.grad is not None for p in params])])
-        all_reduce_(flat, dist_info)
-        offset = 0
-        for p, has in zip(params, flat[-len(params):].tolist()):
-            summed = flat[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
-            if p.grad is not None:
-                p.grad.copy_(summed)
-            elif has:
-                p.grad = summed.to(p.dtype, copy=True)
-    clip = args.max_grad_norm if args.max_grad_norm > 0 else float("inf")
-    return float(torch.nn.utils.clip_grad_norm_(params, clip))
-
-
 # -----------------------------------------------------------------------------------------------------------------
 # Run policy: when a run stops by itself. Each rule counts a streak of bad steps and stops the run, with the last
 # good checkpoint intact, when the streak reaches its limit.
@@ -355,11 +277,13 @@ def seed_everything(seed):
 def build_policy(args, device, dtype):
     """(model, tokenizer, trainable params, reference or None). One compute dtype for the whole run; LoRA weights
     and the optimizer state stay fp32 (lora.py casts A and B in forward)."""
-    model = Qwen.from_pretrained(args.model, dtype=dtype, device=device)
-    tok = Tokenizer.from_pretrained(args.model)
+    model, tok = load_model_and_tokenizer(args.model, dtype, device)      # a folder that cannot be used: one line
     if args.lora_r > 0:
         kw = {"targets": args.lora_targets.split(",")} if args.lora_targets else {}
-        params = inject_lora(model, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout, **kw)
+        try:
+            params = inject_lora(model, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout, **kw)
+        except ValueError as e:              # --lora-targets that name no projection of this model
+            raise UsageError(f"--lora-targets {args.lora_targets}: {first_line(e)}") from None
         reference = None  # the reference is the same model under adapters_disabled()
     else:
         # Full fine-tune: every weight trains, in fp32 (a bf16 weight cannot absorb small updates). With β > 0
@@ -386,6 +310,8 @@ class DataState:
 
 
 def next_examples(train, count, state: DataState, seed) -> list:
+    if not train:
+        raise ValueError("next_examples: the train split is empty")     # the loop below would never end
     out = []
     while len(out) < count:
         order = np.random.default_rng(derive_seed(seed, "epoch", state.epoch)).permutation(len(train))
@@ -454,21 +380,28 @@ def main(argv=None):
         args = resolve_args(argv)
     except SystemExit as e:   # a usage error with its one-line message: exit code 2, as argparse's own
         if isinstance(e.code, str):
-            print(f"train.py: error: {e.code}", file=sys.stderr)
-            raise SystemExit(2) from None
+            usage_error(e.code)
         raise
     if args.plan:             # the memory plan from the model's config.json; nothing is loaded
         from minigrpo.memplan import print_plan
         return print_plan(args)
-    if args.task == "mdp":    # the verifier-MDP pipeline: SFT, DPO, then GRPO through this file's train()
-        from minigrpo.tasks.mdp_pipeline import run_pipeline
-        return run_pipeline(args, trainer=train)
-    if args.experiment:       # the revise experiment: a base, three shaping arms x seeds through train(), report
-        from minigrpo.tasks.revise_pipeline import run_experiment
-        return run_experiment(args, trainer=train)
+    if pick_device(args.device).type == "cpu":   # saved in config.json: a resume computes as this run did
+        args.threads = set_cpu_threads(args.threads, "kept from the run resumed" if args.resume else "set by --threads")
+    run_path = os.path.join(args.runs_dir, args.run_name)
+    made = not os.path.exists(run_path)
     try:
+        if args.task == "mdp":    # the verifier-MDP pipeline: SFT, DPO, then GRPO through this file's train()
+            from minigrpo.tasks.mdp_pipeline import run_pipeline
+            return run_pipeline(args, trainer=train)
+        if args.experiment:       # the revise experiment: a base, three shaping arms x seeds through train(), report
+            from minigrpo.tasks.revise_pipeline import run_experiment
+            return run_experiment(args, trainer=train)
         train(args)
         finish_distributed()  # torchrun: the process group is torn down before exit, not by it
+    except UsageError as e:   # a model or data file that cannot be used: one line; the run folder made for it goes
+        if made and RunFolder(args.runs_dir, args.run_name).holds_nothing():
+            shutil.rmtree(run_path)     # made by this process: its marker, no checkpoint, the judge's empty cache
+        usage_error(str(e))
     except StopRun as e:      # a run-policy rule (a judge that is down, a full disk): its cause, what is kept
         print(f"train.py: {e}; {RunFolder(args.runs_dir, args.run_name).stop_note()}", file=sys.stderr)
         raise SystemExit(1) from None
@@ -477,6 +410,12 @@ def main(argv=None):
             print(f"\ntrain.py: stopped by Ctrl-C; {RunFolder(args.runs_dir, args.run_name).stop_note()}",
                   file=sys.stderr)
         raise SystemExit(130) from None
+
+
+def usage_error(line):
+    """The one line of a flag, model or data problem, as argparse prints its own: exit code 2."""
+    print(f"train.py: error: {line}", file=sys.stderr)
+    raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

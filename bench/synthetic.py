@@ -11,7 +11,8 @@ each timed, with two numbers read from its runs/<name>/metrics.jsonl (issue 18).
   at worst, over the last third of the run; at most 0.1, or the run learned and then lost part of it.
 - wall: seconds of the whole command (start-up, every step, checkpoints), as a user waits for it.
 
-Each run's folder keeps what the command printed (stderr.txt: the epoch table and the first/last reward).
+Each run's folder keeps what the command printed (output.txt: its start line, then the epoch table and the
+first/last reward).
 
 The machine's load (os.getloadavg) is printed beside the times: other processes slow a run down.
 """
@@ -65,8 +66,8 @@ def run_seed(seed, runs_dir, threads=None, extra=()) -> dict:
     load = os.getloadavg()[0]
     t = time.perf_counter()
     out = subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, text=True)
-    with open(os.path.join(runs_dir, name, "stderr.txt"), "w") as f:    # what the command printed at the end
-        f.write(out.stderr)
+    with open(os.path.join(runs_dir, name, "output.txt"), "w") as f:    # what the command printed
+        f.write(out.stderr + out.stdout)
     return {"seed": seed, **summary(os.path.join(runs_dir, name)), "wall_s": time.perf_counter() - t,
             "load": load}
 

@@ -19,8 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", required=True, choices=TASKS)
     p.add_argument("--model", default="tiny", help="hub id, local folder, 'tiny' or 'tiny-qwen3.5'")
     p.add_argument("--preset", help="take another task's preset (default: the task's own)")
-    p.add_argument("--algo", default="grpo", choices=["grpo", "sft", "dpo"],
-                   help="objective (sft/dpo: tasks that provide targets)")
+    p.add_argument("--algo", help=argparse.SUPPRESS)   # an old flag nothing read: refused with what to use instead
     p.add_argument("--data", help="task data file or folder (task-specific)")
     # rollouts
     p.add_argument("--group-size", type=int, default=8, help="G: samples per prompt")
@@ -50,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", action="store_true",
                    help="revise: the whole experiment (format pretraining, three shaping arms at two seeds, report)")
     # LoRA (--lora-r 0 = full fine-tune)
-    p.add_argument("--lora-r", type=int, default=32)
+    p.add_argument("--lora-r", type=int, default=32, help="LoRA rank; 0 = full fine-tuning (every weight trains)")
     p.add_argument("--lora-alpha", type=float, default=32)
     p.add_argument("--lora-dropout", type=float, default=0.0)
     p.add_argument("--lora-targets", help="comma-separated module names (default: every projection)")
@@ -90,12 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", help="cuda | mps | cpu (default: the best available)")
+    p.add_argument("--threads", type=int, help="CPU threads (default: OMP_NUM_THREADS if set, else the usable cores "
+                                               "the load leaves idle; saved with the run, so a resume keeps it)")
     p.add_argument("--grad-checkpoint", action="store_true", help="activation checkpointing (long sequences)")
     # run folder
     p.add_argument("--runs-dir", default="runs")
     p.add_argument("--run-name")
     p.add_argument("--save-every", type=int, default=50)
-    p.add_argument("--keep-checkpoints", type=int, default=2)
+    p.add_argument("--keep-checkpoints", type=int, default=2, help="the latest N checkpoints kept (0 = all)")
     p.add_argument("--eval-every", type=int, default=0,
                    help="greedy eval on the val split every N steps (0 = never)")
     p.add_argument("--eval-limit", type=int, default=64, help="val examples per eval")
@@ -146,6 +147,7 @@ def resolve_args(argv=None) -> argparse.Namespace:
         check_resume_flags(given, saved, parser.get_default)
         parser.set_defaults(**saved)
     args = parser.parse_args(argv)
+    check_args(args, given)
     check_task_flags(args, given)
     check_loss_flags(args)
     if args.run_name is None:
@@ -204,3 +206,109 @@ def check_loss_flags(args):
 def _flag(key, given) -> str:
     """The flag as the user typed it: --no-turn0-guard for turn0_guard=False."""
     return f"--{'no-' if given[key] is False else ''}{key.replace('_', '-')}"
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# Every flag checked before anything is loaded or written: each value's range, then the rules between flags. A value
+# is checked wherever it came from (the command line, the task's preset, a resumed run's config.json); each failure
+# is one line naming the flag and what to give instead.
+
+def _count(v):
+    return v >= 1
+
+
+RANGES = [  # (flags, test, what the value must be); None (a flag not given that has no default) is never checked
+    (("group_size",), lambda v: v >= 2,
+     "must be at least 2: GRPO compares each sample with the others of its group (a group of one has advantage 0)"),
+    (("tasks_per_step", "micro_batch", "save_every", "max_new_tokens", "eval_limit", "judge_workers", "epochs", "mu",
+      "steps", "threads", "judge_max_turns"), _count, "must be at least 1"),
+    (("temperature",), lambda v: v > 0, "must be > 0: training samples its groups (at 0 every sample of a group is "
+                                        "the same answer, and the trainer's log-probs divide by it)"),
+    (("lr",), lambda v: v > 0, "must be > 0"),
+    (("top_p",), lambda v: 0 < v <= 1, "must be in (0, 1] (1 = off)"),
+    (("top_k",), lambda v: v >= 0, "must be >= 0 (0 = off)"),
+    (("lora_r",), lambda v: v >= 0, "must be >= 0 (0 = full fine-tuning: every weight trains)"),
+    (("lora_alpha",), lambda v: v > 0, "must be > 0 (the adapter's scale is alpha / r)"),
+    (("lora_dropout",), lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    (("warmup",), lambda v: v >= 0, "must be >= 0: warmup steps, or a fraction of the run when below 1"),
+    (("weight_decay", "beta"), lambda v: v >= 0, "must be >= 0 (0 = off)"),
+    (("max_grad_norm",), lambda v: v >= 0, "must be >= 0 (0 = no clipping)"),
+    (("adam_beta2",), lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    (("eps_low",), lambda v: 0 < v < 1, "must be in (0, 1): the ratio is clipped below at 1 - eps-low"),
+    (("eps_high",), lambda v: v > 0, "must be > 0: the ratio is clipped above at 1 + eps-high"),
+    (("eval_every",), lambda v: v >= 0, "must be >= 0 (0 = never)"),
+    (("keep_checkpoints",), lambda v: v >= 0, "must be >= 0 (0 = keep every checkpoint)"),
+    (("seed",), lambda v: 0 <= v < 2 ** 32, "must be in [0, 2^32) (numpy's seed range)"),
+]
+DATA_TASKS = {"gsm8k": "a GSM8K JSONL file, a folder holding train.jsonl and test.jsonl, or 'hub'",
+              "soyuz": "a tasks JSON file in the schema of minigrpo/data/soyuz_tasks.json"}
+JUDGE_FLAGS = ("judge", "judge_workers", "judge_model", "judge_max_turns", "judge_mode")
+LORA_FLAGS = ("lora_alpha", "lora_dropout", "lora_targets")
+
+
+def check_args(args, given):
+    """Raise SystemExit("<one line>") for the first flag that is out of range or that the run would not read."""
+    if "algo" in given:
+        raise SystemExit(f"--algo {given['algo']}: train.py trains with GRPO only (drop the flag); SFT and DPO are "
+                         "stages of the mdp pipeline (--task mdp)")
+    for keys, test, must in RANGES:
+        for key in keys:
+            v = getattr(args, key, None)
+            if v is not None and not (math.isfinite(v) and test(v)):
+                raise SystemExit(f"{_named(key, v)}: {must}")
+    if args.data is not None:
+        if args.task not in DATA_TASKS:
+            raise SystemExit(f"--data: --task {args.task} reads no data file (its examples are built in); drop it "
+                             f"(--data is for {' and '.join(DATA_TASKS)})")
+        if not os.path.exists(args.data) and not (args.task == "gsm8k" and args.data == "hub"):
+            raise SystemExit(f"--data {args.data}: no such file or folder; pass {DATA_TASKS[args.task]}")
+    for key in JUDGE_FLAGS:
+        if key in given and args.task != "soyuz":
+            raise SystemExit(f"{_named(key, given[key])}: only --task soyuz has a judge, not --task {args.task}")
+    llm = args.judge not in (None, "local")
+    for key, used, by in (("judge_mode", llm, "an LLM judge"), ("judge_model", llm, "an LLM judge"),
+                          ("judge_max_turns", args.judge == "claude", "--judge claude")):
+        if key in given and not used:
+            raise SystemExit(f"{_named(key, given[key])}: only {by} reads it, not --judge {args.judge}")
+    for key in LORA_FLAGS:
+        if key in given and args.lora_r == 0:
+            raise SystemExit(f"{_named(key, given[key])}: only LoRA reads it, and --lora-r is 0 (full fine-tuning"
+                             f"{'' if 'lora_r' in given else ', from the preset'}); add --lora-r N, or drop it")
+    if args.lora_targets is not None:
+        from minigrpo.lora import DEFAULT_TARGETS
+        unknown = [t for t in args.lora_targets.split(",") if t not in DEFAULT_TARGETS]
+        if unknown:
+            raise SystemExit(f"--lora-targets: {', '.join(unknown) or 'an empty name'} is not a projection of a Qwen "
+                             f"model; choose from {','.join(DEFAULT_TARGETS)}")
+    if "epochs" in given and args.steps is not None:
+        raise SystemExit(f"--epochs: --steps {args.steps} sets this run's length"
+                         f"{'' if 'steps' in given else ' (the preset)'}; give --steps instead")
+    if "eval_limit" in given and not args.eval_every:
+        raise SystemExit("--eval-limit: only the greedy eval reads it, and it is off; add --eval-every N")
+    if "kl" in given and args.beta == 0:
+        raise SystemExit(f"--kl {args.kl}: the KL term is off (--beta 0); add --beta, e.g. --beta 0.04")
+    for key in ("eps_low", "eps_high"):
+        if key in given and args.mu == 1:
+            raise SystemExit(f"{_named(key, given[key])}: clipping acts only from a second pass over the rollouts "
+                             "(with --mu 1 the ratio is exactly 1); add --mu 2, or drop it")
+    check_device(args.device)
+
+
+def check_device(name):
+    if name is None:
+        return
+    import torch
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise SystemExit(f"--device {name}: not a device; use cuda, cuda:N, mps or cpu") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {name}: no CUDA device here; use --device cpu, or leave --device out")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise SystemExit(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA devices")
+    if device.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise SystemExit(f"--device {name}: no MPS device here; use --device cpu, or leave --device out")
+
+
+def _named(key, value) -> str:
+    return f"--{key.replace('_', '-')} {value}"

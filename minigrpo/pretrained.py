@@ -2,12 +2,24 @@
 safetensors. The folder layout is the Hugging Face one (config.json, model.safetensors or
 model.safetensors.index.json + shards); every tensor is cast to the one model dtype, as HF does."""
 import json
+import math
 import os
 
 import torch
 import torch.nn as nn
 
-from minigrpo.model import CheckpointError, QwenConfig
+from minigrpo.common import UsageError, first_line, read_json
+from minigrpo.model import CheckpointError, Qwen, QwenConfig
+
+
+def load_model_and_tokenizer(name, dtype=None, device=None):
+    """(Qwen model, Tokenizer) of --model `name` for a command line: a missing or damaged folder, a bad config.json
+    or the hub out of reach is a UsageError, one line naming --model and the file."""
+    from minigrpo.tokenizer import Tokenizer   # tokenizer.py imports this module
+    try:
+        return Qwen.from_pretrained(name, dtype=dtype, device=device), Tokenizer.from_pretrained(name)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--model {name}: {first_line(e)}") from None
 
 
 def load_pretrained(cls, path_or_hub_id, dtype=None, device=None):
@@ -18,7 +30,7 @@ def load_pretrained(cls, path_or_hub_id, dtype=None, device=None):
         model.name_or_path = path_or_hub_id
         return model
     folder = local_folder(path_or_hub_id)
-    cfg = QwenConfig.from_json(os.path.join(folder, "config.json"))
+    cfg = read_config(os.path.join(folder, "config.json"))
     with torch.device("meta"):  # no memory: every parameter is replaced by a loaded tensor below
         model = cls(cfg)
     load_weights(model, folder, dtype, device or "cpu")
@@ -26,6 +38,53 @@ def load_pretrained(cls, path_or_hub_id, dtype=None, device=None):
     # as an absolute path, so that the adapter finds its base from any working directory
     model.name_or_path = os.path.abspath(folder) if os.path.isdir(str(path_or_hub_id)) else str(path_or_hub_id)
     return model
+
+
+# The config.json keys QwenConfig reads, by the kind of value each must hold: a wrong type would otherwise fail deep
+# in the model's construction (num_hidden_layers "four" multiplies a list). null counts as absent only where the
+# reader falls back to a default on a falsy value.
+CONFIG_KINDS = {
+    "count": ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "head_dim", "linear_conv_kernel_dim", "full_attention_interval"),
+    "size": ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"),
+    "number": ("rms_norm_eps", "rope_theta", "partial_rotary_factor"),
+    "bool": ("tie_word_embeddings", "attention_bias", "use_sliding_window"),
+    "list": ("layer_types",), "object": ("rope_parameters", "rope_scaling", "text_config"),
+}
+NULLABLE = {"head_dim", "layer_types", "rope_parameters", "rope_scaling", "use_sliding_window"}
+KIND_TEST = {
+    "count": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1"),
+    "size": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"),
+    "number": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0,
+               "a number > 0"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "list": (lambda v: isinstance(v, list), "a list"),
+    "object": (lambda v: isinstance(v, dict), "an object {...}"),
+}
+
+
+def read_config(path) -> QwenConfig:
+    """config.json -> QwenConfig, every value QwenConfig reads checked first: a wrong one is a CheckpointError that
+    names the file, the key, the value and what it should be."""
+    d = read_json(path, "not found; pass a folder holding a Hugging Face checkpoint or a hub id", CheckpointError)
+    check_config(d, path)
+    return QwenConfig.from_dict(d, source=path)
+
+
+def check_config(d, source):
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{source}: expected a JSON object {{...}}, got a {type(d).__name__}")
+    for where, t in ((source, d), (f"{source} text_config", d.get("text_config"))):
+        if not isinstance(t, dict):
+            continue
+        for kind, keys in CONFIG_KINDS.items():
+            test, want = KIND_TEST[kind]
+            for key in keys:
+                if key in t and not (t[key] is None and key in NULLABLE) and not test(t[key]):
+                    raise CheckpointError(f"{where}: {key}: {json.dumps(t[key])} is not {want}")
+        heads, kv = t.get("num_attention_heads"), t.get("num_key_value_heads")
+        if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
+            raise CheckpointError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
 
 
 def parse_dtype(dtype):
@@ -82,7 +141,8 @@ def local_folder(path_or_hub_id, files=MODEL_FILES):
         return snapshot_download(repo_id=p, allow_patterns=files)
     except Exception as e:
         first = (str(e).splitlines() or [""])[0]
-        raise OSError(f"{p}: no such folder, and the hub download failed ({type(e).__name__}: {first})") from None
+        raise OSError(f"{p}: no such folder, and the hub download failed ({type(e).__name__}: {first}); pass a local "
+                      "checkpoint folder, or connect to the hub") from None
 
 
 def weight_files(folder):

@@ -18,6 +18,7 @@ SAFE_TO_CHANGE = {
     "save_every", "keep_checkpoints", "eval_every", "eval_limit",
     "quiet", "log_to", "plan",                              # what it shows and where it logs
     "device", "micro_batch", "grad_checkpoint", "judge_workers",   # memory and concurrency, not the math
+    "threads", "decode",                                    # CPU threads; the eager or the compiled decode
 }
 IDENTITY = {"resume", "runs_dir", "run_name"}               # which run: never a change
 

@@ -87,6 +87,14 @@ class RunFolder:
         os.makedirs(self.ckpt_dir, mode=0o700, exist_ok=True)
         self.remove_temporary()
 
+    def holds_nothing(self) -> bool:
+        """Only what claim() and a task's set-up write before any step: the marker, an empty checkpoints/, the
+        judge's cache. Such a folder, made by a run that then failed on its input, may go again."""
+        if not os.path.isdir(self.path):
+            return False
+        rest = set(os.listdir(self.path)) - {MARKER, "judge_cache.sqlite"}
+        return rest <= {"checkpoints"} and not (os.path.isdir(self.ckpt_dir) and os.listdir(self.ckpt_dir))
+
     def remove_temporary(self, say: bool = True):
         """Temporary checkpoint folders and files that a kill left half-written (one run folder, one trainer: no
         other process is writing them); one line names them."""

@@ -31,6 +31,7 @@ import shutil
 from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
 from tokenizers.decoders import DecodeStream
 
+from minigrpo.common import first_line
 from minigrpo.pretrained import TOKENIZER_FILES, local_folder
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
@@ -238,7 +239,7 @@ class Tokenizer:
         try:
             hf = HFTokenizer.from_file(tok_path)
         except Exception as e:
-            raise ValueError(f"{tok_path}: cannot read it as a tokenizers file ({_first_line(e)})") from None
+            raise ValueError(f"{tok_path}: cannot read it as a tokenizers file ({first_line(e)})") from None
         template = _read_template(folder)
         config = _read_json(os.path.join(folder, "config.json"))
         model_type = config.get("model_type") if config else None
@@ -339,18 +340,17 @@ def _bytes_to_unicode() -> dict:
     return chars
 
 
-def _first_line(e):
-    return (str(e).splitlines() or [""])[0]
-
-
 def _read_json(path):
     if not os.path.isfile(path):
         return None
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            data = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object ({{...}}), got a {type(data).__name__}")
+    return data
 
 
 def _read_template(folder):

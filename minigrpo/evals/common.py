@@ -11,20 +11,11 @@ import sys
 import time
 
 from minigrpo import checkpoints, plots, report
-from minigrpo.common import derive_seed, mean, pick_device, pick_dtype
+from minigrpo.common import UsageError, derive_seed, first_line, mean, pick_device, pick_dtype
 from minigrpo.lora import adapters_disabled, fold_lora, load_adapter
 from minigrpo.model import Qwen
 from minigrpo.sampler import sample
 from minigrpo.tokenizer import Tokenizer
-
-
-class UsageError(Exception):
-    """A flag or file the user can fix: printed as one line, exit code 2."""
-
-
-def first_line(e: Exception) -> str:
-    """Library errors are one line already; hub/network errors are paragraphs: keep their first line."""
-    return next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
 
 
 def run_checkpoint(path: str, flag: str = "") -> str:

@@ -19,6 +19,8 @@ Single-turn tasks take `rollout`, `details`, `step_metrics` and `from_args` from
 
 from dataclasses import dataclass, field
 
+from minigrpo.common import UsageError, first_line
+
 TASKS = ("synthetic", "soyuz", "gsm8k", "mdp", "revise")
 
 
@@ -48,8 +50,18 @@ def get_task(name: str, **opts):
 
 
 def task_from_args(args):
-    """The task train.py's flags ask for, built with the options the task itself reads from them."""
-    return task_class(args.task).from_args(args)
+    """The task train.py's flags ask for, built with the options the task itself reads from them, its train split
+    read: data that cannot be used (a missing, empty or malformed --data file, the hub out of reach, a bad --judge)
+    is a UsageError, one line naming the flag and the file."""
+    what = "--data" if args.data else f"--task {args.task}"      # the messages below name the file
+    try:
+        task = task_class(args.task).from_args(args)
+        n_train = len(task.examples("train"))
+    except (OSError, ValueError, ImportError) as e:
+        raise UsageError(f"{what}: {first_line(e)}") from None
+    if not n_train:
+        raise UsageError(f"{what}: no training examples (the train split is empty); give it more examples")
+    return task
 
 
 @dataclass

@@ -41,6 +41,7 @@ import re
 
 import numpy as np
 
+from minigrpo.common import first_line
 from minigrpo.tasks import SingleTurnTask
 
 SEED = 3407
@@ -229,16 +230,33 @@ def score(ex: dict, completion: str, brevity_chars: tuple[int, int] = BREVITY_CH
 # data: reading files and the hub, normalising schemas, the split
 
 
-def _read_records(path: str) -> list[dict]:
-    """Rows of a .jsonl, .json (a list) or .parquet file."""
+def _read_records(path: str) -> list[tuple[str, dict]]:
+    """(where, row) for each row of a .jsonl, .json (a list) or .parquet file; `where` names the file and the line
+    or row, for the one line a bad row gets."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such data file; pass a JSONL file or a folder with train/test.jsonl")
     if path.endswith(".parquet"):
-        return _read_parquet(path)
-    with open(path, encoding="utf-8") as f:
-        if path.endswith(".json"):
-            return json.load(f)
-        return [json.loads(line) for line in f if line.strip()]
+        return [(f"{path} row {i + 1}", r) for i, r in enumerate(_read_parquet(path))]
+    try:
+        with open(path, encoding="utf-8") as f:
+            if path.endswith(".json"):
+                rows = json.load(f)
+                if not isinstance(rows, list):
+                    raise ValueError(f"{path}: expected a JSON list of records, got a {type(rows).__name__}")
+                return [(f"{path} record {i + 1}", r) for i, r in enumerate(rows)]
+            out = []
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        out.append((f"{path} line {n}", json.loads(line)))
+                    except json.JSONDecodeError as e:
+                        raise ValueError(f"{path} line {n}: not valid JSON ({e.msg}); a JSONL file holds one JSON "
+                                         "object per line") from None
+            return out
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text; pass a JSONL, JSON or parquet file") from None
 
 
 def _read_parquet(path: str) -> list[dict]:
@@ -250,25 +268,52 @@ def _read_parquet(path: str) -> list[dict]:
     return pq.read_table(path).to_pylist()
 
 
-def _hub_records(name: str, split: str, subject: str = "algebra") -> list[dict]:
-    """Download one split's parquet file of a known hub dataset (cached by huggingface_hub) and read it."""
+HUB_INSTEAD = {"gsm8k": "--data FILE.jsonl or a folder holding train.jsonl and test.jsonl",
+               "svamp": "--svamp FILE.jsonl", "math": "--math FILE.jsonl"}
+
+
+def _hub_records(name: str, split: str, subject: str = "algebra") -> list[tuple[str, dict]]:
+    """(where, row) of one split's parquet file of a known hub dataset (downloaded and cached by huggingface_hub)."""
     from huggingface_hub import hf_hub_download
     repo, files = HUB[name]
-    path = hf_hub_download(repo_id=repo, filename=files[split].format(subject=subject), repo_type="dataset")
-    return _read_parquet(path)
+    file = files[split].format(subject=subject)
+    try:
+        path = hf_hub_download(repo_id=repo, filename=file, repo_type="dataset")
+    except Exception as e:   # offline, a proxy, no such file: one line saying what to pass instead
+        raise OSError(f"{repo}: the hub download of {file} failed ({type(e).__name__}: {first_line(e)}); offline, "
+                      f"pass {HUB_INSTEAD[name]}") from None
+    return [(f"{repo} {file} row {i + 1}", r) for i, r in enumerate(_read_parquet(path))]
 
 
-def gsm8k_record(row: dict, id: str) -> dict:
+def _need(row, where: str, schema: str, **fields):
+    """Check that `row` holds each field with a value of its type; a bad row is one line naming file and line."""
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a JSON object {schema}, got a {type(row).__name__}")
+    for key, kind in fields.items():
+        if key not in row:
+            raise ValueError(f"{where}: no {key!r} field; expected {schema}")
+        if not isinstance(row[key], kind) or isinstance(row[key], bool):
+            raise ValueError(f"{where}: {key!r} is {json.dumps(row[key])[:40]}, not a "
+                             f"{' or '.join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))}")
+
+
+def gsm8k_record(row: dict, id: str, where: str | None = None) -> dict:
     """GSM8K row {"question", "answer": "...rationale...\\n#### 1,200"} -> common record."""
+    where = where or f"gsm8k example {id}"
+    _need(row, where, '{"question": "...", "answer": "... #### 42"} (GSM8K\'s schema)', question=str, answer=str)
     if "####" not in row["answer"]:
-        raise ValueError(f"gsm8k example {id}: answer has no '#### <number>' line; is this GSM8K's schema?")
+        raise ValueError(f"{where}: answer has no '#### <number>' line; is this GSM8K's schema?")
     gold = row["answer"].rsplit("####", 1)[1].strip()
     return {"id": str(row.get("id", id)), "question": row["question"].strip(), "answer": gold,
             "answer_number": parse_gold_number(gold)}
 
 
-def svamp_record(row: dict, id: str) -> dict:
+def svamp_record(row: dict, id: str, where: str | None = None) -> dict:
     """SVAMP row {ID, Body, Question, Answer, ...} -> common record (question = body + question)."""
+    where, schema = where or f"svamp example {id}", "SVAMP's {\"Body\", \"Question\", \"Answer\"}"
+    _need(row, where, schema, Answer=(int, float))
+    if not row.get("question_concat"):
+        _need(row, where, schema, Body=str, Question=str)
     question = row.get("question_concat") or f"{row['Body'].strip()} {row['Question'].strip()}"
     gold = float(row["Answer"])
     return {"id": f"svamp-{row.get('ID', id)}", "question": question.strip(), "answer": format_number(gold),
@@ -289,11 +334,13 @@ def last_boxed(solution: str) -> str | None:
     return None
 
 
-def math_record(row: dict, id: str) -> dict:
+def math_record(row: dict, id: str, where: str | None = None) -> dict:
     """MATH row {problem, level, type, solution} -> common record; the gold is the last \\boxed{} content."""
+    where = where or f"math example {id}"
+    _need(row, where, "MATH's {\"problem\", \"solution\"}", problem=str, solution=str)
     gold = last_boxed(row["solution"])
     if gold is None:
-        raise ValueError(f"math example {id}: solution has no \\boxed{{...}} answer")
+        raise ValueError(f"{where}: solution has no \\boxed{{...}} answer")
     return {"id": id, "question": row["problem"].strip(), "answer": gold, "answer_number": parse_gold_number(gold)}
 
 
@@ -308,8 +355,10 @@ def load_gsm8k(data: str | None = None) -> list[dict]:
         parts = [(s, _read_records(os.path.join(data, f"{s}.jsonl"))) for s in ("train", "test")]
     else:
         parts = [(None, _read_records(data))]
-    pool = [gsm8k_record(row, f"gsm8k-{s}-{i:05d}" if s else f"gsm8k-{i:05d}")
-            for s, rows in parts for i, row in enumerate(rows)]
+    pool = [gsm8k_record(row, f"gsm8k-{s}-{i:05d}" if s else f"gsm8k-{i:05d}", where)
+            for s, rows in parts for i, (where, row) in enumerate(rows)]
+    if not pool:
+        raise ValueError(f"{data}: no examples in it (an empty file); pass GSM8K's JSONL, one problem per line")
     if len({ex["id"] for ex in pool}) != len(pool):
         raise ValueError(f"{data}: example ids are not unique")
     return pool
@@ -325,13 +374,14 @@ def _sample(records: list[dict], limit: int | None, seed: int) -> list[dict]:
 
 def load_svamp(data: str | None = None, split: str = "test", limit: int | None = 300, seed: int = SEED):
     rows = _hub_records("svamp", split) if data in (None, "hub") else _read_records(data)
-    return _sample([svamp_record(r, f"{split}-{i:05d}") for i, r in enumerate(rows)], limit, seed)
+    return _sample([svamp_record(r, f"{split}-{i:05d}", w) for i, (w, r) in enumerate(rows)], limit, seed)
 
 
 def load_math(data: str | None = None, subject: str = "algebra", split: str = "test", limit: int | None = 300,
               seed: int = SEED):
     rows = _hub_records("math", split, subject) if data in (None, "hub") else _read_records(data)
-    return _sample([math_record(r, f"math-{subject}-{split}-{i:05d}") for i, r in enumerate(rows)], limit, seed)
+    return _sample([math_record(r, f"math-{subject}-{split}-{i:05d}", w) for i, (w, r) in enumerate(rows)], limit,
+                   seed)
 
 
 def split_indices(n: int, seed: int = SEED) -> dict[str, np.ndarray]:

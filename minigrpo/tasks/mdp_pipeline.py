@@ -119,7 +119,7 @@ PIPELINES = {
 
 # The train.py flags the pipeline reads. Every other flag (--lr, --steps, --group-size, ...) would set one stage of
 # several at best, so train.py refuses them with --task mdp instead of ignoring them: edit PIPELINES.
-FLAGS = ("task", "model", "seed", "device", "dtype", "runs_dir", "run_name", "quiet", "plan")
+FLAGS = ("task", "model", "seed", "device", "dtype", "threads", "runs_dir", "run_name", "quiet", "plan")
 
 
 def pipeline_config(model: str) -> PipelineConfig:

@@ -19,7 +19,7 @@ at start with its reason; an LLM judge (claude, cmd:, http) includes it.
 """
 import os
 
-from minigrpo.judge import missing_packages, sandbox_isolation
+from minigrpo.judge import missing_packages, sandbox_isolation, validate_task
 from minigrpo.common import read_json
 from minigrpo.judge import make_judge
 from minigrpo.runs import StopRun
@@ -39,9 +39,20 @@ class JudgeDown(StopRun):
 
 
 def load_tasks(path: str = DATA) -> list[dict]:
-    """The tasks of a JSON file holding a list of tasks or {"tasks": [...]}."""
-    tasks = read_json(path, "soyuz task file not found (pass --data FILE)", fix="; fix the file or pass another --data")
-    return tasks["tasks"] if isinstance(tasks, dict) else tasks
+    """The tasks of a JSON file holding a list of tasks or {"tasks": [...]}, each checked against the judge's schema:
+    a bad one is a ValueError naming the file and the task."""
+    data = read_json(path, "soyuz task file not found (pass --data FILE)", fix="; fix the file or pass another --data")
+    tasks = data.get("tasks") if isinstance(data, dict) else data
+    if not isinstance(tasks, list) or not tasks:
+        raise ValueError(f"{path}: expected a non-empty list of tasks or {{\"tasks\": [...]}} (the schema of {DATA})")
+    for i, t in enumerate(tasks):
+        if not isinstance(t, dict) or not isinstance(t.get("id"), str) or not t["id"]:
+            raise ValueError(f"{path}: task {i + 1} needs a string 'id' (the schema of {DATA})")
+        try:
+            validate_task(t)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+    return tasks
 
 
 def local_exclusions(tasks: list[dict]) -> list[tuple[str, str]]:

@@ -1,0 +1,94 @@
+"""The pieces of one optimizer step's update, as train.py's policy_update uses them: a micro-batch of sampled
+sequences (left-padded, with its loss mask and the sampler's log-probs), the micro-batches of a step (grouped by
+length), the step's loss normaliser over every micro-batch of every rank, the trainer's log-probs of the policy and
+of the frozen reference, and the gradients summed over ranks and clipped."""
+from dataclasses import dataclass
+
+import torch
+
+from minigrpo import grpo
+from minigrpo.common import left_pad
+from minigrpo.dist import all_reduce_, all_reduce_sum
+from minigrpo.lora import adapters_disabled
+
+
+@dataclass
+class Batch:
+    """One micro-batch, left-padded; every (B, T-1) tensor is aligned as logprobs.token_logprobs is."""
+    ids: torch.Tensor          # (B, T) prompt + completion
+    attn: torch.Tensor         # (B, T) 1 = real token
+    mask: torch.Tensor         # (B, T-1) True = a completion token to train (grpo.span_mask)
+    adv: torch.Tensor          # (B,) advantage of each sequence
+    sampled: torch.Tensor      # (B, T-1) the sampler's log-probs of the completion tokens
+    start: int                 # first column any completion occupies: logits are needed only from there
+
+
+def collate(seqs, pad_id, device, mask_truncated=False) -> Batch:
+    """Left-pad prompt+completion; the loss mask covers exactly each completion's positions, by position, never by
+    token id (grpo.span_mask: the EOS a model emitted is trained even when it equals the pad id)."""
+    ids, attn = left_pad([s.prompt_ids + s.completion_ids for s in seqs], pad_id)
+    T = ids.shape[1]
+    lengths = [len(s.completion_ids) for s in seqs]
+    trained = [0 if mask_truncated and s.finish_reason == "length" else c for s, c in zip(seqs, lengths)]
+    loss_mask = grpo.span_mask([T - c for c in lengths], trained, T)      # completions end at the last column
+    sampled = torch.zeros((len(seqs), T - 1))
+    for i, (s, c) in enumerate(zip(seqs, lengths)):
+        if c:
+            sampled[i, T - 1 - c:] = torch.tensor(s.logprobs, dtype=torch.float32)   # column t scores token t+1
+    adv = torch.tensor([s.advantage for s in seqs], dtype=torch.float32)
+    start = T - 1 - max(lengths)
+    return Batch(ids.to(device), attn.to(device), loss_mask.to(device), adv.to(device), sampled.to(device), start)
+
+
+def micro_batches(seqs, size):
+    """Cut `seqs` into micro-batches of `size` after sorting them by length (prompt + completion), longest first
+    and ties in rollout order: each micro-batch is padded to its longest sequence, so a short turn-0 sequence
+    is batched with other short ones, not with a revision many times its length (bench/padding.py measures the
+    padding share). The loss does not depend on the cut (the step normaliser); the longest batch comes first, so
+    a run that runs out of memory does so on its first micro-batch."""
+    order = sorted(seqs, key=lambda s: len(s.prompt_ids) + len(s.completion_ids), reverse=True)  # stable
+    return [order[i:i + size] for i in range(0, len(order), size)]
+
+
+def step_normalizer(batches, args, dist_info) -> float:
+    """The loss denominator of the whole optimizer step: over every micro-batch of every rank."""
+    local = grpo.loss_normalizer([b.mask for b in batches], args.agg, max_tokens=args.max_new_tokens)
+    return all_reduce_sum([local], dist_info)[0]
+
+
+def log_probs(model, b: Batch, args, vocab_size, entropy=False):
+    """The trainer's log-probs: logits / T with the sampler's T, ids past the tokenizer's vocabulary masked, as
+    the sampler does, so that the two agree; the lm_head runs only over completion columns."""
+    return grpo.token_logprobs(model, b.ids, b.attn, temperature=args.temperature, return_entropy=entropy,
+                               vocab_size=vocab_size, start=b.start)
+
+
+def reference_logprobs(model, reference, b: Batch, args, vocab_size):
+    if args.beta == 0:
+        return None
+    with torch.no_grad():
+        if reference is not None:
+            return log_probs(reference, b, args, vocab_size)
+        with adapters_disabled(model):
+            return log_probs(model, b, args, vocab_size)
+
+
+def finish_gradients(params, args, dist_info) -> float:
+    """Sum gradients over ranks (each rank already divided by the global normaliser), then clip. Every rank sends
+    every parameter, zeros where it has no gradient (a rank without examples has none at all), so that all ranks
+    send the same layout; one has-a-gradient count per parameter rides along, so that a parameter gets a gradient
+    when some rank computed one and stays None (skipped by AdamW, as in one process) when none did."""
+    if dist_info.world > 1 and params:
+        flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in params]
+                         + [params[0].new_tensor([p.grad is not None for p in params])])
+        all_reduce_(flat, dist_info)
+        offset = 0
+        for p, has in zip(params, flat[-len(params):].tolist()):
+            summed = flat[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+            if p.grad is not None:
+                p.grad.copy_(summed)
+            elif has:
+                p.grad = summed.to(p.dtype, copy=True)
+    clip = args.max_grad_norm if args.max_grad_norm > 0 else float("inf")
+    return float(torch.nn.utils.clip_grad_norm_(params, clip))
