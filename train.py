@@ -214,7 +214,7 @@ def policy_update(model, reference, params, opt, sched, seqs, args, dist_info, t
         refs = [reference_logprobs(model, reference, b, args, V) for b in batches]
         olds = [log_probs(model, b, args, V) if args.mu > 1 else None for b in batches]
     stats, grad_norm = [], 0.0
-    for _ in range(args.mu):
+    for pass_ in range(args.mu):
         model.train()
         opt.zero_grad(set_to_none=True)
         for b, ref, old in zip(batches, refs, olds):
@@ -230,7 +230,7 @@ def policy_update(model, reference, params, opt, sched, seqs, args, dist_info, t
             loss.backward()
             mask = b.mask.bool()
             st = {k: float(v) for k, v in st.items()}
-            st["loss"] = float(loss.detach())
+            st["loss"], st["pass"] = float(loss.detach()), pass_
             st["entropy"] = float(grpo.masked_mean(ent.detach(), mask))
             gap = (logp.detach() - b.sampled).abs()
             st["sampler_logp_diff"] = float(grpo.masked_mean(gap, mask))

@@ -78,7 +78,7 @@ def decode_section(sec, M):
     prompts = sampler_bench.prompts_for(lengths, M.vocab)
     seeds = [train.sample_seed(args, 0, i) for i in range(len(prompts))]
     (k1, k2), (p1, p2) = c["steps"], c["prof"]
-    what = f"{len(prompts)} rows x {static_decode.padded_len(max(lengths) + k2)} slots"
+    what = f"{len(prompts)} rows x {static_decode.bucket_len(max(lengths) + k2)} slots"
     samples, graphs = {}, lambda: counters["stats"]["unique_graphs"]
 
     def call(path, k, prof=False):

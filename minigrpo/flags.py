@@ -187,7 +187,7 @@ def check_task_flags(args, given):
 
 def check_loss_flags(args):
     """The ranges of the policy-loss flags, and no training on a distribution the loss does not score."""
-    if args.algo == "grpo" and (args.top_p < 1.0 or args.top_k > 0):
+    if args.top_p < 1.0 or args.top_k > 0:
         raise SystemExit(f"--top-p {args.top_p} --top-k {args.top_k}: GRPO trains on its own samples, and the "
                          "loss scores the untruncated policy while top-p / top-k sample a truncated one (an "
                          "off-policy update by construction); train with --top-p 1 --top-k 0 (truncate in eval.py)")

@@ -242,13 +242,17 @@ def step_metrics(step, epoch, seqs, adv_stats, loss_stats, grad_norm, lr, t_samp
     tokens = sum(len(s.completion_ids) for s in seqs)
     w = [st["tokens"] for st in loss_stats] or [1.0]
     wmean = lambda key: sum(st.get(key, 0.0) * n for st, n in zip(loss_stats, w)) / max(sum(w), 1.0)
+    # "loss" and "pg" of a micro-batch are its share of the step's loss (divided by the step's normaliser): their
+    # sum over every micro-batch of every rank, per pass, is the step's loss whatever the cut into micro-batches
+    passes = max((st.get("pass", 0) for st in loss_stats), default=0) + 1
+    share = lambda key: sum(st.get(key, 0.0) for st in loss_stats) / passes
     m = {
         "step": step, "epoch": epoch,
         "reward_mean": mean([s.score for s in seqs if s.turn == max(x.turn for x in seqs)]),
         "reward_std": std([s.score for s in seqs]),
         "shaped_reward_mean": mean([s.reward for s in seqs]),
         "shaped_reward_std": std([s.reward for s in seqs]),
-        "loss": wmean("loss"), "pg": wmean("pg"), "kl": wmean("kl"), "entropy": wmean("entropy"),
+        "loss": share("loss"), "pg": share("pg"), "kl": wmean("kl"), "entropy": wmean("entropy"),
         "clip_low": wmean("clip_low"), "clip_high": wmean("clip_high"), "ratio_mean": wmean("ratio_mean"),
         "sampler_logp_diff": wmean("sampler_logp_diff"),
         **gap_quantiles([g for st in loss_stats for g in st.get("sampler_logp_gaps", ())]),

@@ -78,9 +78,9 @@ def decode_calls(m, prompts, n, new, static):
     """The calls of two decode steps after a prefill (not recorded)."""
     L = max(map(len, prompts))
     with Recorder(skip=True):
-        cache, _ = sampler.prefill(m, prompts, static_decode.padded_len(L + new) - L if static else new, 0)
+        cache, _ = sampler.prefill(m, prompts, static_decode.bucket_len(L + new) - L if static else new, 0)
     if static:
-        cache, step = static_decode.static_cache(m, cache, n), static_decode.decode_step
+        cache, step = static_decode.static_cache(m, cache, n, len(prompts) * n), static_decode.decode_step
     else:
         cache, step = cache.repeat_interleave(n), sampler.decode_step
     tokens = torch.full((len(prompts) * n,), 7)

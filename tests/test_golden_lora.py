@@ -35,15 +35,15 @@ GOLDEN_LORA = {
     "clip_high": [0.022088353264044566, 0.0, 0.0],
     "ratio_mean": [1.0023355871798045, 1.0002317844090125, 0.9970893653720735],
     "grad_norm": [0.10532671213150024, 0.012527023442089558, 0.004857873544096947],  # before the 0.015 clip
-    "pg": [0.004248574286340231, 0.0, 0.0],   # micro-batches sorted by length: see the note below
-    "loss": [0.004377221509096134, 0.00023648758665576416, 0.00042976738558691034],
+    "pg": [-0.0090781319886446, 0.0, 0.0],   # the step's loss, summed over micro-batches: see the note below
+    "loss": [-0.008694306015968323, 0.0006618388360948302, 0.001245250656211283],
     "entropy": [5.546944675675357, 5.545818285328719, 5.547172378645584],
     "sampler_logp_diff": [0.07563707208537772, 0.09780704032212151, 0.1073448789331748],   # mu=2: pass 2 is off-policy
     "adapter": {"numel": 16384, "abs_sum": 1343.546480144345, "weighted_sum": 68.18783757148776},
 }
-# Last regenerated when train.micro_batches began sorting a step's sequences by length: "pg" and "loss" are logged
-# as the token-weighted mean of each micro-batch's share of the step's loss, so they depend on how the step is cut
-# and moved (0.3% at step 1, 7% at step 2); the gradient does not (grad_norm, kl and the adapter stayed within REL).
+# "pg" and "loss" last regenerated when they became the step's loss (the sum of every micro-batch's share of it,
+# per pass) instead of a token-weighted mean of the shares, which depended on how the step was cut into
+# micro-batches; nothing else moved (grad_norm, kl and the adapter are bit-identical to before).
 # ----------------------------------------------------------------------------------------------------------------
 EXACT = ("reward_mean", "completion_len", "truncated")   # counts of sampled tokens: equal or the rollouts differ
 # Relative tolerances for the rest: about 10x the largest relative difference measured for each key, against the
