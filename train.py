@@ -36,7 +36,7 @@ from minigrpo.common import (UsageError, derive_seed, first_line, mean, pick_dev
 from minigrpo.dist import all_gather_objects, assert_replicas_in_sync, finish_distributed, init_distributed
 from minigrpo.flags import resolve_args
 from minigrpo.lora import inject_lora
-from minigrpo.model import Qwen, enable_activation_checkpointing
+from minigrpo.model import CheckpointError, Qwen, enable_activation_checkpointing
 from minigrpo.optim import adamw
 from minigrpo.pretrained import load_model_and_tokenizer
 from minigrpo.resume import check_length, record_resume
@@ -384,7 +384,10 @@ def main(argv=None):
         raise
     if args.plan:             # the memory plan from the model's config.json; nothing is loaded
         from minigrpo.memplan import print_plan
-        return print_plan(args)
+        try:
+            return print_plan(args)
+        except CheckpointError as e:    # a config.json value of the wrong type: one line naming file and key
+            usage_error(f"--model {args.model}: {first_line(str(e))}")
     if pick_device(args.device).type == "cpu":   # saved in config.json: a resume computes as this run did
         args.threads = set_cpu_threads(args.threads, "kept from the run resumed" if args.resume else "set by --threads")
     run_path = os.path.join(args.runs_dir, args.run_name)

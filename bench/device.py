@@ -221,7 +221,9 @@ def plan_child(spec):
     s = json.loads(spec)
     cfg = QwenConfig.from_dict(shapes.hf_config(s["shape"]))
     shape = memplan.Shape(s["rows"], s["rows"], s["prompt"], s["slots"], s["batch"], s["seq"], s["completion"])
-    print(json.dumps(memplan.plan(cfg, shape, torch.bfloat16, s["lora_r"], DEFAULT_TARGETS, s["beta"])))
+    # the train section measures one micro-batch of a model that has not decoded: no merged copy, no static caches
+    print(json.dumps(memplan.plan(cfg, shape, torch.bfloat16, s["lora_r"], DEFAULT_TARGETS, s["beta"],
+                                  fast_decode=False)))
 
 
 def start_plan(c):

@@ -48,13 +48,15 @@ from torch.utils._pytree import tree_flatten
 
 from minigrpo.attention import Recorder, cuda_kernel
 from minigrpo.logprobs import LOGIT_BYTES
-from minigrpo.lora import DEFAULT_TARGETS, inject_lora
+from minigrpo import static_decode
+from minigrpo.lora import DEFAULT_TARGETS, inject_lora, lora_layers
 from minigrpo.model import Block, Qwen, QwenConfig, RMSNorm, Rotary, attention_mask_4d
+from minigrpo.pretrained import read_config
 
 GiB = 1024 ** 3
 GPUS = [("24 GB", 24e9), ("40 GB", 40e9), ("80 GB", 80e9), ("141 GB", 141e9)]
 CONFIGS = os.path.join(os.path.dirname(__file__), "data", "configs")
-# config.json of the reference runs' models, bundled so that a plan needs no network (values: QWEN.md section 3)
+# config.json of the reference runs' models (their published values), bundled so that a plan needs no network
 BUNDLED = {"Qwen/Qwen3.5-4B": "Qwen3.5-4B.json", "Qwen/Qwen3-1.7B-Base": "Qwen3-1.7B-Base.json",
            "Qwen/Qwen3-0.6B": "Qwen3-0.6B.json"}
 KERNEL_NAMES = {"flash": "flash", "efficient": "memory-efficient", "math": "math (unfused: (B, nh, T, S) fp32 scores)"}
@@ -68,13 +70,13 @@ def load_config(model):
         return QwenConfig.tiny(model), "built-in tiny config"
     if os.path.isdir(model):
         path = os.path.join(model, "config.json")
-        return QwenConfig.from_json(path), path
+        return read_config(path), path         # a wrong value: one line naming the file and the key
     if model in BUNDLED:
         path = os.path.join(CONFIGS, BUNDLED[model])
-        return QwenConfig.from_json(path), f"{model} (bundled copy: minigrpo/data/configs/{BUNDLED[model]})"
+        return read_config(path), f"{model} (bundled copy: minigrpo/data/configs/{BUNDLED[model]})"
     from huggingface_hub import hf_hub_download
     path = hf_hub_download(repo_id=model, filename="config.json")
-    return QwenConfig.from_json(path), f"{model} (hub config.json)"
+    return read_config(path), f"{model} (hub config.json)"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -293,10 +295,27 @@ class Shape:
     micro_batch: int        # sequences per forward/backward
     train_tokens: int       # their padded length
     completion_tokens: int  # columns whose log-prob is computed
+    other_slots: tuple = ()  # cache lengths of the run's other sampler calls (soyuz's turn 0)
 
 
-def plan(cfg, shape, dtype, lora_r, targets=DEFAULT_TARGETS, beta=0.0, costs=None):
-    """{part: bytes} and the derived peaks; costs: layer_costs(...) (measured here when None)."""
+def fast_decode_bytes(cfg, shape, s, lora_r, targets):
+    """(merged copy, static caches) the fast decode path keeps for the whole run (minigrpo/merged.py,
+    static_decode.py): a weight of its own for every adapted projection, and one cache of the run's rows per length
+    bucket its calls use, each kept (fixed addresses for the compiled graph) through training too."""
+    merged = 0
+    if lora_r > 0:
+        with torch.device("meta"):
+            model = Qwen(cfg)
+            inject_lora(model, r=lora_r, alpha=lora_r, targets=targets)
+        merged = sum(m.base_layer.weight.numel() for _, m in lora_layers(model)) * s
+    buckets = {static_decode.bucket_len(n) for n in (shape.slots, *shape.other_slots)}
+    rows = shape.rollout_rows       # train.py sizes them for the run's largest call (train.decode_rows)
+    return merged, sum(sum(cache_bytes(cfg, rows, b, s)) for b in buckets)
+
+
+def plan(cfg, shape, dtype, lora_r, targets=DEFAULT_TARGETS, beta=0.0, costs=None, fast_decode=True):
+    """{part: bytes} and the derived peaks; costs: layer_costs(...) (measured here when None). fast_decode: the
+    run samples with the static compiled decode (train.py's default on CUDA), whose copy and caches stay."""
     s = torch.finfo(dtype).bits // 8
     total, trainable = param_counts(cfg, lora_r, targets)
     costs = costs or layer_costs(cfg, dtype, lora_r, targets)
@@ -316,8 +335,10 @@ def plan(cfg, shape, dtype, lora_r, targets=DEFAULT_TARGETS, beta=0.0, costs=Non
     p["logprob_chunk"] = logprob_bytes(cfg, B * shape.completion_tokens, s)
     p["activations"] = activation_bytes(cfg, costs, B, T, s, checkpointing=False)
     p["activations_ckpt"] = activation_bytes(cfg, costs, B, T, s, checkpointing=True)
+    p["merged_copy"], p["static_caches"] = fast_decode_bytes(cfg, shape, s, lora_r, targets) if fast_decode else (0, 0)
+    kept = p["weights"] + p["trainable"] + p["merged_copy"] + p["static_caches"]
     for name, act in (("peak", p["activations"]), ("peak_ckpt", p["activations_ckpt"])):
-        p[name] = p["weights"] + p["trainable"] + max(p["rollout"], act + p["logprob_chunk"])
+        p[name] = kept + max(p["rollout"], act + p["logprob_chunk"])
     return p
 
 
@@ -335,6 +356,8 @@ def format_plan(p, header):
     rows = [("weights", "weights"), ("trainable (fp32 weights + grads + AdamW m, v)", "trainable"),
             ("rollout: attention K/V cache", "kv_cache"), ("rollout: Gated DeltaNet state + conv", "gdn_state"),
             ("rollout: prefill transient (bound: one layer's training activations) + last logits", "prefill"),
+            ("fast decode: merged LoRA copy of the adapted weights (kept)", "merged_copy"),
+            ("fast decode: static caches, one per length bucket (kept)", "static_caches"),
             ("training: activations, no checkpointing", "activations"),
             ("training: activations, per-layer checkpointing", "activations_ckpt"),
             ("training: log-prob chunk + d logp/dh", "logprob_chunk"),
@@ -383,7 +406,7 @@ def run_shape(args):
     P, new, G = prompt_tokens(args.task), s["max_new_tokens"], s["group_size"]
     if args.task == "soyuz":
         longest = P + new + CRITIQUE_TOKENS  # a revision's prompt: task, answer, critique
-        shape = Shape(G, G, longest, longest + new, s["micro_batch"], longest + new, new)
+        shape = Shape(G, G, longest, longest + new, s["micro_batch"], longest + new, new, (P + new,))
     else:
         shape = Shape(s["tasks"], s["tasks"] * G, P, P + new, s["micro_batch"], P + new, new)
     s["prompt_tokens"] = P
@@ -396,7 +419,8 @@ def print_plan(args):
     cfg, source = load_config(args.model)
     shape, s = run_shape(args)
     print(f"memory plan: measuring one layer of each kind on the CPU at {args.model}'s width...", file=sys.stderr)
-    p = plan(cfg, shape, dtype, s["lora_r"], s["targets"], s["beta"])
+    fast = getattr(args, "decode", None) != "eager"      # on CUDA train.py decodes with the fast path
+    p = plan(cfg, shape, dtype, s["lora_r"], s["targets"], s["beta"], fast_decode=fast)
     which = "every projection" if tuple(s["targets"]) == DEFAULT_TARGETS else ",".join(s["targets"])
     lora = f"LoRA r={s['lora_r']} on {which}" if s["lora_r"] > 0 else "full fine-tune"
     header = (f"memory plan: --task {args.task}, model {args.model}, config {source}\n"

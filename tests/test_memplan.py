@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from minigrpo import attention, memplan, model as model_mod
-from minigrpo.lora import inject_lora
+from minigrpo.lora import DEFAULT_TARGETS, inject_lora
 from minigrpo.model import Qwen, QwenConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -134,3 +134,38 @@ def test_kernel_saved_bytes_by_kernel():
     math_call = attention.Call.of(q, q[:, :2], q[:, :2], attn_mask=mask, enable_gqa=True)
     assert attention.cuda_kernel(math_call) == "math"
     assert memplan.kernel_saved_bytes(math_call, "cuda") > B * nh * T * T * 4
+
+
+def test_fast_decode_terms_are_what_the_fast_path_keeps():
+    """The plan's merged copy and static caches equal the bytes merged.py and static_decode.py really keep after a
+    run's two kinds of sampler call (two length buckets), on a model with both kinds of layer."""
+    from minigrpo import merged, sampler, static_decode
+    torch.manual_seed(0)
+    m = Qwen.from_pretrained("tiny-qwen3.5", dtype=torch.bfloat16)
+    inject_lora(m, r=4, alpha=8)
+    rows, new, prompts = 4, 8, {100: [[5] * 100, [6] * 90], 300: [[7] * 300, [8] * 280]}
+    for L, ps in prompts.items():          # 108 slots -> the 256 bucket, 308 -> 384
+        sampler.sample(m, ps, n=2, max_new_tokens=new, seed=[1, 2], static=True, rows=rows)
+    copy = merged.decode_model(m)
+    kept_copy = sum(t.numel() * t.element_size() for t in copy.merged_weights.values())
+    caches = static_decode._pool[copy].values()
+    kv_state = sum(t.numel() * t.element_size() for c in caches for t in c.k + c.v + c.conv + c.state
+                   if t is not None)
+    shape = memplan.Shape(2, rows, 300, 300 + new, 4, 300 + new, new, (100 + new,))
+    planned_copy, planned_caches = memplan.fast_decode_bytes(m.config, shape, 2, 4, DEFAULT_TARGETS)
+    assert len(caches) == 2 and (planned_copy, planned_caches) == (kept_copy, kv_state)
+    p = memplan.plan(m.config, shape, torch.bfloat16, 4, fast_decode=True)
+    q = memplan.plan(m.config, shape, torch.bfloat16, 4, fast_decode=False, costs=None)
+    assert p["peak_ckpt"] - q["peak_ckpt"] == pytest.approx(kept_copy + kv_state, rel=0.02)
+    static_decode.release(copy)
+    merged.release(m)
+
+
+def test_plan_of_a_bad_config_is_one_line(tmp_path, capsys):
+    import train
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": "four", "hidden_size": 64}))
+    with pytest.raises(SystemExit) as e:
+        train.main(["--task", "synthetic", "--model", str(tmp_path), "--plan"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith("train.py: error: --model") and 'num_hidden_layers: "four"' in err[0], err
