@@ -119,7 +119,8 @@ def derive_seed(*parts) -> int:
     splitmix64; a string counts by the first 8 bytes of its BLAKE2b hash."""
     h = 0
     for part in parts:
-        x = part if isinstance(part, int) else int.from_bytes(hashlib.blake2b(str(part).encode(), digest_size=8).digest())
+        x = part if isinstance(part, int) else \
+            int.from_bytes(hashlib.blake2b(str(part).encode(), digest_size=8).digest())
         h = int(splitmix64(torch.tensor(_signed((h + x) % (1 << 64))))) % (1 << 64)
     return h >> 1
 

@@ -185,7 +185,8 @@ def span_mask(starts, lengths, T):
     starts = torch.as_tensor(starts).reshape(-1, 1)  # (B, 1) or (1, 1) for one shared start
     lengths = torch.as_tensor(lengths).reshape(-1, 1)  # (B, 1)
     if (starts < 1).any():
-        raise ValueError("grpo.span_mask: a span starts at position 0, whose token no column predicts; starts must be >= 1")
+        raise ValueError("grpo.span_mask: a span starts at position 0, whose token no column predicts; starts must "
+                         "be >= 1")
     pos = torch.arange(1, T, device=starts.device).unsqueeze(0)  # (1, T-1): the ids position each column scores
     return (pos >= starts) & (pos < starts + lengths)  # (B, T-1)
 
@@ -225,7 +226,8 @@ def loss_normalizer(loss_masks, agg="token", max_tokens=None):
         return float(sum(int(m.any(dim=-1).sum()) for m in masks))
     if agg == "const":
         if max_tokens is None:
-            raise ValueError("grpo.loss_normalizer: agg='const' needs max_tokens= (e.g. the max_new_tokens of sampling)")
+            raise ValueError("grpo.loss_normalizer: agg='const' needs max_tokens= (e.g. the max_new_tokens of "
+                             "sampling)")
         return float(max_tokens * sum(m.size(0) for m in masks))
     raise ValueError(f"grpo.loss_normalizer: agg={agg!r}; use 'token', 'seq' or 'const'")
 

@@ -114,7 +114,8 @@ def adapters_disabled(model):
     """Inside the block the model is exactly the frozen base (the KL reference); no weights are copied."""
     layers = [m for _, m in lora_layers(model)]
     if any(m.merged for m in layers):
-        raise RuntimeError("lora.py: adapters_disabled: LoRA is merged into the weights; call unmerge_lora(model) first")
+        raise RuntimeError("lora.py: adapters_disabled: LoRA is merged into the weights; call unmerge_lora(model) "
+                           "first")
     previous = [m.disabled for m in layers]
     for m in layers:
         m.disabled = True
@@ -193,7 +194,8 @@ def save_adapter(model, out_dir, base_model_name_or_path=None):
 
 def _read_adapter_config(path):
     if not os.path.exists(path):
-        raise FileNotFoundError(f"lora.py: {path} not found; an adapter folder needs {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}")
+        raise FileNotFoundError(f"lora.py: {path} not found; an adapter folder needs {ADAPTER_CONFIG} and "
+                                f"{ADAPTER_WEIGHTS}")
     with open(path) as f:
         c = json.load(f)
     unsupported = {"peft_type": ("LORA",), "bias": ("none",), "fan_in_fan_out": (False,), "use_dora": (False, None),
@@ -201,7 +203,8 @@ def _read_adapter_config(path):
                    "modules_to_save": (None, []), "layers_to_transform": (None,)}
     for key, allowed in unsupported.items():
         if c.get(key, allowed[0]) not in allowed:
-            raise ValueError(f"lora.py: {path}: {key}={c[key]!r} is not supported (only plain LoRA: {key}={allowed[0]!r})")
+            raise ValueError(f"lora.py: {path}: {key}={c[key]!r} is not supported (only plain LoRA: "
+                             f"{key}={allowed[0]!r})")
     targets = c.get("target_modules")
     if targets == "all-linear":  # PEFT: every linear but the output head = our defaults
         targets = list(DEFAULT_TARGETS)

@@ -78,7 +78,8 @@ class QwenConfig:
             if "tie_word_embeddings" in d:  # HF ties the LM head by the top-level flag of the composite config
                 t["tie_word_embeddings"] = d["tie_word_embeddings"]
         if t.get("use_sliding_window"):
-            raise CheckpointError(f"{source}: use_sliding_window=true is not supported (no Qwen checkpoint here uses it)")
+            raise CheckpointError(f"{source}: use_sliding_window=true is not supported (no Qwen checkpoint here uses "
+                                  "it)")
 
         def need(key):
             if key not in t:

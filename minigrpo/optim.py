@@ -37,5 +37,6 @@ def adamw_pipeline(params, lr, steps, warmup):
     numbers, so the two stay side by side until a change that may move them."""
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
     n_warm = max(1, int(warmup * steps))
-    factor = lambda s: (s + 1) / n_warm if s < n_warm else 0.5 * (1 + np.cos(np.pi * (s - n_warm) / max(1, steps - n_warm)))
+    factor = lambda s: (s + 1) / n_warm if s < n_warm else \
+        0.5 * (1 + np.cos(np.pi * (s - n_warm) / max(1, steps - n_warm)))
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)

@@ -242,8 +242,7 @@ MUTANTS = [
     ("gspo_eps_ignored", "eps_low=args.gspo_eps_low if gspo else args.eps_low,", "eps_low=args.eps_low,", LOSSES),
     ("is_flag_ignored", "sampler_logp=b.sampled, is_correction=args.is_correction,",
      "sampler_logp=b.sampled, is_correction=\"none\",", LOSSES),
-    ("top_p_allowed", "if args.algo == \"grpo\" and (args.top_p < 1.0 or args.top_k > 0):",
-     "if args.algo == \"grpo\" and args.top_p < 0:", LOSSES),
+    ("top_p_allowed", "    if args.top_p < 1.0 or args.top_k > 0:", "    if args.top_p < 0:", LOSSES),
     ("is_cap_below_one", "if not (math.isfinite(args.is_cap) and args.is_cap >= 1.0):",
      "if not math.isfinite(args.is_cap):", LOSSES),
     # ---- the judge's trust boundary: each rule broken on its own ----------------------------------------------
