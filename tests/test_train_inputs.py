@@ -21,14 +21,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYN = ["--task", "synthetic", "--model", "tiny", "--quiet", "--steps", "1"]
 
 
-@pytest.fixture(autouse=True)
-def keep_torch_threads():
-    """train.main sets torch's thread count for the process: give the rest of the suite its own back."""
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 @contextmanager
 def deadline(seconds):
     """Fail, rather than hang, when the code under test loops forever (an empty train split did)."""
