@@ -285,6 +285,9 @@ def policy_loss(logp, old_logp, advantages, loss_mask, eps_low=0.2, eps_high=0.2
     with torch.no_grad():
         stats["pg"] = pg.detach()
         stats["ratio_mean"] = masked_mean(ratio.detach(), mask)
+        # the tail a mean hides: the share of tokens whose ratio left [0.9, 1.1] (mu > 1, or a drifting sampler)
+        r = ratio.detach().expand_as(logp)
+        stats["ratio_outside"] = masked_mean(((r < 0.9) | (r > 1.1)).to(logp.dtype), mask)
         # the fraction of tokens whose term the clip changed, by side
         stats["clip_low"] = masked_mean(clipped_low.to(logp.dtype), mask)
         stats["clip_high"] = masked_mean(clipped_high.to(logp.dtype), mask)

@@ -254,6 +254,7 @@ def step_metrics(step, epoch, seqs, adv_stats, loss_stats, grad_norm, lr, t_samp
         "shaped_reward_std": std([s.reward for s in seqs]),
         "loss": share("loss"), "pg": share("pg"), "kl": wmean("kl"), "entropy": wmean("entropy"),
         "clip_low": wmean("clip_low"), "clip_high": wmean("clip_high"), "ratio_mean": wmean("ratio_mean"),
+        "ratio_outside": wmean("ratio_outside"),
         "sampler_logp_diff": wmean("sampler_logp_diff"),
         **gap_quantiles([g for st in loss_stats for g in st.get("sampler_logp_gaps", ())]),
         "grad_norm": grad_norm, "lr": lr,

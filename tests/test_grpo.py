@@ -202,6 +202,10 @@ def test_policy_loss_stats_by_hand():
     assert st["clip_low"].item() == pytest.approx(0.25)  # ratio 0.5 with A < 0
     assert st["ratio_mean"].item() == pytest.approx((1 + 1.5 + 0.5 + 1.1) / 4)
     assert st["tokens"].item() == 4
+    # the share of tokens whose ratio left [0.9, 1.1]: 1.5 and 0.85 of the three unmasked ones (the masked 3.0 not)
+    logp = torch.log(torch.tensor([[1.5, 0.85, 1.05, 3.0]]))
+    _, st = grpo.policy_loss(logp, old, torch.ones(1, 4), torch.tensor([[True, True, True, False]]))
+    assert st["ratio_outside"].item() == pytest.approx(2 / 3)
 
 
 def test_aggregations_agree_on_equal_lengths_and_differ_otherwise():
