@@ -31,8 +31,8 @@ import numpy as np
 import torch
 
 from minigrpo import checkpoints, grpo, plots
-from minigrpo.common import (UsageError, derive_seed, first_line, mean, pick_device, pick_dtype, set_cpu_threads,
-                             threads_note)
+from minigrpo.common import (PhaseClock, UsageError, derive_seed, first_line, mean, pick_device, pick_dtype,
+                             set_cpu_threads, threads_note)
 from minigrpo.dist import all_gather_objects, assert_replicas_in_sync, finish_distributed, init_distributed
 from minigrpo.flags import resolve_args
 from minigrpo.lora import inject_lora
@@ -83,15 +83,16 @@ def train(args, policy=None, task=None) -> dict:
         t_sample = time.perf_counter() - t0
         overlong_shaping(everyone, args)                       # --overlong-buffer's length penalty, on the reward
         adv_stats = assign_advantages(everyone, args)          # identical on every rank; sets each Seq's advantage
-        t1 = time.perf_counter()
+        t1, times = time.perf_counter(), {"sample": t_sample}
         loss_stats, grad_norm = policy_update(model, reference, params, opt, sched, seqs, args, dist_info, tok,
-                                              device)
+                                              device, times)
         t_train = time.perf_counter() - t1
         loss_stats = [st for part in all_gather_objects(loss_stats, dist_info) for st in part]   # weighed by tokens
         step += 1
         nonfinite = nonfinite_streak(nonfinite, grad_norm, step, run)
         m = step_metrics(step, epoch, everyone, adv_stats, loss_stats, grad_norm, sched.get_last_lr()[0],
                          t_sample, t_train, task.step_metrics(everyone))
+        m.update({f"time_{k}": v for k, v in times.items()})  # seconds by phase (this rank's)
         if args.eval_every and step % args.eval_every == 0 and dist_info.main:
             m.update(validate(model, tok, task, args, step))
         first_reward = m["reward_mean"] if first_reward is None else first_reward
@@ -203,14 +204,16 @@ def validate(model, tok, task, args, step) -> dict:
 # all-reduce). The normaliser is computed once for the whole optimizer step (all micro-batches, all ranks), so the
 # gradient does not depend on how the step is cut into micro-batches.
 
-def policy_update(model, reference, params, opt, sched, seqs, args, dist_info, tok, device):
+def policy_update(model, reference, params, opt, sched, seqs, args, dist_info, tok, device, times=None):
     """μ passes over this step's rollouts; each pass accumulates over micro-batches, then one optimizer step.
-    Returns per-micro-batch statistics and the gradient norm (non-finite: the step was skipped)."""
-    V = tok.vocab_size
+    Returns per-micro-batch statistics and the gradient norm (non-finite: the step was skipped). `times` (a dict)
+    gets the seconds of each phase: reference (the step's fixed log-probs), policy (forward + backward), optimizer
+    (all-reduce, clip, AdamW)."""
+    V, clock = tok.vocab_size, PhaseClock(times)
     batches = [collate(mb, tok.pad_id, device, args.mask_truncated) for mb in micro_batches(seqs, args.micro_batch)]
     norm = step_normalizer(batches, args, dist_info)
     model.eval()  # the fixed log-probs of this step: reference, and the behaviour policy when μ > 1
-    with torch.no_grad():
+    with clock("reference"), torch.no_grad():
         refs = [reference_logprobs(model, reference, b, args, V) for b in batches]
         olds = [log_probs(model, b, args, V) if args.mu > 1 else None for b in batches]
     stats, grad_norm = [], 0.0
@@ -218,31 +221,38 @@ def policy_update(model, reference, params, opt, sched, seqs, args, dist_info, t
         model.train()
         opt.zero_grad(set_to_none=True)
         for b, ref, old in zip(batches, refs, olds):
-            logp, ent = log_probs(model, b, args, V, entropy=True)
-            gspo = args.loss.startswith("gspo")    # the sequence ratio has its own, much smaller, clip
-            loss, st = grpo.policy_loss(logp, old, b.adv, b.mask,
-                                        eps_low=args.gspo_eps_low if gspo else args.eps_low,
-                                        eps_high=args.gspo_eps_high if gspo else args.eps_high,
-                                        agg=args.agg, normalizer=norm, ref_logp=ref, beta=args.beta,
-                                        kl_kind=args.kl, max_tokens=args.max_new_tokens, loss=args.loss,
-                                        sampler_logp=b.sampled, is_correction=args.is_correction,
-                                        is_level=args.is_level, is_cap=args.is_cap)
-            loss.backward()
-            mask = b.mask.bool()
-            st = {k: float(v) for k, v in st.items()}
-            st["loss"], st["pass"] = float(loss.detach()), pass_
-            st["entropy"] = float(grpo.masked_mean(ent.detach(), mask))
-            gap = (logp.detach() - b.sampled).abs()
-            st["sampler_logp_diff"] = float(grpo.masked_mean(gap, mask))
-            st["sampler_logp_gaps"] = gap[mask].tolist()          # per token: runs.step_metrics' p95 and max
-            stats.append(st)
-        grad_norm = finish_gradients(params, args, dist_info)
-        if not math.isfinite(grad_norm):
-            opt.zero_grad(set_to_none=True)
-            return stats, grad_norm
-        opt.step()
+            with clock("policy"):
+                stats.append(micro_batch_step(model, b, ref, old, norm, args, V, pass_))
+        with clock("optimizer"):
+            grad_norm = finish_gradients(params, args, dist_info)
+            if not math.isfinite(grad_norm):
+                opt.zero_grad(set_to_none=True)
+                return stats, grad_norm
+            opt.step()
     sched.step()
     return stats, grad_norm
+
+
+def micro_batch_step(model, b, ref, old, norm, args, V, pass_) -> dict:
+    """One micro-batch's forward and backward (its gradient adds to the step's); returns its statistics."""
+    logp, ent = log_probs(model, b, args, V, entropy=True)
+    gspo = args.loss.startswith("gspo")    # the sequence ratio has its own, much smaller, clip
+    loss, st = grpo.policy_loss(logp, old, b.adv, b.mask,
+                                eps_low=args.gspo_eps_low if gspo else args.eps_low,
+                                eps_high=args.gspo_eps_high if gspo else args.eps_high,
+                                agg=args.agg, normalizer=norm, ref_logp=ref, beta=args.beta,
+                                kl_kind=args.kl, max_tokens=args.max_new_tokens, loss=args.loss,
+                                sampler_logp=b.sampled, is_correction=args.is_correction,
+                                is_level=args.is_level, is_cap=args.is_cap)
+    loss.backward()
+    mask = b.mask.bool()
+    st = {k: float(v) for k, v in st.items()}
+    st["loss"], st["pass"] = float(loss.detach()), pass_
+    st["entropy"] = float(grpo.masked_mean(ent.detach(), mask))
+    gap = (logp.detach() - b.sampled).abs()
+    st["sampler_logp_diff"] = float(grpo.masked_mean(gap, mask))
+    st["sampler_logp_gaps"] = gap[mask].tolist()          # per token: runs.step_metrics' p95 and max
+    return st
 
 
 # -----------------------------------------------------------------------------------------------------------------

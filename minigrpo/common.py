@@ -1,9 +1,11 @@
 """Small helpers every part of minigrpo shares, one home each: the machine (device, dtype, CPU threads), usage
 errors, seeds, left padding, atomic file writes, JSON files, ending a process group, and a None-skipping mean."""
+import contextlib
 import hashlib
 import json
 import os
 import signal
+import time
 
 import torch
 
@@ -193,3 +195,18 @@ def mean(xs):
     """Mean of the values that are not None; None when there are none (a metric with nothing to average)."""
     xs = [x for x in xs if x is not None]
     return sum(xs) / len(xs) if xs else None
+
+
+class PhaseClock:
+    """Seconds spent in each named phase, added up over its stretches (`with clock("policy"): ...`), into `times`."""
+
+    def __init__(self, times=None):
+        self.times = {} if times is None else times
+
+    @contextlib.contextmanager
+    def __call__(self, name):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0

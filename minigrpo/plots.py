@@ -35,6 +35,13 @@ PANELS = [
     ("completion length", "tokens", [("completion_len", "mean length")]),
     ("zero-spread groups and truncation", "share", [("zero_spread", "zero-spread groups"),
                                                     ("truncated", "truncated completions")]),
+    ("sampler-trainer log-prob gap", "nats per token", [("sampler_logp_diff", "mean"),
+                                                        ("sampler_logp_diff_p95", "p95"),
+                                                        ("sampler_logp_diff_max", "max")]),
+    ("ratio tail", "share of tokens", [("ratio_outside", "ratio outside [0.9, 1.1]")]),
+    ("time by phase", "seconds per step", [("time_sample", "sampling (+ judge)"), ("time_reference", "reference"),
+                                           ("time_policy", "policy forward + backward"),
+                                           ("time_optimizer", "all-reduce + clip + AdamW")]),
 ]
 
 

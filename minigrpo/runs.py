@@ -271,6 +271,12 @@ def step_metrics(step, epoch, seqs, adv_stats, loss_stats, grad_norm, lr, t_samp
     return m
 
 
+def is_timing(key) -> bool:
+    """The metrics that are wall-clock figures (tokens per second, seconds by phase): the only ones that differ
+    between a run and its repetition or its kill-and-resume."""
+    return key.endswith("_tok_s") or key.startswith("time_")
+
+
 def gap_quantiles(gaps) -> dict:
     """p95 and max of the per-token |trainer - sampler| log-prob gaps of a step (their mean: sampler_logp_diff)."""
     if not gaps:

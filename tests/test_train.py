@@ -11,9 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from minigrpo.runs import is_timing
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-TIMING = {"sampler_tok_s", "trainer_tok_s"}   # wall-clock figures: the only fields allowed to differ
 SMALL = ["--task", "synthetic", "--model", "tiny", "--tasks-per-step", "4", "--group-size", "4",
          "--micro-batch", "8", "--quiet"]
 
@@ -25,7 +26,7 @@ def run_train(args, runs, name, check=True, **kw):
 
 def metrics(run_dir):
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [{k: v for k, v in json.loads(ln).items() if k not in TIMING} for ln in f]
+        return [{k: v for k, v in json.loads(ln).items() if not is_timing(k)} for ln in f]
 
 
 def final_weights(run_dir):
