@@ -49,14 +49,18 @@ def metrics(run_dir):
         return [json.loads(ln) for ln in f]
 
 
-def main_lines(argv, capsys):
-    """train.main(argv) in this process: (exit code or None, the stderr lines)."""
+def main_lines(argv, capsys, out=None):
+    """train.main(argv) in this process: (exit code or None, the stderr lines); `out`, a list, gets the stdout lines
+    (the final table and the closing reward line)."""
     code = None
     try:
         train.main(argv)
     except SystemExit as e:
         code = e.code
-    return code, capsys.readouterr().err.strip().splitlines()
+    captured = capsys.readouterr()
+    if out is not None:
+        out += captured.out.strip().splitlines()
+    return code, captured.err.strip().splitlines()
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +133,8 @@ def test_resume_needs_no_task_and_records_a_safe_change(run, capsys):
     """No --task: the run's settings; a longer --steps is applied, said, and kept in config.json's history; a
     second resume continues with it; the closing line is the run's first and last step, not this process's."""
     original = json.loads((run / "config.json").read_text())
-    code, err = main_lines(resume(run, "--steps", "5", "--save-every", "5"), capsys)
+    out = []
+    code, err = main_lines(resume(run, "--steps", "5", "--save-every", "5"), capsys, out)
     assert code is None, err
     assert f"train.py: resumed from step 4 of 5 ({run / 'checkpoints' / 'step-4'}); --save-every 2 -> 5; " \
            "--steps 4 -> 5" in err
@@ -140,7 +145,7 @@ def test_resume_needs_no_task_and_records_a_safe_change(run, capsys):
     assert [x["step"] for x in m] == [1, 2, 3, 4, 5]
     assert m[0]["reward_mean"] != m[-1]["reward_mean"]       # so the line below tells the run's from the process's
     first, last = m[0]["reward_mean"], m[-1]["reward_mean"]
-    assert err[-1] == f"mean reward: first step {first:.3f} -> last step {last:.3f}"
+    assert out[-1] == f"mean reward: first step {first:.3f} -> last step {last:.3f}"
     code, err = main_lines(resume(run), capsys)                 # the history's --steps 5 holds: nothing left to do
     assert code is None and f"train.py: resumed from step 5 of 5 ({run / 'checkpoints' / 'step-5'})" in err, err
     assert len(json.loads((run / "config.json").read_text())["resumes"]) == 2
