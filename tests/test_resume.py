@@ -281,7 +281,10 @@ def test_a_file_size_limit_stops_the_checkpoint_with_one_line(run):
 def test_ctrl_c_stops_with_the_command_that_resumes(tmp_path):
     cmd = [sys.executable, "train.py", *SMALL, "--runs-dir", str(tmp_path), "--run-name", "c", "--steps", "8",
            "--save-every", "2"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # SIGINT as a terminal sends it: a test run in the background (`nohup ... &`) starts its children with SIGINT
+    # ignored, and then Python never turns it into KeyboardInterrupt
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     ckpt = tmp_path / "c" / "checkpoints" / "step-2"
     deadline = time.time() + 300
     while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
