@@ -31,8 +31,8 @@ import numpy as np
 import torch
 
 from minigrpo import checkpoints, grpo, plots
-from minigrpo.common import (PhaseClock, UsageError, derive_seed, first_line, mean, pick_device, pick_dtype,
-                             set_cpu_threads, threads_note)
+from minigrpo.common import (PhaseClock, UsageError, catch_ctrl_c, derive_seed, first_line, mean, pick_device,
+                             pick_dtype, set_cpu_threads, stop_if_ctrl_c, threads_note)
 from minigrpo.dist import all_gather_objects, assert_replicas_in_sync, finish_distributed, init_distributed
 from minigrpo.flags import resolve_args
 from minigrpo.lora import inject_lora
@@ -74,8 +74,8 @@ def train(args, policy=None, task=None) -> dict:
               f"run={run.path}", file=sys.stderr)
     bar = ProgressBar(n_steps, step, args.task, enabled=dist_info.main and not args.quiet)
     tracker = Tracker(args.log_to if dist_info.main else None, run, vars(args), step)    # --log-to
-    first_reward, last_reward = None, None
     while step < n_steps:
+        stop_if_ctrl_c()                                       # one Python swallowed in a callback stops here
         epoch = data.epoch                                     # the epoch this step's examples come from
         examples = next_examples(train_set, args.tasks_per_step, data, args.seed)
         t0 = time.perf_counter()
@@ -95,8 +95,6 @@ def train(args, policy=None, task=None) -> dict:
         m.update({f"time_{k}": v for k, v in times.items()})  # seconds by phase (this rank's)
         if args.eval_every and step % args.eval_every == 0 and dist_info.main:
             m.update(validate(model, tok, task, args, step))
-        first_reward = m["reward_mean"] if first_reward is None else first_reward
-        last_reward = m["reward_mean"]
         if dist_info.main:
             run.append("metrics.jsonl", m)
             tracker.log(m)
@@ -107,8 +105,8 @@ def train(args, policy=None, task=None) -> dict:
         bar.update(m)
     bar.close()
     tracker.close()
+    first_reward, last_reward = run.first_and_last("reward_mean")   # the run's, not only this process's steps
     if dist_info.main:
-        first_reward, last_reward = run.first_and_last("reward_mean")   # the run's, not this process's
         print(epoch_summary(run.file("metrics.jsonl")))      # the result: stdout; progress and warnings: stderr
         print(f"mean reward: first step {_fmt(first_reward)} -> last step {_fmt(last_reward)}")
     return {"run": run.path, "first_reward": first_reward, "last_reward": last_reward, "model": model}
@@ -386,6 +384,7 @@ def _fmt(x):
 # The command line
 
 def main(argv=None):
+    catch_ctrl_c()
     try:
         args = resolve_args(argv)
     except SystemExit as e:   # a usage error with its one-line message: exit code 2, as argparse's own

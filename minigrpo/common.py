@@ -1,10 +1,12 @@
 """Small helpers every part of minigrpo shares, one home each: the machine (device, dtype, CPU threads), usage
-errors, seeds, left padding, atomic file writes, JSON files, ending a process group, and a None-skipping mean."""
+errors, seeds, left padding, atomic file writes, JSON files, ending a process group, a Ctrl-C that always stops,
+and a None-skipping mean."""
 import contextlib
 import hashlib
 import json
 import os
 import signal
+import sys
 import time
 
 import torch
@@ -185,6 +187,40 @@ def kill_process_group(proc, wait: bool = True):
         pass
     if wait:
         proc.wait()
+
+
+# Ctrl-C. Python's own handler raises KeyboardInterrupt wherever the main thread is; when that is inside a weakref
+# callback or a finalizer (an import lock's, a tensor's), Python prints "Exception ignored" and the run goes on.
+# The handler below also remembers the Ctrl-C, and the training loop asks at every step, so it always stops.
+
+_ctrl_c = False
+
+
+def _on_ctrl_c(signum, frame):
+    global _ctrl_c
+    _ctrl_c = True
+    raise KeyboardInterrupt
+
+
+def _unraisable(hook):
+    def quiet_ctrl_c(info):   # remembered above, acted on at the next step: not a traceback for the user
+        if not issubclass(info.exc_type, KeyboardInterrupt):
+            hook(info)
+    return quiet_ctrl_c
+
+
+def catch_ctrl_c():
+    """Install the remembering handler in place of Python's default one; a SIGINT ignored (a job started with
+    `nohup ... &`) or handled by someone else stays as it is."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_ctrl_c)
+        sys.unraisablehook = _unraisable(sys.unraisablehook)
+
+
+def stop_if_ctrl_c():
+    """Raise the KeyboardInterrupt a Ctrl-C raised where Python could not deliver it."""
+    if _ctrl_c:
+        raise KeyboardInterrupt
 
 
 # ----------------------------------------------------------------------------------------------------------------

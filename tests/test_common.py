@@ -1,5 +1,6 @@
 """minigrpo/common.py: the small shared helpers."""
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -62,3 +63,37 @@ def test_derive_seed_is_splitmix64_folded_over_the_parts():
     assert all(0 <= s < 2**63 for s in seeds) and derive_seed(0, "a") == derive_seed(0, "a")
     one = int(splitmix64(torch.tensor(7))) % 2**64 >> 1
     assert derive_seed(7) == one                                           # one part: splitmix64 of it, 63 bits
+
+
+CTRL_C_IN_A_CALLBACK = """
+import os, signal, weakref
+from minigrpo.common import catch_ctrl_c, stop_if_ctrl_c
+if {catch}:
+    catch_ctrl_c()
+class Thing:
+    pass
+def callback(ref):          # a finalizer, as an import lock's: a KeyboardInterrupt raised here is "ignored"
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(10 ** 6):
+        pass
+thing = Thing()
+ref = weakref.ref(thing, callback)
+del thing
+print("went on")
+try:
+    stop_if_ctrl_c()
+    print("not stopped")
+except KeyboardInterrupt:
+    print("stopped")
+"""
+
+
+@pytest.mark.parametrize("catch", [False, True])
+def test_a_ctrl_c_python_swallows_in_a_callback_still_stops(catch):
+    # SIGINT at its default, as under a terminal (a suite run with `nohup ... &` starts children with it ignored)
+    out = subprocess.run([sys.executable, "-c", CTRL_C_IN_A_CALLBACK.format(catch=catch)], capture_output=True,
+                         text=True, timeout=60, cwd=os.path.dirname(os.path.dirname(__file__)),
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert out.stdout.splitlines() == (["went on", "stopped"] if catch else ["went on", "not stopped"]), out
+    # without the handler Python prints the interrupt it dropped; with it the Ctrl-C is acted on, not printed
+    assert ("Traceback" in out.stderr) != catch, out.stderr
