@@ -26,7 +26,7 @@ Per task (minigrpo/evals/<task>.py; what they share: minigrpo/evals/common.py):
                --group-size two-turn rollouts of each held-out prompt, with the experiment's seeds
     mdp        solve rate by probe budget next to the random / minimax / max-split / oracle baselines, and which
                probes it picks (probe_choices: among minimax's, max-split's, the oracle's best; repeats); the MDP
-               and its baselines are minigrpo/mdp.py
+               and its baselines are minigrpo/tasks/mdp/world.py
 """
 import argparse
 import os
@@ -37,7 +37,7 @@ import torch
 
 from minigrpo.evals import gsm8k, mdp, revise, soyuz, synthetic
 from minigrpo.evals.common import UsageError, adapter_base, resolve_adapter, resolve_model
-from minigrpo.presets import PRESETS
+from minigrpo.run.presets import PRESETS
 from minigrpo.tasks import TASKS
 
 

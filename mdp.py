@@ -1,4 +1,4 @@
-"""The oracle-process verifier MDP from the command line (the library is minigrpo/mdp.py).
+"""The oracle-process verifier MDP from the command line (the library is minigrpo/tasks/mdp/world.py).
 
     python mdp.py baselines                    # random / minimax / max-split / oracle on the eval records, in seconds
     python mdp.py baselines --out runs/mdp     # ... and write the report tables (Markdown, CSV) and the plot
@@ -12,16 +12,17 @@ import argparse
 import sys
 import time
 
-from minigrpo import mdp, report
-from minigrpo.mdp_planner import planner_policy
-from minigrpo.tasks.mdp import MDPTask
+from minigrpo.evals import report
+from minigrpo.tasks.mdp import world as mdp
+from minigrpo.tasks.mdp.planner import planner_policy
+from minigrpo.tasks.mdp.task import MDPTask
 
 
 def cmd_baselines(args):
     t0 = time.time()
     records = mdp.build_records(args.split, args.per_cell, args.seed)
     results = mdp.baselines(records)
-    if args.planner:   # the ceiling without the target (minigrpo/mdp_planner.py), between the heuristics and the oracle
+    if args.planner:   # the ceiling without the target (minigrpo/tasks/mdp/planner.py), between the heuristics and the oracle
         oracle = results.pop("oracle")
         results.update(planner=mdp.evaluate(planner_policy, records), oracle=oracle)
     tables = (*report.mdp_tables(results), report.mdp_choice_table(results))

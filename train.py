@@ -15,8 +15,8 @@ One optimizer step, as the data flows (DESIGN.md):
 
 Everything a step needs to be repeated exactly (weights, optimizer, scheduler, every RNG, data position) is in
 its checkpoint, and sampling is seeded by (seed, step, example), so `--resume` after a kill reproduces the
-uninterrupted run bit for bit on the same machine. The flags and their defaults: minigrpo/flags.py; the task
-presets: minigrpo/presets.py.
+uninterrupted run bit for bit on the same machine. The flags and their defaults: minigrpo/run/flags.py; the task
+presets: minigrpo/run/presets.py.
 """
 import argparse
 import math
@@ -30,17 +30,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from minigrpo import checkpoints, grpo, plots
-from minigrpo.common import (PhaseClock, UsageError, catch_ctrl_c, derive_seed, first_line, mean, pick_device,
+from minigrpo import checkpoints, grpo
+from minigrpo.common import (PhaseClock, StopRun, UsageError, catch_ctrl_c, derive_seed, first_line, mean, pick_device,
                              pick_dtype, set_cpu_threads, stop_if_ctrl_c, threads_note)
 from minigrpo.dist import all_gather_objects, assert_replicas_in_sync, finish_distributed, init_distributed
-from minigrpo.flags import resolve_args
 from minigrpo.lora import inject_lora
 from minigrpo.model import CheckpointError, Qwen, enable_activation_checkpointing
 from minigrpo.optim import adamw
-from minigrpo.pretrained import load_model_and_tokenizer
-from minigrpo.resume import check_length, record_resume
-from minigrpo.runs import ProgressBar, RunFolder, StopRun, Tracker, epoch_summary, sample_records, step_metrics
+from minigrpo.pretrained import load_pretrained, load_model_and_tokenizer
+from minigrpo.run import plots
+from minigrpo.run.flags import resolve_args
+from minigrpo.run.folder import ProgressBar, RunFolder, Tracker, epoch_summary, sample_records, step_metrics
+from minigrpo.run.resume import check_length, record_resume
 from minigrpo.sampler import sample
 from minigrpo.tasks import task_from_args
 from minigrpo.update import collate, finish_gradients, log_probs, micro_batches, reference_logprobs, step_normalizer
@@ -300,7 +301,7 @@ def build_policy(args, device, dtype):
         params = [p for p in model.parameters() if p.requires_grad]
         reference = None
         if args.beta > 0:
-            reference = Qwen.from_pretrained(args.model, dtype=dtype, device=device).requires_grad_(False).eval()
+            reference = load_pretrained(args.model, dtype=dtype, device=device).requires_grad_(False).eval()
     if args.grad_checkpoint:
         enable_activation_checkpointing(model)
     return model, tok, params, reference
@@ -392,7 +393,7 @@ def main(argv=None):
             usage_error(e.code)
         raise
     if args.plan:             # the memory plan from the model's config.json; nothing is loaded
-        from minigrpo.memplan import print_plan
+        from minigrpo.run.memplan import print_plan
         try:
             return print_plan(args)
         except CheckpointError as e:    # a config.json value of the wrong type: one line naming file and key
@@ -403,10 +404,10 @@ def main(argv=None):
     made = not os.path.exists(run_path)
     try:
         if args.task == "mdp":    # the verifier-MDP pipeline: SFT, DPO, then GRPO through this file's train()
-            from minigrpo.tasks.mdp_pipeline import run_pipeline
+            from minigrpo.experiments.mdp_pipeline import run_pipeline
             return run_pipeline(args, trainer=train)
         if args.experiment:       # the revise experiment: a base, three shaping arms x seeds through train(), report
-            from minigrpo.tasks.revise_pipeline import run_experiment
+            from minigrpo.experiments.revise_pipeline import run_experiment
             return run_experiment(args, trainer=train)
         train(args)
         finish_distributed()  # torchrun: the process group is torn down before exit, not by it

@@ -12,7 +12,7 @@ Sections, in the order they run (the cheap correctness checks first, the compile
   train     one soyuz-shaped micro-batch as train.py's policy_update runs it (B=4 x T=2,936, completions up to
             1,024 tokens, activation checkpointing, beta 0.04, LoRA r=32 on every projection): seconds by phase
             (reference forward, policy forward, backward, clip + AdamW), the SDPA kernel each forward took
-            (torch.profiler), and the peak memory (torch.cuda.max_memory_allocated) against minigrpo/memplan.py's
+            (torch.profiler), and the peak memory (torch.cuda.max_memory_allocated) against minigrpo/run/memplan.py's
             plan for the same shapes (computed on the CPU in a child process while the GPU works).
   decode    soyuz's revision call in train.py's setup (6 prompts x 1 sample, 2,944 cache slots, the policy built as
             the preset builds it: LoRA attached, checkpointing on): ms per decode step of the eager path and of the
@@ -99,9 +99,9 @@ def ours_from(hf, raw, dtype=None):
 
 def build(M):
     """train.py's soyuz arguments and policy, on random weights: LoRA as build_policy injects it, checkpointing."""
-    from minigrpo.flags import resolve_args
     from minigrpo.lora import inject_lora
     from minigrpo.model import enable_activation_checkpointing
+    from minigrpo.run.flags import resolve_args
     c = M.cfg
     M.raw = shapes.hf_config(c["shape"])
     M.vocab, M.pad = shapes.TOKENS[c["shape"]]
@@ -145,7 +145,7 @@ def no_tf32():
 
 def numerics(sec, M):
     from minigrpo import grpo
-    from minigrpo.tasks import Seq
+    from minigrpo.tasks.base import Seq
     import train
     c, need, dev = M.cfg, M.cfg["need"], M.device
     B, T = 2, c["num_len"]
@@ -214,9 +214,9 @@ def numerics(sec, M):
 
 def plan_child(spec):
     """The memory plan's parts for `spec` (json), printed as json: run in a child so the GPU need not wait."""
-    from minigrpo import memplan
     from minigrpo.lora import DEFAULT_TARGETS
     from minigrpo.model import QwenConfig
+    from minigrpo.run import memplan
     torch.set_num_threads(min(4, os.cpu_count() or 1))
     s = json.loads(spec)
     cfg = QwenConfig.from_dict(shapes.hf_config(s["shape"]))
@@ -250,7 +250,7 @@ def train_section(sec, M, plan_proc):
     from minigrpo import grpo
     from minigrpo.dist import init_distributed
     from minigrpo.optim import adamw
-    from minigrpo.tasks import Seq
+    from minigrpo.tasks.base import Seq
     import train
     c, dev = M.cfg, M.device
     args, V = M.args, M.vocab

@@ -71,7 +71,7 @@ def decode_section(sec, M):
 
     import train
     from minigrpo import static_decode
-    from minigrpo.tasks import Seq
+    from minigrpo.tasks.base import Seq
     c, need, dev, cuda = M.cfg, M.cfg["need"], M.device, M.device.type == "cuda"
     args = argparse.Namespace(**vars(M.args))
     lengths = [c["prompt"] - (c["prompt"] // 16) * i for i in range(c["rows"])]

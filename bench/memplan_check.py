@@ -1,4 +1,4 @@
-"""The memory plan (minigrpo/memplan.py) against a real GRPO step's measured peak, on the CPU.
+"""The memory plan (minigrpo/run/memplan.py) against a real GRPO step's measured peak, on the CPU.
 
     python bench/memplan_check.py                                  # tiny: B=8 x T=512, with and without checkpointing
     python bench/memplan_check.py --shape qwen3-0.6b --batch 2 --seq 256 --prompt 64
@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import shapes  # noqa: E402
 import train_step  # noqa: E402
-from minigrpo import memplan  # noqa: E402
+from minigrpo.run import memplan  # noqa: E402
 from minigrpo.model import QwenConfig  # noqa: E402
 
 GiB = 1024 ** 3

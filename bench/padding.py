@@ -4,7 +4,7 @@ micro_batches (sorted by length), on the same synthetic steps in one run. CPU on
     python bench/padding.py                       # 200 steps of the soyuz preset's shape (per process)
     python bench/padding.py --steps 1000 --micro-batch 8
 
-A step of the soyuz preset (minigrpo/presets.py: tasks_per_step tasks, group_size answers each, then one revision
+A step of the soyuz preset (minigrpo/run/presets.py: tasks_per_step tasks, group_size answers each, then one revision
 per answer) gives 2 x tasks x G sequences in rollout order: each answer's turn-0 sequence followed by its revision
 (tasks/twoturn.py). A micro-batch is padded to its longest sequence, so
 
@@ -25,8 +25,8 @@ from types import SimpleNamespace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run from anywhere
-from minigrpo import memplan  # noqa: E402
-from minigrpo.presets import PRESETS  # noqa: E402
+from minigrpo.run import memplan  # noqa: E402
+from minigrpo.run.presets import PRESETS  # noqa: E402
 from train import micro_batches  # noqa: E402
 
 

@@ -67,6 +67,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
 import shapes  # noqa: E402  (bench/shapes.py)
+from minigrpo.pretrained import load_pretrained
 
 GB = 1024 ** 3
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -124,7 +125,7 @@ def build_ours(folder, args, dtype):
     from minigrpo import grpo
     from minigrpo.lora import adapters_disabled, inject_lora, lora_layers
     from minigrpo.model import Qwen
-    model = Qwen.from_pretrained(folder, dtype=dtype, device=args.device)
+    model = load_pretrained(folder, dtype=dtype, device=args.device)
     params = inject_lora(model, r=args.lora_r, alpha=2 * args.lora_r, targets=targets(args))
     init_lora_([(p, m.lora_A.weight, m.lora_B.weight) for p, m in lora_layers(model)])
     if args.grad_checkpoint:

@@ -11,6 +11,8 @@ import time
 
 import torch
 
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")   # the package's own data files
+
 # ----------------------------------------------------------------------------------------------------------------
 # The machine: one compute dtype per run, bf16 on CUDA and fp32 elsewhere (DESIGN.md, "Precision and devices")
 
@@ -86,6 +88,11 @@ def threads_note(device: torch.device) -> str:
 
 class UsageError(Exception):
     """A flag or file the user can fix: the scripts print it as one line and exit with code 2."""
+
+
+class StopRun(RuntimeError):
+    """A run-policy rule stopped the run (a judge that is down, a checkpoint that cannot be written); the message
+    names the cause, and train.py adds what the checkpoints hold and the command that continues the run."""
 
 
 def first_line(e: Exception) -> str:

@@ -280,7 +280,7 @@ def export_merged(model, tokenizer_dir, out_dir):
     raw = getattr(getattr(model, "config", None), "raw", None)
     if not raw:
         raise ValueError("lora.py: export_merged: model.config.raw (the original config.json) is empty; "
-                         "load the model with Qwen.from_pretrained from a checkpoint folder")
+                         "load the model with pretrained.load_pretrained from a checkpoint folder")
     os.makedirs(out_dir, exist_ok=True)
     tensors = merged_state_dict(model)
     if "text_config" in raw:  # a Qwen3.5 multimodal config.json: keep its key layout (model.language_model.*)

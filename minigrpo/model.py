@@ -413,13 +413,6 @@ class Qwen(nn.Module):
         seen = torch.zeros(batch_size, dtype=torch.long, device=dev)
         return Cache(k, v, conv, state, mask, seen)
 
-    @classmethod
-    def from_pretrained(cls, path_or_hub_id, dtype=None, device=None):
-        """A local checkpoint folder, a hub id (downloaded), or "tiny" / "tiny-qwen3.5" (seeded random weights).
-        Every tensor is cast to the one `dtype` (default fp32), as HF does. The loading code: pretrained.py."""
-        from minigrpo.pretrained import load_pretrained  # pretrained.py builds this class: imported on use
-        return load_pretrained(cls, path_or_hub_id, dtype, device)
-
 
 def attention_mask_4d(keys, start, T):
     """(B, 1, T, S) bool, True = may attend: causal over slots, and never to a pad. A pad query may attend to

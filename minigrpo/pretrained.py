@@ -9,30 +9,32 @@ import torch
 import torch.nn as nn
 
 from minigrpo.common import UsageError, first_line, read_json
+from minigrpo.hub import local_folder
 from minigrpo.model import CheckpointError, Qwen, QwenConfig
+from minigrpo.tokenizer import Tokenizer
 
 
 def load_model_and_tokenizer(name, dtype=None, device=None):
     """(Qwen model, Tokenizer) of --model `name` for a command line: a missing or damaged folder, a bad config.json
     or the hub out of reach is a UsageError, one line naming --model and the file."""
-    from minigrpo.tokenizer import Tokenizer   # tokenizer.py imports this module
     try:
-        return Qwen.from_pretrained(name, dtype=dtype, device=device), Tokenizer.from_pretrained(name)
+        return load_pretrained(name, dtype=dtype, device=device), Tokenizer.from_pretrained(name)
     except (OSError, ValueError) as e:
         raise UsageError(f"--model {name}: {first_line(e)}") from None
 
 
-def load_pretrained(cls, path_or_hub_id, dtype=None, device=None):
-    """Qwen.from_pretrained: a local checkpoint folder, a hub id (downloaded), or "tiny" / "tiny-qwen3.5"."""
+def load_pretrained(path_or_hub_id, dtype=None, device=None) -> Qwen:
+    """The Qwen model of a local checkpoint folder, a hub id (downloaded), or "tiny" / "tiny-qwen3.5" (seeded
+    random weights). Every tensor is cast to the one `dtype` (default fp32), as HF does."""
     dtype = parse_dtype(dtype)
     if path_or_hub_id in ("tiny", "tiny-qwen3.5"):
-        model = tiny_model(cls, path_or_hub_id).to(device=device, dtype=dtype)
+        model = tiny_model(path_or_hub_id).to(device=device, dtype=dtype)
         model.name_or_path = path_or_hub_id
         return model
     folder = local_folder(path_or_hub_id)
     cfg = read_config(os.path.join(folder, "config.json"))
     with torch.device("meta"):  # no memory: every parameter is replaced by a loaded tensor below
-        model = cls(cfg)
+        model = Qwen(cfg)
     load_weights(model, folder, dtype, device or "cpu")
     # what a LoRA adapter saved on this model names as its base (adapter_config.json): the hub id, or the folder
     # as an absolute path, so that the adapter finds its base from any working directory
@@ -97,10 +99,10 @@ def parse_dtype(dtype):
     return names[dtype]
 
 
-def tiny_model(cls, kind):
+def tiny_model(kind):
     """Seeded, deterministic random init in HF's style: normal(0, 0.02) linears and embedding, zero biases, norms
     at identity, GDN decay rates A = uniform(0.01, 16) and dt_bias = 1 (HF's _init_weights)."""
-    model = cls(QwenConfig.tiny(kind))
+    model = Qwen(QwenConfig.tiny(kind))
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():  # fixed order; tied weights appear once
@@ -116,33 +118,6 @@ def tiny_model(cls, kind):
                 p.zero_()
             # norm weights keep their constructor value: 1 (plain) or 0 (Qwen3.5's 1 + w)
     return model
-
-
-# What a hub download fetches: the tokenizer's files, and for a model also its config and weights.
-TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json",
-                   "generation_config.json"]
-MODEL_FILES = TOKENIZER_FILES + ["*.safetensors", "model.safetensors.index.json", "special_tokens_map.json",
-                                 "vocab.json", "merges.txt"]
-
-
-def is_hub_id(p: str) -> bool:
-    return p.count("/") == 1 and not p.startswith((".", "/", "~")) and not os.path.exists(p)
-
-
-def local_folder(path_or_hub_id, files=MODEL_FILES):
-    """A local folder as is; otherwise an 'org/name' hub id, fetched (only `files`) into the hub cache."""
-    p = str(path_or_hub_id)
-    if os.path.isdir(p):
-        return p
-    if not is_hub_id(p):
-        raise FileNotFoundError(f"{p}: no such checkpoint folder (and not a hub id like 'Qwen/Qwen3-0.6B')")
-    from huggingface_hub import snapshot_download
-    try:
-        return snapshot_download(repo_id=p, allow_patterns=files)
-    except Exception as e:
-        first = (str(e).splitlines() or [""])[0]
-        raise OSError(f"{p}: no such folder, and the hub download failed ({type(e).__name__}: {first}); pass a local "
-                      "checkpoint folder, or connect to the hub") from None
 
 
 def weight_files(folder):

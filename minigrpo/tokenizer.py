@@ -32,7 +32,7 @@ from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, p
 from tokenizers.decoders import DecodeStream
 
 from minigrpo.common import first_line
-from minigrpo.pretrained import TOKENIZER_FILES, local_folder
+from minigrpo.hub import TOKENIZER_FILES, local_folder
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 CONTROL = SPECIALS[:3]  # what skip_special_tokens drops; <think> tags are plain added tokens in Qwen

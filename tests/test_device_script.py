@@ -17,6 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import device_decode  # noqa: E402
 import device_report  # noqa: E402
+from minigrpo.pretrained import load_pretrained
 
 SECTIONS = {"numerics", "train", "decode"}
 
@@ -167,7 +168,7 @@ def test_profiler_counts_and_the_attention_kernel_on_the_cpu():
     import torch
 
     from minigrpo.model import Qwen
-    model = Qwen.from_pretrained("tiny").eval()
+    model = load_pretrained("tiny").eval()
     ids = torch.randint(0, 256, (2, 16))
     with torch.no_grad():
         _, ev = device_decode.profiled(lambda: model(ids), torch.device("cpu"))

@@ -34,7 +34,8 @@ import sys
 import pytest
 import torch
 
-from minigrpo.runs import is_timing
+from minigrpo.pretrained import load_pretrained
+from minigrpo.run.folder import is_timing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -156,8 +157,8 @@ def test_resume_loads_the_trainer_state_onto_the_rank_device(tmp_path, monkeypat
     from minigrpo.dist import Dist
     from minigrpo.model import Qwen
     from minigrpo.optim import adamw
-    from minigrpo.runs import RunFolder
-    model = Qwen.from_pretrained("tiny", dtype=torch.float32, device="cpu")
+    from minigrpo.run.folder import RunFolder
+    model = load_pretrained("tiny", dtype=torch.float32, device="cpu")
     params = [p for p in model.parameters() if p.requires_grad]
     opt, sched = adamw(params, 1e-3, 10)
     sum(p.sum() for p in params).backward()

@@ -15,6 +15,7 @@ from minigrpo import evals
 from minigrpo.evals.common import resolve_adapter
 from minigrpo.lora import inject_lora, lora_layers, save_adapter
 from minigrpo.model import Qwen
+from minigrpo.pretrained import load_pretrained
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -46,7 +47,7 @@ SOYUZ_TASKS = [
 def adapter(tmp_path_factory):
     """A saved LoRA adapter of the tiny model whose B is large enough to change its greedy outputs."""
     torch.manual_seed(0)
-    model = Qwen.from_pretrained("tiny")
+    model = load_pretrained("tiny")
     inject_lora(model, r=4, alpha=8)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -212,7 +213,7 @@ def test_adapter_may_be_a_checkpoint_or_run_folder(tmp_path, adapter):
 def mdp_run(tmp_path_factory):
     """A run folder as the tiny mdp pipeline leaves it: pipeline.json and the from-scratch SFT model in sft/
     (config.json + weights, no tokenizer.json)."""
-    from minigrpo.tasks import mdp_pipeline as P
+    from minigrpo.experiments import mdp_pipeline as P
     run = tmp_path_factory.mktemp("mdp") / "run"
     small = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "head_dim": 8}
     P.save_model(P.scratch_model(small, 0, "cpu", torch.float32), str(run / "sft"))
@@ -247,8 +248,8 @@ def test_mdp_takes_the_prompt_style_from_the_pipeline_run(tmp_path, mdp_run, mon
 def test_mdp_plays_the_pipeline_runs_eval_records(tmp_path, mdp_run, monkeypatch):
     """Without --limit / --seed a saved model plays its run's eval records (pipeline.json's eval_per_cell, seed),
     the records of the run's own table; the flags still override."""
-    from minigrpo import mdp
-    from minigrpo.tasks.mdp import MDPTask, compact_text
+    from minigrpo.tasks.mdp import world as mdp
+    from minigrpo.tasks.mdp.task import MDPTask, compact_text
     seen = mdp_prompts(monkeypatch)
     ev.main(["--task", "mdp", "--model", str(mdp_run / "sft"), "--max-new-tokens", "2", "--out",
              str(tmp_path / "a"), "--quiet"])
@@ -273,8 +274,8 @@ def test_mdp_stage_adapter_of_a_lora_sft_run_goes_on_the_sft_weights(tmp_path, m
     """A real-Qwen pipeline run (sft_lora) keeps SFT as sft_adapter and trains DPO / GRPO adapters on the folded
     SFT weights: eval.py folds sft_adapter into --model before the stage adapter goes on, so "base" is SFT."""
     from dataclasses import replace
+    from minigrpo.experiments import mdp_pipeline as P
     from minigrpo.lora import fold_lora, load_adapter
-    from minigrpo.tasks import mdp_pipeline as P
     from train import resolve_args, train
     cfg = replace(P.PIPELINES["tiny"], scratch=None, sft_lora=True, train_per_cell=1, eval_per_cell=1,
                   sft_steps=4, dpo_steps=2, grpo_steps=1, grpo_tasks=2, group_size=2, lora_r=4, lora_alpha=8)
@@ -287,13 +288,13 @@ def test_mdp_stage_adapter_of_a_lora_sft_run_goes_on_the_sft_weights(tmp_path, m
              "--out", str(tmp_path / "out"), "--quiet"])
     assert "folded into --model first" in (tmp_path / "out" / "report.md").read_text()
     ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(0))
-    expected = Qwen.from_pretrained("tiny")
+    expected = load_pretrained("tiny")
     load_adapter(expected, str(run / "sft_adapter"))
     fold_lora(expected)
     load_adapter(expected, str(run / "dpo_adapter"))
     with torch.no_grad():
         torch.testing.assert_close(loaded[0][0](ids), expected(ids))
-        bare = Qwen.from_pretrained("tiny")                 # the DPO adapter on the bare model: another function
+        bare = load_pretrained("tiny")                 # the DPO adapter on the bare model: another function
         load_adapter(bare, str(run / "dpo_adapter"))
         assert not torch.allclose(bare(ids), expected(ids), atol=1e-4)
     ev.main(["--task", "mdp", "--model", "tiny", "--adapter", str(run / "grpo"), "--max-new-tokens", "2",
@@ -302,13 +303,13 @@ def test_mdp_stage_adapter_of_a_lora_sft_run_goes_on_the_sft_weights(tmp_path, m
     ev.main(["--task", "mdp", "--model", "tiny", "--adapter", str(run / "sft_adapter"), "--max-new-tokens", "2",
              "--out", str(tmp_path / "sft"), "--quiet"])            # the SFT adapter itself goes on the bare model
     assert "folded" not in (tmp_path / "sft" / "report.md").read_text()
-    from minigrpo import export        # the export folds sft_adapter in too: merged, and into the adapter's base/
+    from minigrpo.run import export    # the export folds sft_adapter in too: merged, and into the adapter's base/
     export.main([str(run / "dpo_adapter"), str(tmp_path / "merged"), "--merge"])
     export.main([str(run / "dpo_adapter"), str(tmp_path / "peft")])
-    on_base = Qwen.from_pretrained(str(tmp_path / "peft" / "base"))
+    on_base = load_pretrained(str(tmp_path / "peft" / "base"))
     load_adapter(on_base, str(tmp_path / "peft"))
     with torch.no_grad():
-        torch.testing.assert_close(Qwen.from_pretrained(str(tmp_path / "merged"))(ids), expected(ids))
+        torch.testing.assert_close(load_pretrained(str(tmp_path / "merged"))(ids), expected(ids))
         torch.testing.assert_close(on_base(ids), expected(ids))
     shutil.rmtree(run / "sft_adapter")
     with pytest.raises(SystemExit) as e:

@@ -9,13 +9,13 @@ import torch
 import eval as ev
 from minigrpo import evals
 from minigrpo.common import derive_seed
-from minigrpo.tasks.mdp import MDPTask
+from minigrpo.tasks.mdp.task import MDPTask
 
 
 @pytest.fixture(scope="module")
 def mdp_run(tmp_path_factory):
     """A run folder as the tiny mdp pipeline leaves it: pipeline.json (seed 3) and a from-scratch model in sft/."""
-    from minigrpo.tasks import mdp_pipeline as P
+    from minigrpo.experiments import mdp_pipeline as P
     run = tmp_path_factory.mktemp("mdp") / "run"
     small = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "head_dim": 8}
     P.save_model(P.scratch_model(small, 0, "cpu", torch.float32), str(run / "sft"))

@@ -1,6 +1,6 @@
 """What train.py trained leaves it: a full fine-tune's checkpoint is a model folder (config.json and the tokenizer
-beside the weights) that Qwen.from_pretrained and eval.py --model load, a LoRA checkpoint's adapter names its base
-for eval.py --adapter, and `python -m minigrpo.export` writes folders transformers (and peft) load with our logits
+beside the weights) that pretrained.load_pretrained and eval.py --model load, a LoRA checkpoint's adapter names its base
+for eval.py --adapter, and `python -m minigrpo.run.export` writes folders transformers (and peft) load with our logits
 (fp32, 1e-5). The runs are the quickstart's (--task synthetic --model tiny, full fine-tune) and a LoRA one, two
 steps each; transformers and peft are the test's oracles only."""
 import json
@@ -11,8 +11,9 @@ import torch
 from test_lora import hf_logits, ids
 
 import eval as eval_py
-from minigrpo import export
 from minigrpo.model import Qwen
+from minigrpo.pretrained import load_pretrained
+from minigrpo.run import export
 from minigrpo.tokenizer import Tokenizer
 from train import resolve_args, train
 
@@ -47,9 +48,9 @@ def test_a_full_finetune_checkpoint_is_a_model_folder(runs):
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
             "trainer_state.pt"} <= set(os.listdir(ckpt(run)))
     x = ids()
-    base = Qwen.from_pretrained("tiny")
+    base = load_pretrained("tiny")
     assert (trained_logits(base, x) - trained_logits(model, x)).abs().max() > 1e-4      # the run trained
-    assert torch.equal(trained_logits(Qwen.from_pretrained(ckpt(run)), x), trained_logits(model, x))
+    assert torch.equal(trained_logits(load_pretrained(ckpt(run)), x), trained_logits(model, x))
     tok, byte = Tokenizer.from_pretrained(ckpt(run)), Tokenizer.from_pretrained("tiny")
     text = "<|im_start|>user\nhé ☃ 𝄞 ÿ<|im_end|>\n<think>\n</think>"
     assert tok.encode(text) == byte.encode(text) and tok.decode(byte.encode(text)) == text
@@ -113,7 +114,7 @@ def test_a_lora_run_exports_merged_and_as_a_peft_adapter(runs, tmp_path):
     run, model = runs["lora"]
     x = ids()
     ours = trained_logits(model, x)
-    assert (trained_logits(Qwen.from_pretrained("tiny"), x) - ours).abs().max() > 1e-4    # the adapter matters
+    assert (trained_logits(load_pretrained("tiny"), x) - ours).abs().max() > 1e-4    # the adapter matters
     export.main([run, str(tmp_path / "merged"), "--merge"])
     assert "adapter_config.json" not in os.listdir(tmp_path / "merged")
     assert (hf_logits(hf_model(tmp_path / "merged"), x) - ours).abs().max() <= 1e-5

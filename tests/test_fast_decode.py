@@ -11,7 +11,8 @@ import train
 from minigrpo import merged, static_decode
 from minigrpo.lora import adapters_disabled, inject_lora, lora_layers
 from minigrpo.model import Qwen
-from minigrpo.runs import gap_quantiles
+from minigrpo.pretrained import load_pretrained
+from minigrpo.run.folder import gap_quantiles
 from minigrpo.sampler import prefill, sample
 from minigrpo.tokenizer import Tokenizer
 
@@ -21,7 +22,7 @@ PROMPTS = [[10, 20, 30, 40, 50, 60, 70], [257, 5], [99, 98, 97, 96]]
 
 def lora_model(kind, seed=0):
     """A tiny model with LoRA on every projection and adapters moved off zero (B = 0 would hide the merge)."""
-    model = Qwen.from_pretrained(kind)
+    model = load_pretrained(kind)
     inject_lora(model, r=4, alpha=8)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -107,7 +108,7 @@ def decode_ops(model):
 
 
 def test_merged_decode_step_has_the_base_models_op_count():
-    base = Qwen.from_pretrained("tiny-qwen3.5").eval()
+    base = load_pretrained("tiny-qwen3.5").eval()
     model = lora_model("tiny-qwen3.5")
     n_base, n_lora, n_merged = decode_ops(base), decode_ops(model), decode_ops(merged.decode_model(model))
     print(f"\n[fast decode] ops per decode step, tiny-qwen3.5: base {n_base}, LoRA unmerged {n_lora}, "
@@ -118,7 +119,7 @@ def test_merged_decode_step_has_the_base_models_op_count():
 def test_static_batch_pads_and_splits_to_the_fixed_rows():
     """A call with fewer rows than the fixed batch is padded (its extra rows never come back); one with more is cut
     into calls of whole prompts: the samples are the eager path's either way (counter-based sampling)."""
-    model = Qwen.from_pretrained("tiny-qwen3.5")
+    model = load_pretrained("tiny-qwen3.5")
     kw = dict(max_new_tokens=12, temperature=1.0, seed=5, vocab_size=VOCAB, stop_ids=())
     for n, rows in ((2, 8), (2, 4), (1, 2), (3, 3)):
         got = sample(model, PROMPTS, n=n, static=True, rows=rows, **kw)

@@ -15,8 +15,8 @@ import torch
 
 import train
 from minigrpo import grpo
-from minigrpo.flags import resolve_args
-from minigrpo.tasks import Seq
+from minigrpo.run.flags import resolve_args
+from minigrpo.tasks.base import Seq
 from test_grpo import random_batch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -8,8 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from minigrpo import plots, report
+from minigrpo.evals import report
 from minigrpo.evals import gsm8k as ge
+from minigrpo.run import plots
 from minigrpo.tasks import gsm8k as g
 
 GOLD = {"id": "t-1", "question": "How many?", "answer": "1200", "answer_number": 1200.0}

@@ -1,6 +1,6 @@
 """The hub-id path, offline: a tiny checkpoint written into a huggingface_hub cache (blobs, snapshots/<rev>/ links,
 refs/main) under a temporary HF_HOME, loaded by its id with HF_HUB_OFFLINE=1 through the real huggingface_hub:
-Qwen.from_pretrained, Tokenizer.from_pretrained and eval.py --model. Each load runs in a fresh process, since
+pretrained.load_pretrained, Tokenizer.from_pretrained and eval.py --model. Each load runs in a fresh process, since
 huggingface_hub reads HF_HOME and HF_HUB_OFFLINE when it is imported."""
 import hashlib
 import json
@@ -26,7 +26,7 @@ REPO, REV = "tiny-org/tiny-qwen3", "0123456789abcdef0123456789abcdef01234567"
 def checkpoint_files(folder):
     """The tiny Qwen3 model as a hub checkpoint: config.json, model.safetensors (tied head not saved), and a
     byte-level BPE tokenizer.json whose ids fit the tiny embedding (272 rows), with Qwen's special tokens."""
-    m = Qwen.from_pretrained("tiny")
+    m = load_pretrained("tiny")
     os.makedirs(folder)
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(m.config.raw, f)
@@ -90,8 +90,9 @@ def test_model_and_tokenizer_load_by_hub_id_offline(hub):
     code = f"""
 import json, torch
 from minigrpo.model import Qwen
+from minigrpo.pretrained import load_pretrained
 from minigrpo.tokenizer import Tokenizer
-m = Qwen.from_pretrained({REPO!r})
+m = load_pretrained({REPO!r})
 tok = Tokenizer.from_pretrained({REPO!r})
 with torch.no_grad():
     logits = m(torch.tensor({ids!r}))

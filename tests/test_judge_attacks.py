@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from minigrpo.judge.checks import run_check, sandbox_isolation
 from minigrpo.judge import make_judge
+from minigrpo.judge.checks import run_check, sandbox_isolation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASK_FILE = os.path.join(ROOT, "minigrpo", "data", "soyuz_tasks.json")

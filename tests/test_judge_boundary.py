@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from minigrpo.judge.checks import sandbox_isolation
 from minigrpo.judge import make_judge
+from minigrpo.judge.checks import sandbox_isolation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 with open(os.path.join(ROOT, "minigrpo", "data", "soyuz_tasks.json")) as f:

@@ -16,8 +16,8 @@ import tempfile
 
 import pytest
 
-from minigrpo.judge.checks import run_check
 from minigrpo.judge import make_judge
+from minigrpo.judge.checks import run_check
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 with open(os.path.join(ROOT, "minigrpo", "data", "soyuz_tasks.json")) as f:

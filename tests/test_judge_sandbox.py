@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from minigrpo.judge.checks import sandbox_isolation
 from minigrpo.judge import make_judge
+from minigrpo.judge.checks import sandbox_isolation
 
 GOOD = "```python\ndef add(a, b):\n    return a + b\n```"
 WEAK = sandbox_isolation()[1]

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from minigrpo.judge import astcheck, checks
+from minigrpo.judge import answer_code, astcheck, checks
 from minigrpo.judge.checks import extract_code, fenced_blocks, run_check, validate_check
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -224,7 +224,7 @@ def test_code_extraction_is_fast_on_adversarial_answers(name, text):
     t0 = time.thread_time()
     fenced_blocks(text + "\n")
     extract_code(text)
-    checks._fenced.cache_clear()
+    answer_code._fenced.cache_clear()
     assert time.thread_time() - t0 < CPU_LIMIT, name
 
 

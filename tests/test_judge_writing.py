@@ -13,8 +13,8 @@ from argparse import Namespace
 import pytest
 
 from minigrpo.judge import writing
-from minigrpo.judge.checks import run_check
 from minigrpo.judge import make_judge
+from minigrpo.judge.checks import run_check
 from minigrpo.tasks.soyuz import SoyuzTask, critique, local_exclusions, tasks_for_judge
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -7,6 +7,7 @@ import torch
 
 from minigrpo import grpo, logprobs
 from minigrpo.model import Qwen
+from minigrpo.pretrained import load_pretrained
 from toy_lm import ToyLM, naive_logprobs
 
 
@@ -107,7 +108,7 @@ KINDS = ["tiny", "tiny-qwen3.5"]
 @pytest.fixture(scope="module", params=KINDS)
 def model(request):
     torch.manual_seed(0)
-    m = Qwen.from_pretrained(request.param)
+    m = load_pretrained(request.param)
     with torch.no_grad():  # HF-style 0.02 init gives near-uniform logits; sharpen them so the checks have teeth
         m.lm_head.weight.mul_(50.0)
     return m
@@ -174,7 +175,7 @@ def naive_entropy(logits, temperature, vocab_size):
 @pytest.mark.parametrize("start", [0, 4])
 def test_fused_frozen_head_values_entropy_and_gradients_equal_naive(kind, start):
     torch.manual_seed(0)
-    model = Qwen.from_pretrained(kind)
+    model = load_pretrained(kind)
     with torch.no_grad():  # peaked enough for log-probs to differ, flat enough for a non-zero entropy
         model.lm_head.weight.mul_(5.0)
     ids = torch.randint(0, 261, (3, 10), generator=torch.Generator().manual_seed(6))
@@ -219,7 +220,7 @@ def test_fused_bf16_equals_autograd_through_lm_head():
     """bf16 logits cast to fp32, gradient cast back before the product with W: what autograd does on the naive
     path, so values agree to fp32 rounding and gradients to bf16 rounding."""
     torch.manual_seed(0)
-    model = Qwen.from_pretrained("tiny", dtype=torch.bfloat16)
+    model = load_pretrained("tiny", dtype=torch.bfloat16)
     ids = torch.randint(0, 261, (2, 12), generator=torch.Generator().manual_seed(9))
     w = torch.randn(2, 11, generator=torch.Generator().manual_seed(10))
     model.lm_head.weight.requires_grad_(False)

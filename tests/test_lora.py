@@ -1,7 +1,7 @@
 """LoRA: identity at init, exact base under adapters_disabled, merge = unmerged, PEFT and transformers round trips.
 
 The transformers / peft checks build a tiny random model with transformers itself (save_pretrained), load it with
-Qwen.from_pretrained, and compare logits on the same weights.
+pretrained.load_pretrained, and compare logits on the same weights.
 """
 
 import json
@@ -13,6 +13,7 @@ import torch
 from minigrpo.lora import (DEFAULT_TARGETS, LoRALinear, adapters_disabled, export_merged, inject_lora, load_adapter,
                            fold_lora, lora_layers, merge_lora, save_adapter, strip_lora, unmerge_lora)
 from minigrpo.model import Qwen, QwenConfig
+from minigrpo.pretrained import load_pretrained
 
 KINDS = ["tiny", "tiny-qwen3.5"]
 
@@ -54,7 +55,7 @@ def hf_logits(model, x):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_identity_at_init_and_only_lora_trains(kind):
-    model = Qwen.from_pretrained(kind)
+    model = load_pretrained(kind)
     x = ids()
     base = model(x)
     params = inject_lora(model, r=4, alpha=8)
@@ -84,7 +85,7 @@ def test_a_init_like_peft():
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_adapters_disabled_is_exact_base_after_training(kind):
-    model = Qwen.from_pretrained(kind)
+    model = load_pretrained(kind)
     x = ids()
     base = model(x)
     params = inject_lora(model, r=4, alpha=8)
@@ -103,7 +104,7 @@ def test_adapters_disabled_is_exact_base_after_training(kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_merge_equals_unmerged(kind):
-    model = Qwen.from_pretrained(kind)
+    model = load_pretrained(kind)
     x = ids()
     base = model(x)
     inject_lora(model, r=4, alpha=8)
@@ -125,7 +126,7 @@ def test_strip_and_fold_leave_a_plain_model():
     weights (the mdp pipeline's SFT weights that its DPO and GRPO adapters sit on)."""
     x = ids()
     for drop, keeps_adapter in ((strip_lora, False), (fold_lora, True)):
-        model = Qwen.from_pretrained("tiny")
+        model = load_pretrained("tiny")
         base = model(x)
         inject_lora(model, r=4, alpha=8)
         randomise_lora(model)
@@ -137,7 +138,7 @@ def test_strip_and_fold_leave_a_plain_model():
 
 
 def test_bf16_keeps_base_dtype_and_fp32_adapters():
-    model = Qwen.from_pretrained("tiny", dtype=torch.bfloat16)
+    model = load_pretrained("tiny", dtype=torch.bfloat16)
     inject_lora(model, r=4, alpha=8)
     randomise_lora(model)
     layer = model.model.layers[0].self_attn.q_proj
@@ -148,7 +149,7 @@ def test_bf16_keeps_base_dtype_and_fp32_adapters():
 def test_peft_round_trip(hf_dir, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
-    model = Qwen.from_pretrained(hf_dir)
+    model = load_pretrained(hf_dir)
     inject_lora(model, r=4, alpha=8)
     randomise_lora(model)
     save_adapter(model, tmp_path / "adapter", base_model_name_or_path=hf_dir)
@@ -168,33 +169,33 @@ def test_peft_round_trip(hf_dir, tmp_path):
     assert (hf_logits(peft, x) - ours).abs().max() <= 1e-5
 
     # and back: our load_adapter on a fresh model reproduces the adapter
-    fresh = Qwen.from_pretrained(hf_dir)
+    fresh = load_pretrained(hf_dir)
     load_adapter(fresh, tmp_path / "adapter")
     assert torch.equal(fresh(x), ours)
 
 
 def test_load_adapter_errors(tmp_path):
-    model = Qwen.from_pretrained("tiny")
+    model = load_pretrained("tiny")
     inject_lora(model, r=4, alpha=8)
     save_adapter(model, tmp_path / "a")
     with pytest.raises(FileNotFoundError, match="adapter_config.json"):
-        load_adapter(Qwen.from_pretrained("tiny"), tmp_path / "missing")
-    other = Qwen.from_pretrained("tiny")
+        load_adapter(load_pretrained("tiny"), tmp_path / "missing")
+    other = load_pretrained("tiny")
     inject_lora(other, r=2, alpha=8)
     with pytest.raises(ValueError, match="r=4"):
         load_adapter(other, tmp_path / "a")
-    wrong_size = Qwen.from_pretrained("tiny-qwen3.5")  # different layers: keys differ
+    wrong_size = load_pretrained("tiny-qwen3.5")  # different layers: keys differ
     with pytest.raises(ValueError, match="differ"):
         load_adapter(wrong_size, tmp_path / "a")
     cfg = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
     (tmp_path / "a" / "adapter_config.json").write_text(json.dumps(dict(cfg, use_dora=True)))
     with pytest.raises(ValueError, match="use_dora"):
-        load_adapter(Qwen.from_pretrained("tiny"), tmp_path / "a")
+        load_adapter(load_pretrained("tiny"), tmp_path / "a")
 
 
 def test_export_merged_loads_in_transformers(hf_dir, tmp_path):
     from transformers import AutoModelForCausalLM
-    model = Qwen.from_pretrained(hf_dir)
+    model = load_pretrained(hf_dir)
     inject_lora(model, r=4, alpha=8)
     randomise_lora(model)
     x = ids()
@@ -206,7 +207,7 @@ def test_export_merged_loads_in_transformers(hf_dir, tmp_path):
     assert os.path.exists(tmp_path / "merged" / "tokenizer_config.json")
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)
     assert (hf_logits(hf, x) - ours).abs().max() <= 1e-5
-    assert not lora_layers(Qwen.from_pretrained(str(tmp_path / "merged")))  # a plain checkpoint again
+    assert not lora_layers(load_pretrained(str(tmp_path / "merged")))  # a plain checkpoint again
     assert torch.equal(model(x), ours)  # exporting did not touch the model
 
 

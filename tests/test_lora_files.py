@@ -5,10 +5,11 @@ from safetensors.torch import load_file, save_file
 
 from minigrpo.lora import ADAPTER_WEIGHTS, inject_lora, load_adapter, save_adapter
 from minigrpo.model import Qwen
+from minigrpo.pretrained import load_pretrained
 
 
 def trained_adapter(tmp_path):
-    model = Qwen.from_pretrained("tiny")
+    model = load_pretrained("tiny")
     params = inject_lora(model, r=4, alpha=8)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -38,7 +39,7 @@ def test_default_adapter_name_and_multimodal_prefix(tmp_path):
     for name, rename in spellings.items():
         respell(tmp_path / "plain", tmp_path / name, rename)
         assert any(rename(k) != k for k in load_file(str(tmp_path / "plain" / ADAPTER_WEIGHTS)))
-        fresh = Qwen.from_pretrained("tiny")
+        fresh = load_pretrained("tiny")
         load_adapter(fresh, str(tmp_path / name))
         with torch.no_grad():
             assert torch.equal(fresh(x), want), name

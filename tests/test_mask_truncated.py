@@ -12,7 +12,8 @@ import train
 from minigrpo import grpo
 from minigrpo.lora import inject_lora
 from minigrpo.model import Qwen
-from minigrpo.tasks import Seq
+from minigrpo.pretrained import load_pretrained
+from minigrpo.tasks.base import Seq
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 261
@@ -60,7 +61,7 @@ def test_truncated_completions_get_no_gradient(agg):
     at all (the "token" normaliser counts only trained tokens, "seq" only sequences with one), whatever their
     tokens or advantages; without it, they change the gradient."""
     torch.manual_seed(0)
-    model = Qwen.from_pretrained("tiny")
+    model = load_pretrained("tiny")
     params = inject_lora(model, r=4, alpha=8)
     with torch.no_grad():
         for p in params:

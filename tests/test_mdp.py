@@ -7,9 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from minigrpo import mdp, report
-from minigrpo.mdp_planner import belief, planner_policy
-from minigrpo.tasks.mdp import MDPTask, parse_letter
+from minigrpo.evals import report
+from minigrpo.tasks.mdp import world as mdp
+from minigrpo.tasks.mdp.planner import belief, planner_policy
+from minigrpo.tasks.mdp.task import MDPTask, parse_letter
 
 # The naive twin of mdp._reducers: one plain-Python function per reducer (empty list -> 0).
 NAIVE_REDUCERS = {
@@ -235,7 +236,7 @@ def test_baselines_command(tmp_path, capsys):
     """`python mdp.py baselines --planner --out DIR`: the tables with the planner between the heuristics and the
     oracle, and the report files; a bad --per-cell is refused with a one-line message."""
     import importlib
-    cli = importlib.import_module("mdp")                   # the repo-root script, not minigrpo.mdp
+    cli = importlib.import_module("mdp")                   # the repo-root script, not minigrpo.tasks.mdp.world
     cli.main(["baselines", "--per-cell", "1", "--seed", "5", "--planner", "--out", str(tmp_path)])
     assert "8 eval records (1 per regime x library size), seed 5" in capsys.readouterr().out
     rows = list(csv.reader(open(tmp_path / "overall_by_policy_budget.csv")))

@@ -6,7 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from minigrpo import mdp, report
+from minigrpo.evals import report
+from minigrpo.pretrained import load_pretrained
+from minigrpo.tasks.mdp import world as mdp
 
 
 def test_paired_bootstrap_by_hand():
@@ -91,7 +93,7 @@ def test_eval_py_reports_adapter_minus_base(tmp_path):
     import eval as ev
     from minigrpo.lora import inject_lora, save_adapter
     from minigrpo.model import Qwen
-    model = Qwen.from_pretrained("tiny")
+    model = load_pretrained("tiny")
     for p in inject_lora(model, r=2, alpha=4):
         torch.nn.init.normal_(p, std=0.5, generator=torch.Generator().manual_seed(0))
     save_adapter(model, str(tmp_path / "adapter"), base_model_name_or_path="tiny")

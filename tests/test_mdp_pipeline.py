@@ -1,4 +1,4 @@
-"""The mdp pipeline (minigrpo/tasks/mdp_pipeline.py): its prompts and data, and a shrunken run of every stage."""
+"""The mdp pipeline (minigrpo/experiments/mdp_pipeline.py): its prompts and data, and a shrunken run of every stage."""
 import json
 import os
 from dataclasses import replace
@@ -6,8 +6,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from minigrpo.tasks import mdp_pipeline as P
-from minigrpo.tasks.mdp import MDPTask, compact_text, messages_for, relabel
+from minigrpo.experiments import mdp_pipeline as P
+from minigrpo.tasks.mdp.task import MDPTask, compact_text, messages_for, relabel
 from minigrpo.tokenizer import Tokenizer
 from train import resolve_args, train
 

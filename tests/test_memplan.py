@@ -1,4 +1,4 @@
-"""The memory plan's arithmetic (minigrpo/memplan.py): exact parameter and cache counts, per-layer activation costs
+"""The memory plan's arithmetic (minigrpo/run/memplan.py): exact parameter and cache counts, per-layer activation costs
 that add up to what autograd saves for the whole model, and (slow) the plan within 25% of a real step's peak RSS."""
 
 import json
@@ -9,9 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minigrpo import attention, memplan, model as model_mod
+from minigrpo import attention, model as model_mod
 from minigrpo.lora import DEFAULT_TARGETS, inject_lora
 from minigrpo.model import Qwen, QwenConfig
+from minigrpo.pretrained import load_pretrained
+from minigrpo.run import memplan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KINDS = ["tiny", "tiny-qwen3.5"]
@@ -19,13 +21,13 @@ KINDS = ["tiny", "tiny-qwen3.5"]
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_counts_equal_a_built_model(kind):
-    model = Qwen.from_pretrained(kind)
+    model = load_pretrained(kind)
     cfg = model.config
     total, trainable = memplan.param_counts(cfg, lora_r=8)
     assert total == sum(p.numel() for p in model.parameters())
     assert trainable == sum(p.numel() for p in inject_lora(model, r=8, alpha=8))
     assert memplan.param_counts(cfg, lora_r=0) == (total, total)
-    cache = Qwen.from_pretrained(kind).new_cache(3, 50)
+    cache = load_pretrained(kind).new_cache(3, 50)
     kv, gdn = memplan.cache_bytes(cfg, rows=3, slots=50, dtype_bytes=4)
     nbytes = lambda xs: sum(x.numel() * x.element_size() for x in xs if x is not None)
     assert kv == nbytes(cache.k + cache.v) and gdn == nbytes(cache.conv + cache.state)
@@ -35,7 +37,7 @@ def test_counts_equal_a_built_model(kind):
 def test_layer_costs_add_up_to_the_whole_model(kind):
     """Per-layer costs measured on lone layers (B=1, two lengths) x the layer count = what the full model's
     forward saves for backward at another batch size and length, with LoRA on, left padding included."""
-    model = Qwen.from_pretrained(kind)
+    model = load_pretrained(kind)
     params = inject_lora(model, r=8, alpha=8)
     costs = memplan.layer_costs(model.config, torch.float32, lora_r=8)
     B, T = 3, 192
@@ -141,7 +143,7 @@ def test_fast_decode_terms_are_what_the_fast_path_keeps():
     run's two kinds of sampler call (two length buckets), on a model with both kinds of layer."""
     from minigrpo import merged, sampler, static_decode
     torch.manual_seed(0)
-    m = Qwen.from_pretrained("tiny-qwen3.5", dtype=torch.bfloat16)
+    m = load_pretrained("tiny-qwen3.5", dtype=torch.bfloat16)
     inject_lora(m, r=4, alpha=8)
     rows, new, prompts = 4, 8, {100: [[5] * 100, [6] * 90], 300: [[7] * 300, [8] * 280]}
     for L, ps in prompts.items():          # 108 slots -> the 256 bucket, 308 -> 384

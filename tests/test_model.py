@@ -13,6 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 from minigrpo.deltanet import chunked_delta_rule, l2norm, recurrent_delta_rule  # noqa: E402
 from minigrpo.model import Qwen, QwenConfig  # noqa: E402
+from minigrpo.pretrained import load_pretrained
 
 V = 300
 LIN, FULL = "linear_attention", "full_attention"
@@ -106,7 +107,7 @@ def ids_for(B=2, T=100, seed=1):
 def test_fp32_parity(ckpt, kind, tie):
     path = ckpt(kind, tie)
     ids = ids_for()
-    ours = Qwen.from_pretrained(path)
+    ours = load_pretrained(path)
     with torch.no_grad():
         ref = load_hf(path)(ids).logits
         got = ours(ids)
@@ -124,7 +125,7 @@ def test_bf16_parity(ckpt, kind):
     from transformers import AutoModelForCausalLM
     path = ckpt(kind)
     ids = ids_for()
-    ours = Qwen.from_pretrained(path, dtype=torch.bfloat16)
+    ours = load_pretrained(path, dtype=torch.bfloat16)
     assert all(p.dtype == torch.bfloat16 for p in ours.parameters())
     assert ours.model.rotary.inv_freq.dtype == torch.float32
     with torch.no_grad():
@@ -152,7 +153,7 @@ def test_sharded_checkpoint(ckpt):
     assert len([f for f in os.listdir(path) if f.endswith(".safetensors")]) > 2
     ids = ids_for(T=30)
     with torch.no_grad():
-        assert (Qwen.from_pretrained(path)(ids) - load_hf(path)(ids).logits).abs().max() <= 1e-4
+        assert (load_pretrained(path)(ids) - load_hf(path)(ids).logits).abs().max() <= 1e-4
 
 
 @pytest.mark.parametrize("tie", [True, False])
@@ -167,7 +168,7 @@ def test_multimodal_qwen3_5_layout(ckpt, tie):
     cfg = QwenConfig.from_json(f"{path}/config.json")
     assert cfg.family == "qwen3_5" and cfg.tie_word_embeddings == tie and cfg.partial_rotary_factor == 0.25
     ids = ids_for(T=70)
-    ours = Qwen.from_pretrained(path)
+    ours = load_pretrained(path)
     with torch.no_grad():
         ref = load_hf(path)(input_ids=ids).logits
         assert (ours(ids) - ref).abs().max() <= 1e-4
@@ -191,7 +192,7 @@ def test_config_variants():
 
 
 def test_inv_freq_stays_fp32_after_to():
-    m = Qwen.from_pretrained("tiny")
+    m = load_pretrained("tiny")
     ref = m.model.rotary.inv_freq.clone()
     m.to(torch.bfloat16)
     assert m.model.rotary.inv_freq.dtype == torch.float32 and torch.equal(m.model.rotary.inv_freq, ref)
@@ -199,7 +200,7 @@ def test_inv_freq_stays_fp32_after_to():
 
 def test_tiny_models_are_deterministic():
     for kind in ["tiny", "tiny-qwen3.5"]:
-        a, b = Qwen.from_pretrained(kind), Qwen.from_pretrained(kind)
+        a, b = load_pretrained(kind), load_pretrained(kind)
         assert a.config.vocab_size == 272 and a.config.tie_word_embeddings
         for (n, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items()):
             assert torch.equal(p, q), n
@@ -218,12 +219,12 @@ def models():
 
 
 def our_model(ckpt, kind):
-    return Qwen.from_pretrained(ckpt("qwen2") if kind == "qwen2" else kind)
+    return load_pretrained(ckpt("qwen2") if kind == "qwen2" else kind)
 
 
 @pytest.mark.parametrize("kind", models() + ["qwen3_5"])
 def test_incremental_decoding_equals_full_forward(ckpt, kind):
-    m = Qwen.from_pretrained(ckpt(kind)) if kind == "qwen3_5" else our_model(ckpt, kind)
+    m = load_pretrained(ckpt(kind)) if kind == "qwen3_5" else our_model(ckpt, kind)
     ids = ids_for(T=90) % 261
     with torch.no_grad():
         full = m(ids)
@@ -264,7 +265,7 @@ def test_left_padded_batch_equals_rows_alone(ckpt, kind):
 
 @pytest.mark.parametrize("kind", ["tiny", "tiny-qwen3.5"])
 def test_cache_repeat_interleave_and_index_select(kind):
-    m = Qwen.from_pretrained(kind)
+    m = load_pretrained(kind)
     ids, mask = left_pad([[1, 2, 3, 4, 5, 6], [7, 8, 9]])
     nxt = torch.tensor([[10], [11], [12], [13], [14], [15]])
     with torch.no_grad():
@@ -284,14 +285,14 @@ def test_cache_repeat_interleave_and_index_select(kind):
 
 
 def test_cache_overflow_is_a_clear_error():
-    m = Qwen.from_pretrained("tiny")
+    m = load_pretrained("tiny")
     cache = m.new_cache(1, 4)
     with pytest.raises(ValueError, match="max_len"):
         m(torch.zeros(1, 5, dtype=torch.long), cache=cache)
 
 
 def test_hidden_then_logits_is_forward():
-    m = Qwen.from_pretrained("tiny-qwen3.5")
+    m = load_pretrained("tiny-qwen3.5")
     ids = ids_for(T=20) % 261
     with torch.no_grad():
         h = m.hidden(ids)

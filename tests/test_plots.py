@@ -1,4 +1,4 @@
-"""runs/<name>/curves.png (minigrpo/plots.py): drawn from a hand-written multi-turn log with holes in it, written
+"""runs/<name>/curves.png (minigrpo/run/plots.py): drawn from a hand-written multi-turn log with holes in it, written
 atomically, never fatal to a run, and redrawn by train.py at every checkpoint and at the end."""
 import json
 import math
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from minigrpo import plots
+from minigrpo.run import plots
 
 PNG = b"\x89PNG\r\n\x1a\n"
 SMALL = ["--task", "synthetic", "--model", "tiny", "--tasks-per-step", "4", "--group-size", "4",

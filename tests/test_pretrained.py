@@ -8,11 +8,12 @@ import torch
 from safetensors.torch import save_file
 
 from minigrpo.model import CheckpointError, Qwen
+from minigrpo.pretrained import load_pretrained
 
 
 def write_checkpoint(folder, kind="tiny", shards=1):
     """Our tiny model as a Hugging Face folder: config.json + (sharded) safetensors, tied lm_head not saved."""
-    m = Qwen.from_pretrained(kind)
+    m = load_pretrained(kind)
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(m.config.raw, f)
@@ -37,7 +38,7 @@ def test_roundtrip_single_and_sharded(tmp_path, kind):
     ids = torch.randint(0, 261, (1, 12))
     for shards in (1, 3):
         path, m = write_checkpoint(tmp_path / f"s{shards}", kind, shards)
-        loaded = Qwen.from_pretrained(path)
+        loaded = load_pretrained(path)
         assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
         with torch.no_grad():
             assert torch.equal(loaded(ids), m(ids))
@@ -47,12 +48,12 @@ def test_no_config(tmp_path):
     path, _ = write_checkpoint(tmp_path / "c")
     os.remove(os.path.join(path, "config.json"))
     with pytest.raises(FileNotFoundError, match="config.json"):
-        Qwen.from_pretrained(path)
+        load_pretrained(path)
 
 
 def test_no_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such checkpoint folder"):
-        Qwen.from_pretrained(str(tmp_path / "nope"))
+        load_pretrained(str(tmp_path / "nope"))
 
 
 def test_unknown_model_type(tmp_path):
@@ -61,21 +62,21 @@ def test_unknown_model_type(tmp_path):
     cfg["model_type"] = "llama"
     json.dump(cfg, open(os.path.join(path, "config.json"), "w"))
     with pytest.raises(CheckpointError, match="config.json: model_type 'llama' is not supported"):
-        Qwen.from_pretrained(path)
+        load_pretrained(path)
 
 
 def test_missing_shard(tmp_path):
     path, _ = write_checkpoint(tmp_path / "c", shards=3)
     os.remove(os.path.join(path, "model-00002-of-00003.safetensors"))
     with pytest.raises(FileNotFoundError, match="model-00002-of-00003.safetensors.*missing"):
-        Qwen.from_pretrained(path)
+        load_pretrained(path)
 
 
 def test_no_weights(tmp_path):
     path, _ = write_checkpoint(tmp_path / "c")
     os.remove(os.path.join(path, "model.safetensors"))
     with pytest.raises(FileNotFoundError, match="no model.safetensors"):
-        Qwen.from_pretrained(path)
+        load_pretrained(path)
 
 
 @pytest.mark.parametrize("keep", [0.5, 0.001])  # cut in the data, cut in the header
@@ -85,7 +86,7 @@ def test_truncated_file(tmp_path, keep):
     data = open(f, "rb").read()
     open(f, "wb").write(data[:int(len(data) * keep)])
     with pytest.raises(CheckpointError, match="model.safetensors: unreadable safetensors file"):
-        Qwen.from_pretrained(path)
+        load_pretrained(path)
 
 
 def rewrite(path, edit):
@@ -102,14 +103,14 @@ def test_wrong_shape(tmp_path):
     rewrite(path, lambda sd: sd.__setitem__(key, torch.zeros(100, 64)))
     with pytest.raises(CheckpointError, match=r"model.safetensors: tensor 'model.layers.1.mlp.up_proj.weight' has "
                                               r"shape \[100, 64\], config.json implies \[128, 64\]"):
-        Qwen.from_pretrained(path)
+        load_pretrained(path)
 
 
 def test_missing_tensor(tmp_path):
     path, _ = write_checkpoint(tmp_path / "c", "tiny-qwen3.5")
     rewrite(path, lambda sd: sd.pop("model.layers.0.linear_attn.A_log"))
     with pytest.raises(CheckpointError, match="'model.layers.0.linear_attn.A_log' is missing"):
-        Qwen.from_pretrained(path)
+        load_pretrained(path)
 
 
 def test_untied_checkpoint_without_lm_head(tmp_path):
@@ -118,26 +119,26 @@ def test_untied_checkpoint_without_lm_head(tmp_path):
     cfg["tie_word_embeddings"] = False
     json.dump(cfg, open(os.path.join(path, "config.json"), "w"))
     with pytest.raises(CheckpointError, match="'lm_head.weight' is missing"):
-        Qwen.from_pretrained(path)
+        load_pretrained(path)
 
 
 def test_unexpected_tensor(tmp_path):
     path, _ = write_checkpoint(tmp_path / "c")
     rewrite(path, lambda sd: sd.__setitem__("model.layers.9.mlp.up_proj.weight", torch.zeros(128, 64)))
     with pytest.raises(CheckpointError, match="unexpected tensor 'model.layers.9.mlp.up_proj.weight'"):
-        Qwen.from_pretrained(path)
+        load_pretrained(path)
 
 
 def test_skippable_tensors_are_ignored(tmp_path):
     path, _ = write_checkpoint(tmp_path / "c")
     rewrite(path, lambda sd: sd.update({"mtp.fc.weight": torch.zeros(2, 2), "model.visual.x": torch.zeros(1),
                                         "model.layers.0.self_attn.rotary_emb.inv_freq": torch.zeros(8)}))
-    Qwen.from_pretrained(path)
+    load_pretrained(path)
 
 
 def test_bad_dtype_and_tiny_name():
     with pytest.raises(ValueError, match="dtype 'float8'"):
-        Qwen.from_pretrained("tiny", dtype="float8")
+        load_pretrained("tiny", dtype="float8")
 
 
 def test_unsupported_config_features():

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from minigrpo.presets import PRESETS
+from minigrpo.run.presets import PRESETS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))

@@ -1,4 +1,4 @@
-"""Run folders and --resume (minigrpo/runs.py, minigrpo/resume.py, minigrpo/checkpoints.py load_latest): a folder
+"""Run folders and --resume (minigrpo/run/folder.py, minigrpo/run/resume.py, minigrpo/checkpoints.py load_latest): a folder
 that is not a run is refused untouched; a resume reads its settings from the run, refuses a flag that would change
 what it trains, records the safe ones; a damaged checkpoint falls back to an older one; what a kill left is
 removed; a full disk, Ctrl-C and the run-policy stops each end with one true line. Each test checks the line and
@@ -21,7 +21,8 @@ from safetensors.torch import load_file
 
 import train
 from minigrpo import checkpoints
-from minigrpo.runs import MARKER, RunFolder
+from minigrpo.pretrained import load_pretrained
+from minigrpo.run.folder import MARKER, RunFolder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -213,7 +214,7 @@ def test_a_trainer_state_that_is_not_one_counts_as_damaged(run, capsys):
     from minigrpo.model import Qwen
     ckpt = run / "checkpoints"
     torch.save({"step": 4}, ckpt / "step-4" / "trainer_state.pt")
-    model = Qwen.from_pretrained("tiny", dtype=torch.float32, device="cpu")
+    model = load_pretrained("tiny", dtype=torch.float32, device="cpu")
     folder, state = checkpoints.load_latest(str(ckpt), model, lora=False)
     assert folder == str(ckpt / "step-2") and state["step"] == 2
     err = capsys.readouterr().err

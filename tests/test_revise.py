@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import train
-from minigrpo.flags import resolve_args
-from minigrpo.runs import RunFolder
+from minigrpo.run.flags import resolve_args
+from minigrpo.run.folder import RunFolder
 from minigrpo.sampler import Sample
 from minigrpo.tasks import task_from_args, twoturn
 from minigrpo.tasks.revise import RevisionTask, critique, grade, letter_sets
@@ -75,7 +75,7 @@ def test_splits_hold_out_the_eval_letter_sets():
 def test_base_demonstrations_mix_both_skills():
     """The experiment's base data: turn-0 answers are the prompt's letters, sorted about half the time; a revision
     follows the answer and its true critique and either applies it (the sorted letters) or repeats the answer."""
-    from minigrpo.tasks.revise_pipeline import base_items
+    from minigrpo.experiments.revise_pipeline import base_items
     tok, task = Tokenizer.from_pretrained("tiny"), RevisionTask()
     items = base_items(tok, task, copies=2, seed=0, p_sorted=0.5, p_fixed=0.5)
     exs = [ex for ex in task.examples("train") for _ in range(2)]

@@ -1,4 +1,4 @@
-"""The revise experiment (minigrpo/tasks/revise_pipeline.py), shrunk to under a minute: a base pretrained from
+"""The revise experiment (minigrpo/experiments/revise_pipeline.py), shrunk to under a minute: a base pretrained from
 scratch, the seed's arm (coef 0.5 + guard) through train.py's loop, and the report. GRPO must beat the base it
 started from, on held-out prompts, by more than the noise (the paired bootstrap interval of the difference)."""
 import csv
@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from minigrpo.report import REVISE_METRICS
-from minigrpo.tasks import revise_pipeline as P
+from minigrpo.evals.report import REVISE_METRICS
+from minigrpo.experiments import revise_pipeline as P
 from train import resolve_args, train
 
 

@@ -6,6 +6,7 @@ import torch
 
 from minigrpo import grpo
 from minigrpo.model import Qwen, QwenConfig
+from minigrpo.pretrained import load_pretrained
 from minigrpo.sampler import cut_after_stop, sample
 from minigrpo.tokenizer import Tokenizer
 
@@ -35,7 +36,7 @@ def test_greedy_equals_argmax_loop_and_transformers(kind, tmp_path):
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     hf.save_pretrained(tmp_path)
-    model = Qwen.from_pretrained(str(tmp_path))
+    model = load_pretrained(str(tmp_path))
     steps = 12
     out = sample(model, PROMPTS, n=2, max_new_tokens=steps, temperature=0, stop_ids=())
     assert [s.prompt_index for s in out] == [0, 0, 1, 1, 2, 2]
@@ -50,7 +51,7 @@ def test_greedy_equals_argmax_loop_and_transformers(kind, tmp_path):
 
 
 def test_vocab_padding_rows_never_sampled():
-    model = Qwen.from_pretrained("tiny")
+    model = load_pretrained("tiny")
     with torch.no_grad():
         model.lm_head.weight[VOCAB:] = 1.0  # tied: padding rows of the embedding, never an input
     free = sample(model, PROMPTS, n=2, max_new_tokens=4, stop_ids=(), seed=0)
@@ -62,7 +63,7 @@ def test_vocab_padding_rows_never_sampled():
 
 
 def test_seeds(kind):
-    model = Qwen.from_pretrained(kind)
+    model = load_pretrained(kind)
     run = lambda seed: [s.completion_ids for s in sample(model, PROMPTS, n=4, max_new_tokens=8, seed=seed,
                                                          vocab_size=VOCAB, stop_ids=())]
     a, b, c = run(1), run(1), run(2)
@@ -88,7 +89,7 @@ def first_stop(ids, tok, stop_ids, stop_strings):
 
 
 def test_stop_ids_and_strings_end_only_their_row(kind):
-    model = Qwen.from_pretrained(kind)
+    model = load_pretrained(kind)
     tok = Tokenizer.from_pretrained("tiny")
     for seed in range(3, 50):    # the first seed whose draws end row 0 at the stop id and row 4 at the stop string
         kw = dict(n=3, max_new_tokens=24, seed=seed, tokenizer=tok)
@@ -123,7 +124,7 @@ def test_stop_ids_and_strings_end_only_their_row(kind):
 
 def test_defaults_come_from_the_tokenizer():
     """stop_ids default to tokenizer.eos_ids, vocab_size to tokenizer.vocab_size."""
-    model = Qwen.from_pretrained("tiny")
+    model = load_pretrained("tiny")
     tok = Tokenizer.from_pretrained("tiny")
     free = sample(model, PROMPTS, n=2, max_new_tokens=16, seed=0, vocab_size=VOCAB, stop_ids=())
     tok.eos_ids = [free[1].completion_ids[3]]  # pretend that token is the EOS
@@ -134,7 +135,7 @@ def test_defaults_come_from_the_tokenizer():
 @pytest.mark.parametrize("temperature,top_p,top_k", [(1.0, 1.0, 0), (0.7, 1.0, 0), (0.7, 0.8, 5), (0.0, 1.0, 0)])
 def test_logprobs_equal_teacher_forced(kind, temperature, top_p, top_k):
     """Sampler log-probs (untruncated, at T) = grpo.token_logprobs on prompt + completion, left-padded batch."""
-    model = Qwen.from_pretrained(kind)
+    model = load_pretrained(kind)
     out = sample(model, PROMPTS, n=2, max_new_tokens=9, temperature=temperature, top_p=top_p, top_k=top_k,
                  seed=0, vocab_size=VOCAB, stop_ids=[7, 8, 9])  # some rows end early
     seqs = [PROMPTS[s.prompt_index] + s.completion_ids for s in out]
@@ -170,7 +171,7 @@ def test_a_prompts_samples_do_not_depend_on_its_batch_mates():
     """Per-prompt seeds: prompt B sampled alone equals prompt B sampled beside prompt A (what lets N ranks and one
     process draw the same rollouts)."""
     tok = Tokenizer.from_pretrained("tiny")
-    model = Qwen.from_pretrained("tiny")
+    model = load_pretrained("tiny")
     a, b = tok.chat([{"role": "user", "content": "hello there"}]), tok.chat([{"role": "user", "content": "hi"}])
     both = sample(model, [a, b], n=3, max_new_tokens=6, tokenizer=tok, seed=[11, 22])
     alone = sample(model, [b], n=3, max_new_tokens=6, tokenizer=tok, seed=[22])

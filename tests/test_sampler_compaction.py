@@ -5,6 +5,7 @@ import torch
 from minigrpo.common import derive_seed
 
 from minigrpo.model import Qwen
+from minigrpo.pretrained import load_pretrained
 from minigrpo.sampler import sample
 
 VOCAB = 261
@@ -24,7 +25,7 @@ def count_decode_rows(model):
 
 
 def test_finished_rows_stop_costing_work():
-    model = Qwen.from_pretrained("tiny")
+    model = load_pretrained("tiny")
     free = sample(model, PROMPTS, n=2, max_new_tokens=12, seed=5, vocab_size=VOCAB, stop_ids=())
     # stop ids: every token that row 0 and row 3 emit, and what every row emits at step 3: rows end at different
     # steps, all by step 3
@@ -38,7 +39,7 @@ def test_finished_rows_stop_costing_work():
 
 
 def test_int_seed_is_derive_seed_of_seed_and_prompt_index():
-    model = Qwen.from_pretrained("tiny")
+    model = load_pretrained("tiny")
     a = sample(model, PROMPTS, n=2, max_new_tokens=6, seed=40, vocab_size=VOCAB, stop_ids=())
     b = sample(model, PROMPTS, n=2, max_new_tokens=6, seed=[derive_seed(40, i) for i in range(3)], vocab_size=VOCAB,
                stop_ids=())

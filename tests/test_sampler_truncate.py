@@ -9,6 +9,7 @@ import torch
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
 from minigrpo.model import Qwen
+from minigrpo.pretrained import load_pretrained
 from minigrpo.sampler import choose, sample, sample_keys, truncate, uniforms
 
 VOCAB = 261  # the byte tokenizer's ids; the tiny embedding has 272 rows
@@ -106,7 +107,7 @@ def test_sampled_frequencies_follow_the_warped_distribution(temperature, top_k, 
 def test_sampler_draws_only_inside_the_warped_set():
     """End to end at T=0.7, top_k=20, top_p=0.9 on a random tiny model: every sampled token is in the set that
     transformers' warpers keep for the model's logits at its position (recomputed without a cache)."""
-    model = Qwen.from_pretrained("tiny")
+    model = load_pretrained("tiny")
     prompts = [[10, 20, 30, 40], [257, 5, 6], [99, 98]]
     T, k, p = 0.7, 20, 0.9
     out = sample(model, prompts, n=6, max_new_tokens=12, temperature=T, top_k=k, top_p=p, seed=4,

@@ -112,7 +112,7 @@ def test_zero_spread_uses_raw_scores_not_shaped_rewards():
     """Three revisions that all score 0.5 (raw) but climbed from different turn-0 scores: their shaped rewards
     differ, yet the group carries no signal and must get advantage 0 (PITFALLS 13)."""
     from minigrpo import grpo
-    from minigrpo.tasks import Seq
+    from minigrpo.tasks.base import Seq
     s0 = [0.0, 0.5, 1.0]
     seqs = []
     for a in s0:
@@ -126,7 +126,7 @@ def test_zero_spread_uses_raw_scores_not_shaped_rewards():
 
 
 def test_recovery_metrics():
-    from minigrpo.tasks import Seq
+    from minigrpo.tasks.base import Seq
     mk = lambda turn, score: Seq("t", turn, [1], [2], [0.0], "eos", "", score)
     seqs = [mk(0, 0.2), mk(1, 0.8), mk(0, 0.4), mk(1, 0.3), mk(0, 0.9), mk(1, 0.4)]
     m = recovery_metrics(seqs)

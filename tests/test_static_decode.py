@@ -7,6 +7,7 @@ import torch
 
 from minigrpo import static_decode
 from minigrpo.model import Qwen
+from minigrpo.pretrained import load_pretrained
 from minigrpo.sampler import sample
 from minigrpo.tokenizer import Tokenizer
 
@@ -24,7 +25,7 @@ def assert_same(a, b):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("temperature,top_p,top_k", [(0.0, 1.0, 0), (1.0, 1.0, 0), (0.7, 0.9, 5)])
 def test_static_equals_the_ordinary_path(kind, temperature, top_p, top_k):
-    model = Qwen.from_pretrained(kind)
+    model = load_pretrained(kind)
     kw = dict(n=3, max_new_tokens=20, temperature=temperature, top_p=top_p, top_k=top_k, seed=4, vocab_size=VOCAB,
               stop_ids=())
     assert_same(sample(model, PROMPTS, static=True, **kw), sample(model, PROMPTS, **kw))
@@ -33,7 +34,7 @@ def test_static_equals_the_ordinary_path(kind, temperature, top_p, top_k):
 @pytest.mark.parametrize("kind", KINDS)
 def test_static_with_stop_ids_and_strings(kind):
     """Rows that stop early keep decoding in the static batch (no compaction); what is returned is the same."""
-    model = Qwen.from_pretrained(kind)
+    model = load_pretrained(kind)
     tok = Tokenizer.from_pretrained("tiny")
     for seed in range(32):    # the first seed whose rows end by a stop id, by a stop string and by length
         kw = dict(n=3, max_new_tokens=24, seed=seed, tokenizer=tok)
@@ -60,7 +61,7 @@ def test_static_with_stop_ids_and_strings(kind):
 def test_the_static_cache_is_kept_and_reused():
     """Same rows and bucket: the same buffers (fixed addresses for a CUDA graph); their old contents do not leak.
     Another bucket gets its own cache, and the first one is still kept."""
-    model = Qwen.from_pretrained("tiny-qwen3.5")
+    model = load_pretrained("tiny-qwen3.5")
     kw = dict(n=2, max_new_tokens=10, temperature=0.0, stop_ids=(), vocab_size=VOCAB)
     static_decode.release(model)
     first = sample(model, PROMPTS, static=True, **kw)
@@ -84,7 +85,7 @@ def test_compiled_step_compiles_once(capsys):
     fullgraph any graph break. The hybrid model has both layer kinds (Gated DeltaNet and attention)."""
     import torch._dynamo
     from torch._dynamo.utils import counters
-    model = Qwen.from_pretrained("tiny-qwen3.5")
+    model = load_pretrained("tiny-qwen3.5")
     torch._dynamo.reset()
     static_decode._compiled.clear()
     counters.clear()

@@ -1,9 +1,9 @@
-"""minigrpo/supervised.py: the SFT / DPO batches score exactly the answer tokens."""
+"""minigrpo/experiments/supervised.py: the SFT / DPO batches score exactly the answer tokens."""
 import torch
 
 from minigrpo import grpo
-from minigrpo import supervised as S
-from minigrpo.tasks import mdp_pipeline as P
+from minigrpo.experiments import supervised as S
+from minigrpo.experiments import mdp_pipeline as P
 from minigrpo.tokenizer import Tokenizer
 
 SMALL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "head_dim": 8}

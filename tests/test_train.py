@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from minigrpo.runs import is_timing
+from minigrpo.run.folder import is_timing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -178,7 +178,7 @@ def test_eos_equal_to_pad_is_trained_by_the_trainer():
 
     import train
     from minigrpo import grpo
-    from minigrpo.tasks import Seq
+    from minigrpo.tasks.base import Seq
     from toy_lm import ToyLM
     PAD = EOS = 7
     seqs = [Seq("a", 0, [3, 4, 5], [9, 1, EOS], [-1.0] * 3, "eos", "", 1.0, 1.0, advantage=1.0),

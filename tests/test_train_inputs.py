@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 import train
 from minigrpo import common
 from minigrpo.model import Qwen
+from minigrpo.pretrained import load_pretrained
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYN = ["--task", "synthetic", "--model", "tiny", "--quiet", "--steps", "1"]
@@ -113,7 +114,7 @@ def test_a_device_that_is_not_there_is_refused(tmp_path, capsys):
 def model_folder(path, config=None, tokenizer=False, cut=False):
     """The tiny model as a checkpoint folder: config.json (optionally replaced) and model.safetensors (cut in
     half with cut=True); no tokenizer.json, which every error below comes before."""
-    m = Qwen.from_pretrained("tiny")
+    m = load_pretrained("tiny")
     os.makedirs(path)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(m.config.raw if config is None else config(dict(m.config.raw)), f)
@@ -267,6 +268,6 @@ def test_a_run_says_its_threads_records_them_and_prints_its_table_to_stdout(tmp_
 
 def test_the_pipelines_take_threads_too(tmp_path, capsys):
     """--threads is a machine setting: the mdp pipeline, which takes few flags, takes it and checks its range."""
-    from minigrpo.flags import resolve_args
+    from minigrpo.run.flags import resolve_args
     assert resolve_args(["--task", "mdp", "--threads", "1", "--runs-dir", str(tmp_path)]).threads == 1
     assert "--threads 0" in one_line_error(["--task", "mdp", "--threads", "0"], tmp_path / "runs", capsys)

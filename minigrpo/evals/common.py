@@ -10,10 +10,13 @@ import shlex
 import sys
 import time
 
-from minigrpo import checkpoints, plots, report
+from minigrpo import checkpoints
 from minigrpo.common import UsageError, derive_seed, first_line, mean, pick_device, pick_dtype
+from minigrpo.evals import report
 from minigrpo.lora import adapters_disabled, fold_lora, load_adapter
 from minigrpo.model import Qwen
+from minigrpo.pretrained import load_pretrained
+from minigrpo.run import plots
 from minigrpo.sampler import sample
 from minigrpo.tokenizer import Tokenizer
 
@@ -86,7 +89,7 @@ def load_model(args, tokenizer=None, fold=None):
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     try:
-        model = Qwen.from_pretrained(args.model, dtype=dtype, device=device)
+        model = load_pretrained(args.model, dtype=dtype, device=device)
         tok = Tokenizer.from_pretrained(tokenizer or args.model)
     except (OSError, ValueError) as e:
         raise UsageError(f"--model {args.model}: {first_line(e)}") from None

@@ -1,13 +1,13 @@
 """mdp: solve rate by probe budget (and per regime) of the model playing the verifier MDP's eval records, next to
-the random / minimax / max-split / oracle baselines (minigrpo/mdp.py). A model saved by the mdp pipeline
+the random / minimax / max-split / oracle baselines (minigrpo/tasks/mdp/world.py). A model saved by the mdp pipeline
 (train.py --task mdp) is played the way it was trained: its run's pipeline.json names the prompt style, the
 tokenizer and the eval records, and a stage adapter of a LoRA-SFT run goes onto the SFT weights."""
 import json
 import os
 
-from minigrpo import report
+from minigrpo.evals import report
 from minigrpo.evals.common import UsageError, complete, load_model, run_curves, write_outputs
-from minigrpo.tasks.mdp import MDPTask, messages_for, parse_letter
+from minigrpo.tasks.mdp.task import MDPTask, messages_for, parse_letter
 
 
 def mdp_pipeline_run(args) -> dict:

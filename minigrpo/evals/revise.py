@@ -6,11 +6,11 @@ or an arm's run folder) gives the experiment's numbers for it."""
 import argparse
 import os
 
-from minigrpo import report
+from minigrpo.evals import report
 from minigrpo.evals.common import load_model, run_curves, write_jsonl, write_outputs
-from minigrpo.report import REVISE_METRICS
+from minigrpo.evals.report import REVISE_METRICS
+from minigrpo.experiments.revise_pipeline import evaluate
 from minigrpo.tasks.revise import RevisionTask
-from minigrpo.tasks.revise_pipeline import evaluate
 
 
 def eval_revise(args, out):

@@ -3,8 +3,8 @@
 table, and the seed's sandbagging check (recovery bought with a worse first answer)."""
 import os
 
-from minigrpo import report
 from minigrpo.common import derive_seed, mean
+from minigrpo.evals import report
 from minigrpo.evals.common import UsageError, first_line, load_model, progress, run_curves, write_jsonl, write_outputs
 from minigrpo.judge import validate_task
 from minigrpo.sampler import sample

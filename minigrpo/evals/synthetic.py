@@ -1,7 +1,7 @@
 """synthetic: the mean score of the repeat-the-letter task (the smoke test of the whole pipe)."""
 import os
 
-from minigrpo import report
+from minigrpo.evals import report
 from minigrpo.evals.common import complete, load_model, run_curves, write_jsonl, write_outputs
 from minigrpo.tasks.synthetic import RepeatCharTask
 

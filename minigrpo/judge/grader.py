@@ -44,8 +44,8 @@ import sqlite3
 import threading
 import time
 
-from minigrpo.judge.checks import run_check, run_python_checks, validate_check
 from minigrpo.judge.backends import BackendError, make_backend  # noqa: F401  (BackendError: part of the API)
+from minigrpo.judge.checks import run_check, run_python_checks, validate_check
 
 __all__ = ["CriterionResult", "Verdict", "Judge", "make_judge", "run_check", "build_prompt", "parse_verdict",
            "InvalidVerdict", "BackendError", "load_tasks", "validate_task"]

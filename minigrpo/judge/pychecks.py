@@ -8,6 +8,8 @@ installed) or a criterion only the answer's own process could observe ("evidence
 import functools
 import importlib.util
 
+from minigrpo.judge.answer_code import extract_code
+
 _DRIVER_MARGIN = 10.0     # seconds the driver process gets beyond its checks' own time limits (start-up, pandas)
 
 
@@ -47,8 +49,8 @@ def run_python_checks(checks, answer):
 
 
 def _run_driver(code, checks):
-    from minigrpo.judge.driver_host import run_driver     # here: the driver's host imports the sandbox, which is heavy
     from minigrpo.judge.driver import WALL_FACTOR       # a criterion's timeout is CPU seconds; its wall limit is this x
+    from minigrpo.judge.driver_host import run_driver     # here: the driver's host imports the sandbox, which is heavy
     limit = sum(WALL_FACTOR * float(c.get("timeout", SANDBOX_DEFAULTS["timeout"])) + 2 for c in checks) + _DRIVER_MARGIN
     try:
         results = run_driver(code, checks, limit)
@@ -75,5 +77,4 @@ SANDBOX_DEFAULTS = {"timeout": 10.0, "memory_mb": 2048, "fsize_mb": 16, "nproc":
 
 
 def _target_code(check, answer):
-    from minigrpo.judge.checks import extract_code      # here: checks imports this module
     return extract_code(answer) if check.get("target", "code") == "code" else answer

@@ -13,11 +13,10 @@ A task is any object with these members (duck-typed; there is no base class to i
     step_metrics(seqs) -> dict       # extra per-step metrics ({} for most tasks)
     from_args(args) (classmethod)    # the task as train.py's flags configure it
 
-Single-turn tasks take `rollout`, `details`, `step_metrics` and `from_args` from SingleTurnTask; the two-turn tasks
+Single-turn tasks take `rollout`, `details`, `step_metrics` and `from_args` from minigrpo/tasks/base.py's
+SingleTurnTask (beside Seq, the record of one trained completion); the two-turn tasks
 (soyuz, revise: answer -> critique -> revision) share minigrpo/tasks/twoturn.py's rollout, rewards and metrics.
 """
-
-from dataclasses import dataclass, field
 
 from minigrpo.common import UsageError, first_line
 
@@ -36,7 +35,7 @@ def task_class(name: str):
         from minigrpo.tasks.gsm8k import GSM8KTask
         return GSM8KTask
     if name == "mdp":
-        from minigrpo.tasks.mdp import MDPTask
+        from minigrpo.tasks.mdp.task import MDPTask
         return MDPTask
     if name == "revise":
         from minigrpo.tasks.revise import RevisionTask
@@ -62,48 +61,3 @@ def task_from_args(args):
     if not n_train:
         raise UsageError(f"{what}: no training examples (the train split is empty); give it more examples")
     return task
-
-
-@dataclass
-class Seq:
-    """One trained completion of a rollout: its prompt (everything before it, never trained), its own tokens,
-    the sampler's log-probs of them, the raw task score, and the (possibly shaped) reward its advantage uses."""
-    example_id: str
-    turn: int
-    prompt_ids: list
-    completion_ids: list
-    logprobs: list                  # the sampler's log-probs of completion_ids (sampler.Sample.logprobs)
-    finish_reason: str              # "eos" | "stop" | "length" (sampler.Sample.finish_reason)
-    text: str
-    score: float | None             # raw task score: group filters and zero-spread counts look at this
-    reward: float | None = None     # what the advantage is computed from (shaped for turn > 0)
-    advantage: float = 0.0
-    info: dict = field(default_factory=dict)
-
-
-class SingleTurnTask:
-    """What every single-turn task shares: one prompt, G sampled answers, each scored on its own."""
-    turns = 1
-    stop_strings: list[str] = []
-
-    @classmethod
-    def from_args(cls, args):
-        return cls(**({"data": args.data} if args.data else {}))
-
-    def details(self, ex: dict, completion: str) -> dict:
-        return {}
-
-    def step_metrics(self, seqs) -> dict:
-        return {}
-
-    def rollout(self, generate, tok, examples, seeds, args) -> list:
-        """`generate(prompts, seeds, n)` -> per prompt a list of n samples. One Seq per sample, prompt-major."""
-        prompts = [tok.chat(self.messages(ex), enable_thinking=args.enable_thinking) for ex in examples]
-        groups = generate(prompts, seeds, args.group_size)
-        seqs = []
-        for ex, prompt, group in zip(examples, prompts, groups):
-            for s in group:
-                score = self.score(ex, s.text)
-                seqs.append(Seq(ex["id"], 0, prompt, list(s.completion_ids), list(s.logprobs), s.finish_reason,
-                                s.text, score, score, info=self.details(ex, s.text)))
-        return seqs

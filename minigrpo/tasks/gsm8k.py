@@ -42,7 +42,7 @@ import re
 import numpy as np
 
 from minigrpo.common import first_line
-from minigrpo.tasks import SingleTurnTask
+from minigrpo.tasks.base import SingleTurnTask
 
 SEED = 3407
 SYSTEM_PROMPT = """Respond in the following format:

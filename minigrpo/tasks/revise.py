@@ -12,7 +12,7 @@ scores 1 whatever it revises, which is what makes the climb hack (train.py --no-
 
 It runs through soyuz's code: the rollout, the rewards, the guard and the metrics are minigrpo/tasks/twoturn.py's
 (the grader hands back finished Futures where soyuz's judge pool hands back pending ones). The experiment that
-pretrains a tiny model on the format and compares three shaping arms: minigrpo/tasks/revise_pipeline.py.
+pretrains a tiny model on the format and compares three shaping arms: minigrpo/experiments/revise_pipeline.py.
 """
 import itertools
 

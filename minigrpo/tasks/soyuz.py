@@ -19,14 +19,13 @@ at start with its reason; an LLM judge (claude, cmd:, http) includes it.
 """
 import os
 
+from minigrpo.common import DATA as PACKAGE_DATA, StopRun, read_json
 from minigrpo.judge import missing_packages, sandbox_isolation, validate_task
-from minigrpo.common import read_json
 from minigrpo.judge import make_judge
-from minigrpo.runs import StopRun
 from minigrpo.tasks import twoturn
 from minigrpo.tasks.twoturn import BAD, recovery_metrics  # noqa: F401  (BAD: a harsh critique below it)
 
-DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "soyuz_tasks.json")
+DATA = os.path.join(PACKAGE_DATA, "soyuz_tasks.json")
 JUDGE_DOWN_STEPS = 3    # steps in a row in which every grader call failed stop the run (a grader that is down)
 QUOTED_REASONS = {None, "python", "count", "syllables", "rhyme", "natural"}   # whose reasons the critique may
 # quote: an LLM grader's (no machine check), the python driver's own (criterion line, failure kind; never the test

@@ -16,7 +16,7 @@ in 40 steps, reward stuck at 1/8), settles on a subset of them, and the prompts 
 give groups with no reward spread, hence no gradient: the preset's old run climbed to ~0.5 and fell back. With
 a..d, 'a' (in every prompt) was the letter the failed runs fell back to when they could not tell two apart.
 """
-from minigrpo.tasks import SingleTurnTask
+from minigrpo.tasks.base import SingleTurnTask
 
 CHARS = "bcdf"  # few enough that every letter is written often from the start; none is elsewhere in the prompt
 

@@ -33,7 +33,7 @@ from concurrent.futures import Future
 
 from minigrpo import grpo
 from minigrpo.common import derive_seed, mean
-from minigrpo.tasks import Seq
+from minigrpo.tasks.base import Seq
 
 BAD = 0.5  # below this a turn-0 answer counts as bad (a harsh critique in soyuz; a "bad start" for recovery)
 

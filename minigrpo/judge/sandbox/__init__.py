@@ -47,11 +47,10 @@ import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
 
 from minigrpo.judge.sandbox.host import TICK, UidSlot, add_weakness, cgroup_layout, kill_pid, new_cgroup, pids_of_uid, \
     remove_tree, tree_ticks
-from minigrpo.judge.sandbox.launch import STUB, best_mode, launcher_argv, pool_uid_can_run_python
+from minigrpo.judge.sandbox.launch import STUB, Limits, best_mode, launcher_argv, pool_uid_can_run_python
 from minigrpo.judge.sandbox.mounts import INSIDE_UID, WORKDIR, bwrap_command, host_folder_command, new_host_folder, \
     python_paths
 
@@ -60,23 +59,9 @@ __all__ = ["Limits", "Sandbox", "isolation", "run", "remove_tree", "python_paths
 MAX_OUTPUT = 1 << 20            # stdout bytes `run` keeps
 
 
-@dataclass
-class Limits:
-    timeout: float = 10.0       # wall seconds, enforced by the caller's deadline + our kill
-    cpu_s: float | None = None  # CPU seconds for the whole sandbox (default: timeout + 1)
-    memory_mb: int = 2048       # for the whole sandbox (all its processes together)
-    nproc: int = 64             # processes + threads of this sandbox alone
-    fsize_mb: int = 16          # largest file
-    tmp_mb: int = 64            # size cap of its private /tmp, /var/tmp, /dev/shm and (tmpfs) work folder
-
-    @property
-    def cpu_budget(self):
-        return self.timeout + 1 if self.cpu_s is None else self.cpu_s
-
-
 def isolation():
     """(level name, weaknesses) of the strongest isolation this machine gives, probed once (cached)."""
-    mode, weak = best_mode()
+    mode, weak = best_mode(Sandbox)
     parts = {"bwrap-pool": ["bwrap", "pool-uid"], "bwrap-userns": ["bwrap", "userns"], "unshare": ["unshare"],
              "plain": ["process-group"]}[mode]
     layout = cgroup_layout()
@@ -125,7 +110,7 @@ class Sandbox:
 
     def _start(self, argv, python_source):
         if self.mode is None:
-            self.mode, weak = best_mode()
+            self.mode, weak = best_mode(Sandbox)
             self.weaknesses += weak
         mode, lim, root = self.mode, self.limits, os.geteuid() == 0
         weak = self.weaknesses

@@ -13,12 +13,27 @@ import shutil
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 
 from minigrpo.judge.sandbox.host import UidSlot, pids_of_uid
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# The launcher and the stub
+# The limits, the launcher and the stub
+
+@dataclass
+class Limits:
+    timeout: float = 10.0       # wall seconds, enforced by the caller's deadline + our kill
+    cpu_s: float | None = None  # CPU seconds for the whole sandbox (default: timeout + 1)
+    memory_mb: int = 2048       # for the whole sandbox (all its processes together)
+    nproc: int = 64             # processes + threads of this sandbox alone
+    fsize_mb: int = 16          # largest file
+    tmp_mb: int = 64            # size cap of its private /tmp, /var/tmp, /dev/shm and (tmpfs) work folder
+
+    @property
+    def cpu_budget(self):
+        return self.timeout + 1 if self.cpu_s is None else self.cpu_s
+
 
 def launcher_argv(limits, uid, mode, has_cgroup, python_source=None):
     """The launcher's command line (the payload's argv follows it): the rlimits to set, and the uid to drop to.
@@ -133,13 +148,13 @@ print("sandbox-ok")
 
 
 @functools.lru_cache(maxsize=None)
-def _probe(mode):
-    """(works, weaknesses) of a mode: a tiny Python run through it must start and list its sys.path folders."""
+def _probe(mode, sandbox):
+    """(works, weaknesses) of a mode: a tiny Python run through it (`sandbox`: the package's Sandbox class, handed
+    in since it starts in the mode this module picks) must start and list its sys.path folders."""
     if not _mode_ok(mode):
         return False, []
-    from minigrpo.judge.sandbox import Limits, Sandbox    # here, not at the top: the package imports this module
     try:
-        with Sandbox({}, Limits(timeout=30, memory_mb=512, nproc=32), _mode=mode) as sb:
+        with sandbox({}, Limits(timeout=30, memory_mb=512, nproc=32), _mode=mode) as sb:
             sb.start([sys.executable, "-I", "-c", _PROBE])
             out, rc = sb.communicate(b"", timeout=30)
             _PROBE_NOTES[mode] = f"rc={rc} out={out[-200:]!r} errors={sb.errors}"
@@ -174,15 +189,16 @@ def pool_uid_can_run_python():
 _PROBE_LOCK = threading.Lock()
 
 
-def best_mode():
+def best_mode(sandbox):
+    """(mode, weaknesses): the strongest mode that works here, probed once with `sandbox`, the Sandbox class."""
     with _PROBE_LOCK:           # the judge's pool threads may all ask at once; probe once
-        return _best_mode_locked()
+        return _best_mode_locked(sandbox)
 
 
 @functools.lru_cache(maxsize=None)
-def _best_mode_locked():
+def _best_mode_locked(sandbox):
     for mode in _MODES:
-        ok, weak = _probe(mode)
+        ok, weak = _probe(mode, sandbox)
         if ok:
             if platform.machine() not in SECCOMP_ARCH:
                 weak = weak + [f"kernel keyrings are shared between sandboxes (no key filter for "

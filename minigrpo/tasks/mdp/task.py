@@ -1,5 +1,5 @@
 """The verifier MDP as a task: the prompt is a process state, the answer one probe letter A-H, the reward its
-per-step oracle value (process reward). The environment, baselines and report live in minigrpo/mdp.py.
+per-step oracle value (process reward). The environment, baselines and report live in minigrpo/tasks/mdp/world.py.
 
 Examples are the informative states (some letters are worth more than others) along trajectories of the split's
 records; `evaluate` plays whole games over the split's records at budgets 0..3, which is what the report shows.
@@ -11,8 +11,8 @@ import re
 
 import numpy as np
 
-from minigrpo import mdp
-from minigrpo.tasks import SingleTurnTask
+from minigrpo.tasks.base import SingleTurnTask
+from minigrpo.tasks.mdp import world as mdp
 
 _THINK = re.compile(r"^\s*<think>.*?</think>", re.S)
 _LETTER = re.compile(r"^[\s\"'*(\[]*([A-H])(?![A-Za-z])")

@@ -1,4 +1,4 @@
-"""train.py's flags. Each default is declared once, here; a task's preset (minigrpo/presets.py) replaces them as
+"""train.py's flags. Each default is declared once, here; a task's preset (minigrpo/run/presets.py) replaces them as
 parser defaults, and with --resume the run's saved config.json does; a flag given on the command line wins over
 both. Every resolved value goes to runs/<name>/config.json."""
 import argparse
@@ -7,9 +7,9 @@ import os
 import time
 
 from minigrpo.losses import IS_CORRECTIONS, IS_LEVELS, LOSSES
-from minigrpo.presets import PRESETS
-from minigrpo.resume import check_resume_flags
-from minigrpo.runs import TRACKERS, RunFolder, require_tracker
+from minigrpo.run.folder import TRACKERS, RunFolder, require_tracker
+from minigrpo.run.presets import PRESETS
+from minigrpo.run.resume import check_resume_flags
 from minigrpo.tasks import TASKS, task_class
 
 
@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also send each step's metrics to TensorBoard (runs/<name>/tensorboard) or Weights & Biases "
                         "(optional packages: pip install tensorboard / wandb)")
     p.add_argument("--plan", action="store_true",
-                   help="print the run's memory plan from the model's config.json and exit (minigrpo/memplan.py)")
+                   help="print the run's memory plan from the model's config.json and exit (minigrpo/run/memplan.py)")
     return p
 
 
@@ -131,11 +131,11 @@ def resolve_args(argv=None) -> argparse.Namespace:
     if "task" not in given and not given.get("resume"):
         parser.error("the following arguments are required: --task (or --resume --run-name NAME to continue a run)")
     if given.get("task") == "mdp":   # the pipeline's stages take their settings from its own table, not from flags
-        from minigrpo.tasks.mdp_pipeline import FLAGS
+        from minigrpo.experiments.mdp_pipeline import FLAGS
         unused = [f"--{k.replace('_', '-')}" for k in given if k not in FLAGS]
         if unused:
             raise SystemExit(f"{', '.join(unused)}: not used by --task mdp; its stage settings live in "
-                             "minigrpo/tasks/mdp_pipeline.py PIPELINES (edit them there)")
+                             "minigrpo/experiments/mdp_pipeline.py PIPELINES (edit them there)")
     saved = {}
     if given.get("resume"):   # the run's own settings; a flag that would change what it trains is refused
         saved = RunFolder.saved_config(given.get("runs_dir", parser.get_default("runs_dir")), given.get("run_name"))

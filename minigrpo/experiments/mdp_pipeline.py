@@ -1,7 +1,7 @@
 """The verifier-MDP experiment end to end: `python train.py --task mdp --model tiny` (shared/seeds/001).
 
 A policy reads a process state (probes left, how each of the eight probes would split the surviving candidate
-programs) and answers one letter; the verifier runs that probe (minigrpo/mdp.py). The recipe, as the seed ran it:
+programs) and answers one letter; the verifier runs that probe (minigrpo/tasks/mdp/world.py). The recipe, as the seed ran it:
 
     0. baselines        random, minimax, max-split, same-budget oracle on the eval records (no model)
     1. base             the untrained policy. A real Qwen answers zero-shot: it knows the format and, reading the
@@ -26,7 +26,7 @@ programs) and answers one letter; the verifier runs that probe (minigrpo/mdp.py)
 
 Each stage's output is a folder of the run (base/, sft/ or sft_adapter/, dpo_adapter/, dpo_shuffled_adapter/,
 grpo_adapter/ with the GRPO run in grpo/): a rerun into the same run folder skips the stages finished with the same
-settings, one line each, and ends with the same results (minigrpo/stages.py).
+settings, one line each, and ends with the same results (minigrpo/experiments/stages.py).
 
 Stage settings live in PIPELINES, picked by --model: "tiny" is the CPU quickstart, any other model id the seed's
 GPU recipe (Qwen/Qwen3.5-4B: SFT 360 steps, DPO 160, GRPO 120 with G = 8, batch 2 x grad-accum 2).
@@ -55,15 +55,17 @@ from dataclasses import asdict, dataclass
 import torch
 from safetensors.torch import save_file
 
-from minigrpo import mdp, report
 from minigrpo.checkpoints import full_weights
 from minigrpo.common import derive_seed, pick_device, pick_dtype
+from minigrpo.evals import report
+from minigrpo.experiments.stages import Stages, rng_kept
+from minigrpo.experiments.supervised import dpo_loop, sft_loop
 from minigrpo.lora import fold_lora, inject_lora, load_adapter, save_adapter, strip_lora
 from minigrpo.model import Qwen, QwenConfig
+from minigrpo.pretrained import load_pretrained
 from minigrpo.sampler import sample
-from minigrpo.stages import Stages, rng_kept
-from minigrpo.supervised import dpo_loop, sft_loop
-from minigrpo.tasks.mdp import MDPTask, messages_for, parse_letter, relabel
+from minigrpo.tasks.mdp import world as mdp
+from minigrpo.tasks.mdp.task import MDPTask, messages_for, parse_letter, relabel
 from minigrpo.tokenizer import Tokenizer
 
 
@@ -149,11 +151,11 @@ def build_model(args, cfg: PipelineConfig, device, dtype):
     if cfg.scratch is not None:
         # trained in full: fp32 weights (bf16 cannot absorb small updates)
         return scratch_model(cfg.scratch, args.seed, device, torch.float32), Tokenizer.from_pretrained("tiny")
-    return Qwen.from_pretrained(args.model, dtype=dtype, device=device), Tokenizer.from_pretrained(args.model)
+    return load_pretrained(args.model, dtype=dtype, device=device), Tokenizer.from_pretrained(args.model)
 
 
 # -----------------------------------------------------------------------------------------------------------------
-# Sequences: prompt ids + answer ids (the SFT and DPO loops that train on them: minigrpo/supervised.py)
+# Sequences: prompt ids + answer ids (the SFT and DPO loops that train on them: minigrpo/experiments/supervised.py)
 
 def prompt_ids(tok, task, text: str) -> list:
     return tok.chat(messages_for(text, task.prompt), enable_thinking=False)
@@ -318,7 +320,7 @@ def run_pipeline(args, trainer, cfg: PipelineConfig | None = None) -> dict:
     base = task.baselines(cfg.eval_split)
     clock.lap("data+baselines")
 
-    # each stage's output is its folder; a rerun skips the stages finished with these settings (minigrpo/stages.py)
+    # each stage's output is its folder; a rerun skips the stages finished with these settings (minigrpo/experiments/stages.py)
     stages = Stages({"model": args.model, "seed": args.seed, "dtype": args.dtype, **asdict(cfg)}, "mdp pipeline")
     at = lambda name: os.path.join(run_dir, name)
     model, tok = build_model(args, cfg, device, dtype)
@@ -331,7 +333,7 @@ def run_pipeline(args, trainer, cfg: PipelineConfig | None = None) -> dict:
         stages.finish(at("base"), stage_result(results, invalid, "base"))
     elif cfg.scratch is not None:
         with rng_kept():
-            model = Qwen.from_pretrained(at("base"), device=device)
+            model = load_pretrained(at("base"), device=device)
     clock.lap("base")
 
     sft_dir = at("sft_adapter" if cfg.sft_lora else "sft")
@@ -352,7 +354,7 @@ def run_pipeline(args, trainer, cfg: PipelineConfig | None = None) -> dict:
                 load_adapter(model, sft_dir, dropout=0.0)
                 fold_lora(model)
             else:
-                model = Qwen.from_pretrained(sft_dir, device=device)
+                model = load_pretrained(sft_dir, device=device)
     if not cfg.sft_lora:   # what the stage adapters name as their base: these weights' folder, or --model
         model.name_or_path = os.path.abspath(sft_dir)
     clock.lap("sft")
@@ -402,7 +404,7 @@ def restore(saved, results, invalid) -> bool:
 
 def save_model(model, folder, tok=None):
     """model.safetensors + config.json, and with `tok` the tokenizer's files: a model folder that
-    Qwen.from_pretrained and eval.py --model load."""
+    pretrained.load_pretrained and eval.py --model load."""
     os.makedirs(folder, exist_ok=True)
     save_file({k: v.cpu() for k, v in full_weights(model).items()}, os.path.join(folder, "model.safetensors"))
     with open(os.path.join(folder, "config.json"), "w") as f:

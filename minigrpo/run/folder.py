@@ -5,7 +5,7 @@
     runs/<name>/metrics.jsonl        one line per optimizer step
     runs/<name>/samples.jsonl        prompts, completions, scores (and judge reasons) per step
     runs/<name>/checkpoints/step-N/  weights + trainer state (minigrpo/checkpoints.py: save, load, list, prune)
-    runs/<name>/curves.png           the metrics drawn against step (minigrpo/plots.py)
+    runs/<name>/curves.png           the metrics drawn against step (minigrpo/run/plots.py)
     runs/<name>/tensorboard/         with --log-to tensorboard (W&B: runs/<name>/wandb_id names the W&B run)
 
 config.json is written to a temporary name and renamed into place (rename is atomic on POSIX). The append-only
@@ -31,12 +31,7 @@ import torch
 from safetensors import SafetensorError
 
 from minigrpo import checkpoints
-from minigrpo.common import atomic_write, mean
-
-
-class StopRun(RuntimeError):
-    """A run-policy rule stopped the run (a judge that is down, a checkpoint that cannot be written); the message
-    names the cause, and train.py adds what the checkpoints hold and the command that continues the run."""
+from minigrpo.common import StopRun, atomic_write, mean
 
 
 MARKER = ".minigrpo-run"

@@ -46,16 +46,17 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from minigrpo.attention import Recorder, cuda_kernel
-from minigrpo.logprobs import LOGIT_BYTES
 from minigrpo import static_decode
+from minigrpo.attention import Recorder, cuda_kernel
+from minigrpo.common import DATA
+from minigrpo.logprobs import LOGIT_BYTES
 from minigrpo.lora import DEFAULT_TARGETS, inject_lora, lora_layers
 from minigrpo.model import Block, Qwen, QwenConfig, RMSNorm, Rotary, attention_mask_4d
 from minigrpo.pretrained import read_config
 
 GiB = 1024 ** 3
 GPUS = [("24 GB", 24e9), ("40 GB", 40e9), ("80 GB", 80e9), ("141 GB", 141e9)]
-CONFIGS = os.path.join(os.path.dirname(__file__), "data", "configs")
+CONFIGS = os.path.join(DATA, "configs")
 # config.json of the reference runs' models (their published values), bundled so that a plan needs no network
 BUNDLED = {"Qwen/Qwen3.5-4B": "Qwen3.5-4B.json", "Qwen/Qwen3-1.7B-Base": "Qwen3-1.7B-Base.json",
            "Qwen/Qwen3-0.6B": "Qwen3-0.6B.json"}
@@ -381,7 +382,7 @@ def prompt_tokens(task):
     prompt and a 900-character question (GSM8K's longest are about that); mdp: the seed's "full" prompt, ~330
     tokens with the template (tasks/mdp_pipeline.py), rounded up."""
     if task == "soyuz":
-        with open(os.path.join(os.path.dirname(__file__), "data", "soyuz_tasks.json")) as f:
+        with open(os.path.join(DATA, "soyuz_tasks.json")) as f:
             longest = max(len(t["prompt"].encode()) for t in json.load(f))
         return longest // 3 + 16
     if task == "gsm8k":
@@ -395,7 +396,7 @@ def run_shape(args):
     call (chunk 1), then its G revisions, whose prompts hold the answer and the critique: those are the longest
     calls and sequences. mdp: the GRPO stage of its pipeline (tasks/mdp_pipeline.PIPELINES)."""
     if args.task == "mdp":
-        from minigrpo.tasks.mdp_pipeline import pipeline_config
+        from minigrpo.experiments.mdp_pipeline import pipeline_config
         c = pipeline_config(args.model)
         s = dict(lora_r=c.lora_r, group_size=c.group_size, tasks=c.grpo_tasks, max_new_tokens=c.max_new_tokens,
                  micro_batch=c.batch * 2, beta=c.grpo_beta, targets=DEFAULT_TARGETS)

@@ -2,7 +2,7 @@
 loss, optimizer, schedule and seed come from its config.json, and a flag that would change one of them is refused
 with one line listing them all (given with the run's own value, a flag is no change). What only says how long the
 run goes on, how often it saves, evaluates and logs, or how it uses the machine is applied, and recorded in
-config.json's "resumes" list (minigrpo/runs.py RunFolder.record_resume).
+config.json's "resumes" list (minigrpo/run/folder.py RunFolder.record_resume).
 
 train.py prints "resumed from step N of M" with the checkpoint and what changed; --resume of a run killed before
 its first checkpoint starts it over. A longer --steps (or --epochs) stretches the schedule's remaining part: the
@@ -11,7 +11,7 @@ run of the new length only from its start.
 """
 import sys
 
-from minigrpo.runs import RunFolder
+from minigrpo.run.folder import RunFolder
 
 SAFE_TO_CHANGE = {
     "steps", "epochs",                                      # how long the run goes on

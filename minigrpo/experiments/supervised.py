@@ -1,4 +1,4 @@
-"""The supervised trainers of the mdp pipeline (minigrpo/tasks/mdp_pipeline.py): SFT (cross-entropy on answer
+"""The supervised trainers of the mdp pipeline (minigrpo/experiments/mdp_pipeline.py): SFT (cross-entropy on answer
 tokens) and DPO, on (prompt ids, answer ids) items, left-padded into micro-batches whose loss mask covers the
 answer positions. Settings come from the pipeline's config (batch, grad_accum, warmup, dpo_beta, dpo_nll).
 

@@ -1,5 +1,5 @@
 """Training curves: runs/<name>/curves.png, redrawn from metrics.jsonl at every checkpoint (the last step always
-is one, so the end of a run too), and the matplotlib plumbing that the report plots share (minigrpo/report.py).
+is one, so the end of a run too), and the matplotlib plumbing that the report plots share (minigrpo/evals/report.py).
 
 Panels against the optimizer step, each drawn only where the metrics have it (a task that logs no per-turn scores,
 an older run folder, a metric that was None at every step):

@@ -1,7 +1,7 @@
 """The reference runs' settings, one preset per task (DESIGN.md's table, shared/seeds). train.py applies a task's
 preset as its parser defaults (any flag overrides it); eval.py takes the model and max_new_tokens from it. Where a
 seed is silent, the README says why each value was chosen. The mdp task's stage settings are its pipeline's own
-(minigrpo/tasks/mdp_pipeline.py PIPELINES)."""
+(minigrpo/experiments/mdp_pipeline.py PIPELINES)."""
 
 PRESETS = {
     # The CPU quickstart (README "Preset choices"; bench/synthetic.py measures it; the letters: tasks/synthetic.py).
@@ -24,7 +24,7 @@ PRESETS = {
                   max_grad_norm=0.1, beta=0.001, agg="token", temperature=0.8, max_new_tokens=512,
                   eps_high=0.2, micro_batch=4, save_every=500),
     "mdp": dict(model="tiny"),
-    # the revise experiment's GRPO arms (minigrpo/tasks/revise_pipeline.py): full fine-tune of the pretrained tiny
+    # the revise experiment's GRPO arms (minigrpo/experiments/revise_pipeline.py): full fine-tune of the pretrained tiny
     # base; 4 letters-to-sort prompts x G=8 per step, two turns each; an answer is at most 6 letters + <|im_end|>
     "revise": dict(model="tiny", lora_r=0, group_size=8, tasks_per_step=4, steps=100, lr=3e-4, warmup=2,
                    schedule="constant", max_new_tokens=8, temperature=1.0, micro_batch=64, save_every=100),

@@ -1,7 +1,7 @@
 """Export what train.py trained to a folder transformers loads:
 
-    python -m minigrpo.export runs/synthetic-X exported/            # a run: its latest checkpoint
-    python -m minigrpo.export runs/gsm8k-X/checkpoints/step-500 out/ --merge
+    python -m minigrpo.run.export runs/synthetic-X exported/            # a run: its latest checkpoint
+    python -m minigrpo.run.export runs/gsm8k-X/checkpoints/step-500 out/ --merge
 
 SOURCE is a run folder (its latest checkpoint), a checkpoint folder (checkpoints/step-N), a LoRA adapter folder or a
 model folder. What lands in OUT:
@@ -30,7 +30,7 @@ from minigrpo.evals.common import UsageError as ExportError, adapter_base, adapt
 from minigrpo.evals.mdp import mdp_pipeline_run, mdp_stage_base
 from minigrpo.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, export_merged, fold_lora, load_adapter
 from minigrpo.model import Qwen
-from minigrpo.pretrained import parse_dtype
+from minigrpo.pretrained import load_pretrained, parse_dtype
 from minigrpo.tokenizer import TINY, Tokenizer
 
 
@@ -148,7 +148,7 @@ def fill(kind, folder, tmp, final, merge, base, tokenizer, dtype) -> str:
 def load_model(name: str, dtype, fold: str | None = None) -> Qwen:
     """The model `name`, with the LoRA adapter `fold` (if any) folded into its weights."""
     try:
-        model = Qwen.from_pretrained(name, dtype=dtype)
+        model = load_pretrained(name, dtype=dtype)
         if fold is not None:
             load_adapter(model, fold, dropout=0.0)
             fold_lora(model)
@@ -161,7 +161,7 @@ def load_model(name: str, dtype, fold: str | None = None) -> Qwen:
 # The command line
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m minigrpo.export",
+    p = argparse.ArgumentParser(prog="python -m minigrpo.run.export",
                                 description="Export a run or checkpoint to a folder transformers (and peft) load.")
     p.add_argument("source", metavar="RUN_OR_CHECKPOINT",
                    help="run folder (its latest checkpoint), checkpoint folder, LoRA adapter or model folder")

@@ -18,7 +18,7 @@ guard that keeps turn-0 tokens on their own raw score, each taken away in turn. 
             policy as it samples in training, the seed's metrics over it
 
 Each base (seed<N>-base/, a model folder) and each arm (its run folder) is a stage: a rerun into the same run folder
-skips those finished with the same settings, one line each (minigrpo/stages.py). eval.py --task revise evaluates a
+skips those finished with the same settings, one line each (minigrpo/experiments/stages.py). eval.py --task revise evaluates a
 saved policy with this file's evaluate.
 
 The report (report.write_revise_report) holds the seed's table shape, base vs trained per arm, averaged over the
@@ -41,14 +41,15 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from minigrpo import report
 from minigrpo.common import derive_seed, pick_device
-from minigrpo.plots import read_metrics
+from minigrpo.evals import report
+from minigrpo.experiments.mdp_pipeline import TINY_MDP, Clock, save_model, scratch_model
+from minigrpo.experiments.stages import Stages, rng_kept
+from minigrpo.experiments.supervised import sft_loop
 from minigrpo.model import Qwen
+from minigrpo.pretrained import load_pretrained
+from minigrpo.run.plots import read_metrics
 from minigrpo.sampler import sample
-from minigrpo.stages import Stages, rng_kept
-from minigrpo.supervised import sft_loop
-from minigrpo.tasks.mdp_pipeline import TINY_MDP, Clock, save_model, scratch_model
 from minigrpo.tasks.revise import RevisionTask, critique, grade, shuffled
 from minigrpo.tasks.twoturn import recovery_metrics
 from minigrpo.tokenizer import Tokenizer
@@ -167,7 +168,7 @@ def base_stage(args, cfg, task, seed, device, run_dir, stages):
     done = stages.done(f"seed {seed} base", folder)
     if done is not None:
         with rng_kept():
-            return Qwen.from_pretrained(folder, device=device), Tokenizer.from_pretrained("tiny"), done
+            return load_pretrained(folder, device=device), Tokenizer.from_pretrained("tiny"), done
     base, tok = pretrain_base(args, cfg, task, seed, device)
     save_model(base, folder, tok)
     result = evaluate(base, tok, task, args, cfg, seed)
@@ -191,7 +192,7 @@ def run_experiment(args, trainer, cfg: ExperimentConfig | None = None) -> dict:
     print(f"revise experiment: {cfg.seeds} seeds x {len(cfg.arms)} arms, {args.steps} GRPO steps each, "
           f"{len(task.examples(cfg.eval_split)[:cfg.eval_limit])} eval prompts x {cfg.eval_samples}; run={run_dir}",
           file=sys.stderr)
-    # each base and arm is a stage; a rerun skips those finished with these settings (minigrpo/stages.py)
+    # each base and arm is a stage; a rerun skips those finished with these settings (minigrpo/experiments/stages.py)
     quiet = ("quiet", "device", "runs_dir", "run_name", "log_to")
     stages = Stages({"args": {k: v for k, v in vars(args).items() if k not in quiet}, "config": asdict(cfg)},
                     "revise experiment")

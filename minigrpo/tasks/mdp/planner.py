@@ -1,6 +1,6 @@
 """The verifier MDP's ceiling for target-blind play: Bayes-optimal play without the target.
 
-The oracle (minigrpo/mdp.py) knows the target; max-split and minimax do not, but look one probe ahead and only at
+The oracle (minigrpo/tasks/mdp/world.py) knows the target; max-split and minimax do not, but look one probe ahead and only at
 group sizes. The planner knows everything but the target -- every candidate pair and its outputs on the probe and
 the hidden lists -- and takes the target to be uniform over the surviving pairs (a record's target is two different
 operators, so pairs (p, p) are candidates but never the target). It plays the letter with the highest probability
@@ -20,7 +20,7 @@ so it is not in `mdp.BASELINES` or the pipeline's report: `python mdp.py baselin
 """
 import numpy as np
 
-from minigrpo import mdp
+from minigrpo.tasks.mdp import world as mdp
 
 
 class Belief:
