@@ -14,6 +14,7 @@ real tokens (cumsum(mask) - 1), and Gated DeltaNet zeroes padded inputs, so a le
 logits on its real tokens as the row run alone.
 """
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -425,8 +426,13 @@ def attention_mask_4d(keys, start, T):
 
 
 def enable_activation_checkpointing(model):
-    """Recompute each decoder layer in backward instead of storing its activations (train.py --grad-checkpoint)."""
+    """Recompute each decoder layer in backward instead of storing its activations (train.py --grad-checkpoint).
+    Only where a backward will follow: sampling and the reference (no grad) call the layer itself, with nothing
+    of checkpoint's bookkeeping in the decode loop or in the graph the static decode compiles."""
     from torch.utils.checkpoint import checkpoint
+
+    def wrapped(*a, _f, **k):
+        return checkpoint(_f, *a, use_reentrant=False, **k) if torch.is_grad_enabled() else _f(*a, **k)
+
     for layer in model.model.layers:
-        inner = layer.forward
-        layer.forward = lambda *a, _f=inner, **k: checkpoint(_f, *a, use_reentrant=False, **k)
+        layer.forward = functools.partial(wrapped, _f=layer.forward)
