@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from minigrpo.judge.sandbox import Limits
+from minigrpo.judge.sandbox import Limits, launch as sandbox_launch
 from minigrpo.judge.sandbox.episode import Episode
 from minigrpo.judge.sandbox.host import pids_of_uid
 
@@ -198,8 +198,15 @@ def test_the_snapshot_caps_the_number_of_entries():
             assert len(snap.skipped) == 15 and all("over the snapshot's 5 entries" in s for s in snap.skipped)
 
 
-def test_a_weaker_mode_still_runs_and_names_what_it_lacks():
-    with Episode({"in.txt": "x"}, Limits(timeout=5), _mode="plain") as ep:
-        r = ep.run("cat in.txt; echo y > out.txt; cat out.txt")
-        assert r.output == "xy\n" and r.exit_code == 0, r
-        assert any("no mount namespace" in w for w in ep.weaknesses)
+@pytest.mark.parametrize("mode,lacks", [("bwrap-userns", "user namespace"), ("unshare", "no mount namespace"),
+                                        ("plain", "no mount namespace")])
+def test_a_weaker_mode_still_runs_and_names_what_it_lacks(mode, lacks):
+    if not sandbox_launch._mode_ok(mode) or (mode == "bwrap-userns" and os.geteuid() != 0):
+        pytest.skip(f"{mode} cannot start here (or is the best mode, tested above)")
+    with Episode({"in.txt": "x"}, Limits(timeout=5), _mode=mode) as ep:
+        ep.run("echo y > out.txt")
+        r = ep.run("cat in.txt out.txt")
+        assert r.output == "xy\n" and r.exit_code == 0, (r, ep.weaknesses)
+        assert any(lacks in w for w in ep.weaknesses), ep.weaknesses
+        folder = ep.folder
+    assert not os.path.exists(folder) and ep.errors == []
