@@ -69,6 +69,9 @@ def test_reads_outside_the_folder_fail():
             r = ep.run(f"cat {path!r} || ls {path!r}")
             assert r.exit_code != 0 and r.output.count("No such file or directory") == 2, (path, r.output)
         assert "TOP-SECRET-42" in other.run("cat note.txt").output  # it is there, for its own episode
+        with other.snapshot() as snap:                      # nor is the verifier's copy of another episode
+            r = ep.run(f"cat {snap.path}/note.txt || ls {snap.path}")
+            assert r.exit_code != 0 and "TOP-SECRET-42" not in r.output, r.output
         r = ep.run("ls -A /root /home")
         assert r.output.strip() in ("/home:\n\n/root:", "/root:\n\n/home:") or r.exit_code != 0, r.output
         r = ep.run("ls /proc | grep -c '^[0-9]'")
