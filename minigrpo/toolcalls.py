@@ -62,7 +62,8 @@ def tools_system_xml(tools, system):
     """Qwen3.5: the tools come first, then the (trimmed) system prompt if any is left."""
     listed = "".join("\n" + tojson(t) for t in tools)
     tail = f"\n\n{system}" if system else ""
-    return f"# Tools\n\nYou have access to the following functions:\n\n<tools>{listed}\n</tools>\n\n{_XML_CALL_HELP}{tail}"
+    head = f"# Tools\n\nYou have access to the following functions:\n\n<tools>{listed}\n</tools>\n\n"
+    return head + _XML_CALL_HELP + tail
 
 
 def _function(call):
