@@ -141,7 +141,7 @@ def group_advantages(scores, group_size=None, group_ids=None, scale="group", eps
     return torch.tensor(adv, dtype=dtype), stats
 
 
-def recovery_rewards(s_prev, s, coef=0.5, cap=None):
+def recovery_rewards(s_prev, s, coef=0.5):
     """
     Per-turn recovery shaping of the soyuz run: turn-2 reward = s + coef * (s - s_prev), i.e. the score plus a
     bonus for the climb from the previous turn (a fall is penalised the same way). Works on one pair of floats or
@@ -152,23 +152,19 @@ def recovery_rewards(s_prev, s, coef=0.5, cap=None):
     the z-score blows that difference up to unit-size advantages: the revision tokens get trained on noise that
     only reflects how good the first answer happened to be. Pass raw_scores=s to group_advantages.
 
-    Reward hacking: the bonus pays for a low s_prev, so a policy can learn to answer badly first and climb. Two
-    guards: the first turn's tokens are trained only on their own raw score (never on this shaped reward), and
-    `cap` bounds the bonus from above (bonus = min(coef * (s - s_prev), cap)), so no deliberately bad start can
-    earn more than cap. Falls are never capped.
+    Reward hacking: the bonus pays for a low s_prev, so a policy can learn to answer badly first and climb. The
+    guard: the first turn's tokens are trained only on their own raw score, never on this shaped reward
+    (minigrpo/tasks/twoturn.py; --no-turn0-guard takes it away).
     """
     if isinstance(s, (list, tuple)):
         if len(s) != len(s_prev):
             raise ValueError(f"grpo.recovery_rewards: {len(s_prev)} previous scores for {len(s)} scores")
-        return [recovery_rewards(p, x, coef, cap) for p, x in zip(s_prev, s)]
+        return [recovery_rewards(p, x, coef) for p, x in zip(s_prev, s)]
     if s is None:
         return None
     if s_prev is None:
         return float(s)
-    bonus = coef * (s - s_prev)
-    if cap is not None:
-        bonus = min(bonus, cap)
-    return float(s + bonus)
+    return float(s + coef * (s - s_prev))
 
 
 # ----------------------------------------------------------------------------------------------------------------
