@@ -50,8 +50,9 @@ Every choice an implementation makes, with the default used here (each is a name
             tokens weigh less: the length bias);
     "const" (Dr. GRPO): sum of per-token losses / constant (max_new_tokens x number of sequences).
   With equal lengths all three agree (for "const" when the constant is that length).
-- Advantages are per sequence (B,) or per token (B, T-1): in a multi-turn rollout each turn's tokens carry that
-  turn's advantage (the first turn's from its own raw score, never from a shaped later reward).
+- Advantages: the trainer gives one per sequence (B,). A multi-turn rollout is trained as one sequence per turn,
+  each with its own group advantage (the first turn's from its own raw score, never from a shaped later reward).
+  `policy_loss` also takes per-token advantages (B, T-1), the general form GSPO-token is written for.
 - On-policy the loss VALUE is just -mean(A) (near 0 for centred A) while its gradient is not: log the pg term, KL,
   grad-norm, reward and entropy (`token_logprobs(return_entropy=True)`) separately (the stats of `policy_loss`).
 - Masking: loss masks are (B, T-1), aligned with `token_logprobs`, and built by position (`span_mask`), never by
@@ -243,9 +244,9 @@ def policy_loss(logp, old_logp, advantages, loss_mask, eps_low=0.2, eps_high=0.2
     The policy-gradient loss of one micro-batch plus beta * KL, aggregated by agg over the step's normalizer (from
     `loss_normalizer` over every micro-batch of the step; None = this call is the whole step).
     logp, old_logp, ref_logp, sampler_logp, loss_mask: (B, T-1); old_logp None = on-policy (ratio 1, REINFORCE
-    gradient). advantages: (B,) one per sequence, or (B, T-1) per token (multi-turn: each turn's tokens get its
-    turn's value). loss: "grpo" | "gspo" | "gspo-token" | "cispo" (module doc; eps_low/eps_high are that loss's
-    clip). is_correction "tis" | "mis" weighs the policy term by pi_old / pi_sampler (needs sampler_logp).
+    gradient). advantages: (B,) one per sequence (what train.py passes), or (B, T-1) one per token. loss: "grpo" |
+    "gspo" | "gspo-token" | "cispo" (module doc; eps_low/eps_high are that loss's clip). is_correction "tis" |
+    "mis" weighs the policy term by pi_old / pi_sampler (needs sampler_logp).
     Returns (loss, stats); stats are detached 0-d tensors: "pg" and "kl_loss" are this micro-batch's share of the
     step's terms (sum them over micro-batches), "kl", "ratio_mean", "clip_low", "clip_high", "is_weight_mean" are
     token means over this micro-batch (weigh by "tokens" to combine).
