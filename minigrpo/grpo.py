@@ -1,6 +1,6 @@
 """
 The GRPO math: group advantages, recovery shaping, KL, the policy loss and its aggregations, the DPO loss.
-Pure tensor code. The log-probs it takes come from minigrpo/logprobs.py (`token_logprobs`, re-exported here).
+Pure tensor code. The log-probs it takes come from minigrpo/logprobs.py (`token_logprobs`).
 
 Every choice an implementation makes, with the default used here (each is a named argument):
 
@@ -70,7 +70,6 @@ import torch
 import torch.nn.functional as F
 
 from minigrpo import losses
-from minigrpo.logprobs import entropy, token_logprobs  # noqa: F401  (DESIGN.md's public API: grpo.token_logprobs)
 
 # ----------------------------------------------------------------------------------------------------------------
 # advantages and reward shaping

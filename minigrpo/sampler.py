@@ -15,7 +15,7 @@ What a Sample holds:
   token runs past the stop string, `text` still ends with the stop string (rewards read the text).
 - logprobs: per completion token, log p(token) under the *untruncated* sampling distribution at temperature T,
   log_softmax(logits / T) in fp32 with logits of ids >= vocab_size removed. That is BEFORE top-k / top-p
-  truncation, exactly what grpo.token_logprobs(model, ids, mask, temperature=T, vocab_size=...) recomputes
+  truncation, exactly what logprobs.token_logprobs(model, ids, mask, temperature=T, vocab_size=...) recomputes
   (PITFALLS 5-7). With temperature 0 (greedy) they are the T=1 log-probs.
 - finish_reason: "eos" (emitted a stop id), "stop" (completed a stop string) or "length" (hit max_new_tokens).
 - text: tokenizer.decode(completion_ids) without a final EOS token; None without a tokenizer.

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from minigrpo import grpo
+from minigrpo.logprobs import token_logprobs
 from minigrpo.common import left_pad
 from minigrpo.dist import all_reduce_, all_reduce_sum
 from minigrpo.lora import adapters_disabled
@@ -59,7 +60,7 @@ def step_normalizer(batches, args, dist_info) -> float:
 def log_probs(model, b: Batch, args, vocab_size, entropy=False):
     """The trainer's log-probs: logits / T with the sampler's T, ids past the tokenizer's vocabulary masked, as
     the sampler does, so that the two agree; the lm_head runs only over completion columns."""
-    return grpo.token_logprobs(model, b.ids, b.attn, temperature=args.temperature, return_entropy=entropy,
+    return token_logprobs(model, b.ids, b.attn, temperature=args.temperature, return_entropy=entropy,
                                vocab_size=vocab_size, start=b.start)
 
 

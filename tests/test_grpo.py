@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from minigrpo import grpo
+from minigrpo.logprobs import token_logprobs
 from toy_lm import ToyLM, naive_logprobs
 
 
@@ -244,7 +245,7 @@ def test_on_policy_model_gradient_is_reinforce():
     ids = torch.randint(0, 23, (3, 9), generator=torch.Generator().manual_seed(0))
     mask = grpo.span_mask(4, torch.tensor([5, 3, 2]), 9)
     adv = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
-    loss, _ = grpo.policy_loss(grpo.token_logprobs(model, ids, chunk=4), None, adv, mask)
+    loss, _ = grpo.policy_loss(token_logprobs(model, ids, chunk=4), None, adv, mask)
     assert loss.item() == pytest.approx(-(0.5 * 5 - 1.0 * 3 + 2.0 * 2) / 10)  # the value is just -mean(A)...
     g1 = torch.autograd.grad(loss, list(model.parameters()))
     lp = naive_logprobs(model, ids)
@@ -284,15 +285,15 @@ def test_micro_batch_invariance(agg, kind):
     loss_mask = grpo.span_mask(P, torch.tensor([8, 2, 5, 1]), T)  # very different completion lengths
     adv = torch.tensor([1.0, -0.7, 0.3, 2.0], dtype=torch.float64)
     with torch.no_grad():
-        old = grpo.token_logprobs(model, ids, attn) + 0.3 * torch.randn(B, T - 1, dtype=torch.float64)
-        ref = grpo.token_logprobs(ref_model, ids, attn)
+        old = token_logprobs(model, ids, attn) + 0.3 * torch.randn(B, T - 1, dtype=torch.float64)
+        ref = token_logprobs(ref_model, ids, attn)
 
     def grads(mb):
         model.zero_grad()
         chunks = [slice(i, i + mb) for i in range(0, B, mb)]
         norm = grpo.loss_normalizer([loss_mask[c] for c in chunks], agg, max_tokens=T - P)
         for c in chunks:
-            logp = grpo.token_logprobs(model, ids[c], attn[c], chunk=3)
+            logp = token_logprobs(model, ids[c], attn[c], chunk=3)
             loss, _ = grpo.policy_loss(logp, old[c], adv[c], loss_mask[c], 0.2, 0.28, agg, norm,
                                        ref_logp=ref[c], beta=0.1, loss=kind)
             loss.backward()
