@@ -1,5 +1,5 @@
 """
-The GRPO math: group advantages, recovery shaping, KL, the policy loss and its aggregations, the DPO loss.
+The GRPO math: group advantages, recovery shaping, KL, the policy loss and its aggregations.
 Pure tensor code. The log-probs it takes come from minigrpo/logprobs.py (`token_logprobs`).
 
 Every choice an implementation makes, with the default used here (each is a named argument):
@@ -67,7 +67,6 @@ Letters: B batch (sequences), T sequence length, V vocabulary (embedding rows), 
 import math
 
 import torch
-import torch.nn.functional as F
 
 from minigrpo import losses
 
@@ -300,27 +299,3 @@ def overlong_penalty(length, max_new_tokens, buffer):
     if length <= start:
         return 0.0
     return max((start - length) / buffer, -1.0)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# DPO
-
-
-def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta=0.1, normalizer=None):
-    """
-    DPO on sequence log-prob sums (B,): -log sigmoid(beta * ((pc - rc) - (pr - rr))), summed / normalizer (the
-    number of pairs in the optimizer step; None = this batch). Stats: implicit rewards beta * (policy - ref) of
-    chosen and rejected, their margin, and accuracy (share of pairs with a positive margin).
-    """
-    chosen = beta * (policy_chosen - ref_chosen)  # (B,) implicit reward
-    rejected = beta * (policy_rejected - ref_rejected)  # (B,)
-    margin = chosen - rejected
-    n = policy_chosen.numel() if normalizer is None else normalizer
-    loss = -F.logsigmoid(margin).sum() / n
-    stats = {
-        "reward_chosen": chosen.detach().mean(),
-        "reward_rejected": rejected.detach().mean(),
-        "margin": margin.detach().mean(),
-        "accuracy": (margin.detach() > 0).float().mean(),
-    }
-    return loss, stats

@@ -347,28 +347,3 @@ def test_prompt_and_critique_tokens_never_trained():
     assert trained == [4, 5, 6, 10, 11, 12]
     assert torch.allclose(g[3:6], torch.full((3,), -0.5 / 6, dtype=torch.float64))
     assert torch.allclose(g[9:12], torch.full((3,), 1.5 / 6, dtype=torch.float64))
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# DPO
-
-
-def test_dpo_value_and_stats_by_hand():
-    pc, pr = torch.tensor([-1.0, -3.0]), torch.tensor([-2.0, -1.0])
-    rc, rr = torch.tensor([-1.5, -2.0]), torch.tensor([-1.5, -2.0])
-    loss, st = grpo.dpo_loss(pc, pr, rc, rr, beta=0.5)
-    margins = [0.5 * ((-1.0 + 1.5) - (-2.0 + 1.5)), 0.5 * ((-3.0 + 2.0) - (-1.0 + 2.0))]  # 0.5, -1.0
-    expected = sum(math.log(1 + math.exp(-m)) for m in margins) / 2
-    assert loss.item() == pytest.approx(expected, rel=1e-6)
-    assert st["accuracy"].item() == 0.5
-    assert st["margin"].item() == pytest.approx(sum(margins) / 2)
-    assert st["reward_chosen"].item() == pytest.approx(0.5 * (0.5 - 1.0) / 2)
-
-
-def test_dpo_gradient_sign():
-    pc = torch.tensor([-2.0, -1.0], requires_grad=True)
-    pr = torch.tensor([-1.0, -3.0], requires_grad=True)
-    loss, _ = grpo.dpo_loss(pc, pr, torch.tensor([-1.0, -1.0]), torch.tensor([-1.0, -1.0]), beta=0.1)
-    loss.backward()
-    assert (pc.grad < 0).all()  # descending the loss raises the chosen log-prob...
-    assert (pr.grad > 0).all()  # ...and lowers the rejected one
