@@ -90,7 +90,7 @@ def train(args, policy=None, task=None) -> dict:
         t_train = time.perf_counter() - t1
         loss_stats = [st for part in all_gather_objects(loss_stats, dist_info) for st in part]   # weighed by tokens
         step += 1
-        nonfinite = nonfinite_streak(nonfinite, grad_norm, step, run)
+        nonfinite = nonfinite_streak(nonfinite, grad_norm, step, run, args.mu)
         m = step_metrics(step, epoch, everyone, adv_stats, loss_stats, grad_norm, sched.get_last_lr()[0],
                          t_sample, t_train, task.step_metrics(everyone))
         m.update({f"time_{k}": v for k, v in times.items()})  # seconds by phase (this rank's)
@@ -205,8 +205,9 @@ def validate(model, tok, task, args, step) -> dict:
 
 def policy_update(model, reference, params, opt, sched, seqs, args, dist_info, tok, device, times=None):
     """μ passes over this step's rollouts; each pass accumulates over micro-batches, then one optimizer step.
-    Returns per-micro-batch statistics and the gradient norm (non-finite: the step was skipped). `times` (a dict)
-    gets the seconds of each phase: reference (the step's fixed log-probs), policy (forward + backward), optimizer
+    Returns per-micro-batch statistics and the gradient norm of the last pass run. A non-finite norm ends the step
+    at that pass: its optimizer step and the schedule's are not taken, while with μ > 1 the optimizer steps of the
+    passes before it stand. `times` (a dict) gets the seconds of each phase: reference (the step's fixed log-probs), policy (forward + backward), optimizer
     (all-reduce, clip, AdamW)."""
     V, clock = tok.vocab_size, PhaseClock(times)
     batches = [collate(mb, tok.pad_id, device, args.mask_truncated) for mb in micro_batches(seqs, args.micro_batch)]
@@ -258,19 +259,22 @@ def micro_batch_step(model, b, ref, old, norm, args, V, pass_) -> dict:
 # Run policy: when a run stops by itself. Each rule counts a streak of bad steps and stops the run, with the last
 # good checkpoint intact, when the streak reaches its limit.
 
-MAX_NONFINITE_STEPS = 3      # non-finite loss or gradient in a row (each one's update is skipped)
+MAX_NONFINITE_STEPS = 3      # non-finite loss or gradient in a row (policy_update: what of each is skipped)
 
 
-def nonfinite_streak(streak, grad_norm, step, run) -> int:
-    """The streak of non-finite steps after this one; stops the run at MAX_NONFINITE_STEPS."""
+def nonfinite_streak(streak, grad_norm, step, run, mu=1) -> int:
+    """The streak of non-finite steps after this one; stops the run at MAX_NONFINITE_STEPS. What was skipped
+    depends on μ: with one pass the whole update, with several the pass that went non-finite and those after it
+    (the optimizer steps of the passes before it stand), so only with μ = 1 are the weights an earlier step's."""
     streak = streak + 1 if not math.isfinite(grad_norm) else 0
+    skipped = "step skipped" if mu == 1 else "its pass and the passes after it skipped, earlier passes applied"
     if streak:
-        print(f"warning: step {step}: non-finite loss or gradient, step skipped ({streak} in a row)",
-              file=sys.stderr)
+        print(f"warning: step {step}: non-finite loss or gradient, {skipped} ({streak} in a row)", file=sys.stderr)
     if streak >= MAX_NONFINITE_STEPS:
+        kept = (f"their updates were skipped, so the weights are those of step {step - streak}" if mu == 1 else
+                f"with --mu {mu} each kept the passes before its non-finite one")
         raise SystemExit(f"stopping: {streak} non-finite steps in a row (steps {step - streak + 1}-{step}, the last "
-                         f"grad-norm {grad_norm}; their updates were skipped, so the weights are those of step "
-                         f"{step - streak}): lower --lr or check the data; {run.checkpoint_note()}")
+                         f"grad-norm {grad_norm}; {kept}): lower --lr or check the data; {run.checkpoint_note()}")
     return streak
 
 

@@ -165,6 +165,23 @@ def test_three_non_finite_steps_stop_with_the_last_good_checkpoint(tmp_path, mon
     assert all(torch.equal(good[k], last[k]) for k in good)      # skipped steps changed nothing
 
 
+def test_a_non_finite_step_with_several_passes_does_not_claim_the_weights_are_untouched(capsys):
+    """With --mu 2 a pass before the non-finite one has already stepped the optimizer: the warning and the stop
+    say so instead of naming an earlier step's weights."""
+    import train
+
+    class Run:                                   # the one method the stop message reads
+        def checkpoint_note(self):
+            return "no checkpoint was written yet"
+
+    assert train.nonfinite_streak(0, float("nan"), 4, Run(), mu=2) == 1
+    assert "earlier passes applied" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        train.nonfinite_streak(2, float("nan"), 6, Run(), mu=2)
+    assert "with --mu 2 each kept the passes before its non-finite one" in e.value.code
+    assert "weights are those of step" not in e.value.code
+
+
 def test_a_fresh_run_refuses_a_used_run_folder(tmp_path):
     run_train(["--steps", "1"], tmp_path, "used")
     out = run_train(["--steps", "1"], tmp_path, "used", check=False)
