@@ -44,7 +44,8 @@ from minigrpo.run.folder import ProgressBar, RunFolder, Tracker, epoch_summary, 
 from minigrpo.run.resume import check_length, record_resume
 from minigrpo.sampler import sample
 from minigrpo.tasks import task_from_args
-from minigrpo.update import collate, finish_gradients, log_probs, micro_batches, reference_logprobs, step_normalizer
+from minigrpo.update import (all_reduce_and_clip, collate, log_probs, micro_batches, reference_logprobs,
+                             step_normalizer)
 
 
 # -----------------------------------------------------------------------------------------------------------------
@@ -224,7 +225,7 @@ def policy_update(model, reference, params, opt, sched, seqs, args, dist_info, t
             with clock("policy"):
                 stats.append(micro_batch_step(model, b, ref, old, norm, args, V, pass_))
         with clock("optimizer"):
-            grad_norm = finish_gradients(params, args, dist_info)
+            grad_norm = all_reduce_and_clip(params, args, dist_info)
             if not math.isfinite(grad_norm):
                 opt.zero_grad(set_to_none=True)
                 return stats, grad_norm

@@ -74,7 +74,7 @@ def reference_logprobs(model, reference, b: Batch, args, vocab_size):
             return log_probs(model, b, args, vocab_size)
 
 
-def finish_gradients(params, args, dist_info) -> float:
+def all_reduce_and_clip(params, args, dist_info) -> float:
     """Sum gradients over ranks (each rank already divided by the global normaliser), then clip. Every rank sends
     every parameter, zeros where it has no gradient (a rank without examples has none at all), so that all ranks
     send the same layout; one has-a-gradient count per parameter rides along, so that a parameter gets a gradient

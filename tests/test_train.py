@@ -149,13 +149,13 @@ def test_three_non_finite_steps_stop_with_the_last_good_checkpoint(tmp_path, mon
     import train
     args = train.resolve_args([*SMALL, "--runs-dir", str(tmp_path), "--run-name", "nan", "--steps", "6",
                                "--save-every", "1", "--keep-checkpoints", "5"])
-    real, calls = train.finish_gradients, []
+    real, calls = train.all_reduce_and_clip, []
 
     def poisoned(params, args, dist_info):
         calls.append(real(params, args, dist_info))
         return calls[-1] if len(calls) == 1 else float("nan")     # step 1 is fine, then every gradient is NaN
 
-    monkeypatch.setattr(train, "finish_gradients", poisoned)
+    monkeypatch.setattr(train, "all_reduce_and_clip", poisoned)
     with pytest.raises(SystemExit, match="3 non-finite steps in a row"):
         train.train(args)
     run = tmp_path / "nan"
