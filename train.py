@@ -81,26 +81,26 @@ def train(args, policy=None, task=None) -> dict:
         epoch = data.epoch                                     # the epoch this step's examples come from
         examples = next_examples(train_set, args.tasks_per_step, data, args.seed)
         t0 = time.perf_counter()
-        everyone, seqs = rollout_step(model, tok, task, args, examples, step, dist_info)
+        all_seqs, my_seqs = rollout_step(model, tok, task, args, examples, step, dist_info)
         t_sample = time.perf_counter() - t0
-        overlong_shaping(everyone, args)                       # --overlong-buffer's length penalty, on the reward
-        adv_stats = assign_advantages(everyone, args)          # identical on every rank; sets each Seq's advantage
+        overlong_shaping(all_seqs, args)                       # --overlong-buffer's length penalty, on the reward
+        adv_stats = assign_advantages(all_seqs, args)          # identical on every rank; sets each Seq's advantage
         t1, times = time.perf_counter(), {"sample": t_sample}
-        loss_stats, grad_norm = policy_update(model, reference, params, opt, sched, seqs, args, dist_info, tok,
+        loss_stats, grad_norm = policy_update(model, reference, params, opt, sched, my_seqs, args, dist_info, tok,
                                               device, times)
         t_train = time.perf_counter() - t1
         loss_stats = [st for part in all_gather_objects(loss_stats, dist_info) for st in part]   # weighed by tokens
         step += 1
         nonfinite = nonfinite_streak(nonfinite, grad_norm, step, run, args.mu)
-        m = step_metrics(step, epoch, everyone, adv_stats, loss_stats, grad_norm, sched.get_last_lr()[0],
-                         t_sample, t_train, task.step_metrics(everyone))
+        m = step_metrics(step, epoch, all_seqs, adv_stats, loss_stats, grad_norm, sched.get_last_lr()[0],
+                         t_sample, t_train, task.step_metrics(all_seqs))
         m.update({f"time_{k}": v for k, v in times.items()})  # seconds by phase (this rank's)
         if args.eval_every and step % args.eval_every == 0 and dist_info.main:
             m.update(validate(model, tok, task, args, step))
         if dist_info.main:
             run.append("metrics.jsonl", m)
             tracker.log(m)
-            for rec in sample_records(step, everyone, tok):
+            for rec in sample_records(step, all_seqs, tok):
                 run.append("samples.jsonl", rec)
         if checkpoint_due(step, n_steps, args):
             save(run, step, model, tok, params, args, dist_info, trainer_state(step, data, opt, sched, nonfinite))
@@ -119,12 +119,13 @@ def train(args, policy=None, task=None) -> dict:
 # sampler's log-probs of them, the raw task score and the (possibly shaped) reward its advantage comes from.
 
 def rollout_step(model, tok, task, args, examples, step, dist_info):
-    """This rank's share of the step's examples rolled out, then exchanged: (every rank's Seqs, this rank's)."""
+    """This rank's share of the step's examples rolled out, then exchanged: (all_seqs, my_seqs) = (every rank's
+    Seqs, rank-major, the same list on every rank; this rank's, the ones it trains on)."""
     index = list(range(dist_info.rank, len(examples), dist_info.world))   # this rank's share of the tasks
     # fewer tasks than ranks (gsm8k's one a step on 8 GPUs): a rank with none samples nothing, and then joins
     # every collective of the step with empty contributions (no Seqs, a zero normaliser, zero gradients)
-    seqs = rollout(model, tok, task, args, [examples[i] for i in index], step, index) if index else []
-    parts = all_gather_objects(seqs, dist_info)                 # rank-major; parts[rank] is ours
+    my_seqs = rollout(model, tok, task, args, [examples[i] for i in index], step, index) if index else []
+    parts = all_gather_objects(my_seqs, dist_info)              # rank-major; parts[rank] is ours
     return [s for part in parts for s in part], parts[dist_info.rank]
 
 
@@ -168,23 +169,24 @@ def generate(model, tok, args, prompts, seeds, n, stop_strings=(), rows=None):
     return [samples[i * n:(i + 1) * n] for i in range(len(prompts))]
 
 
-def assign_advantages(seqs, args):
-    """Group-relative advantages per (example, turn) group, on each Seq's reward. Zero spread is judged on the raw
+def assign_advantages(all_seqs, args):
+    """Group-relative advantages per (example, turn) group, on each Seq's reward, over every rank's Seqs (a group's
+    samples may come from several ranks). Zero spread is judged on the raw
     score, so shaping alone never creates a gradient inside a group whose answers all scored the same. An example
     drawn twice in one step (across an epoch boundary) forms one larger group: same prompt, same baseline."""
-    keys = [(s.example_id, s.turn) for s in seqs]
+    keys = [(s.example_id, s.turn) for s in all_seqs]
     ids = {k: i for i, k in enumerate(dict.fromkeys(keys))}
-    adv, stats = grpo.group_advantages([s.reward for s in seqs], group_ids=[ids[k] for k in keys],
-                                       scale=args.adv_scale, raw_scores=[s.score for s in seqs])
-    for s, a in zip(seqs, adv.tolist()):
+    adv, stats = grpo.group_advantages([s.reward for s in all_seqs], group_ids=[ids[k] for k in keys],
+                                       scale=args.adv_scale, raw_scores=[s.score for s in all_seqs])
+    for s, a in zip(all_seqs, adv.tolist()):
         s.advantage = a
     return stats
 
 
-def overlong_shaping(seqs, args):
+def overlong_shaping(all_seqs, args):
     """--overlong-buffer: DAPO's soft overlong punishment added to each Seq's reward and logged in its info. The
     raw score is left alone, so the penalty never gives a group whose answers all scored the same a gradient."""
-    for s in seqs:
+    for s in all_seqs:
         penalty = grpo.overlong_penalty(len(s.completion_ids), args.max_new_tokens, args.overlong_buffer)
         if penalty and s.reward is not None:
             s.reward, s.info["overlong_penalty"] = s.reward + penalty, penalty
@@ -204,14 +206,14 @@ def validate(model, tok, task, args, step) -> dict:
 # all-reduce). The normaliser is computed once for the whole optimizer step (all micro-batches, all ranks), so the
 # gradient does not depend on how the step is cut into micro-batches.
 
-def policy_update(model, reference, params, opt, sched, seqs, args, dist_info, tok, device, times=None):
-    """μ passes over this step's rollouts; each pass accumulates over micro-batches, then one optimizer step.
-    Returns per-micro-batch statistics and the gradient norm of the last pass run. A non-finite norm ends the step
-    at that pass: its optimizer step and the schedule's are not taken, while with μ > 1 the optimizer steps of the
-    passes before it stand. `times` (a dict) gets the seconds of each phase: reference (the step's fixed log-probs), policy (forward + backward), optimizer
-    (all-reduce, clip, AdamW)."""
+def policy_update(model, reference, params, opt, sched, my_seqs, args, dist_info, tok, device, times=None):
+    """μ passes over this rank's rollouts of the step (my_seqs); each pass accumulates over micro-batches, then one
+    optimizer step. Returns per-micro-batch statistics and the gradient norm of the last pass run. A non-finite
+    norm ends the step at that pass: its optimizer step and the schedule's are not taken, while with μ > 1 the
+    optimizer steps of the passes before it stand. `times` (a dict) gets the seconds of each phase: reference (the
+    step's fixed log-probs), policy (forward + backward), optimizer (all-reduce, clip, AdamW)."""
     V, clock = tok.vocab_size, PhaseClock(times)
-    batches = [collate(mb, tok.pad_id, device, args.mask_truncated) for mb in micro_batches(seqs, args.micro_batch)]
+    batches = [collate(mb, tok.pad_id, device, args.mask_truncated) for mb in micro_batches(my_seqs, args.micro_batch)]
     norm = step_normalizer(batches, args, dist_info)
     model.eval()  # the fixed log-probs of this step: reference, and the behaviour policy when μ > 1
     with clock("reference"), torch.no_grad():
