@@ -15,7 +15,7 @@ loss (on-policy clipped ratio, advantage per sequence, + beta * k3 KL, token-mea
 backward, clip the gradient norm to 1, AdamW on LoRA r=32 over q, k, v, o, gate, up, down.
 
 - ours: minigrpo.model.Qwen + minigrpo.lora.inject_lora / adapters_disabled + logprobs.token_logprobs(vocab_size=,
-  start=) (the fused chunked lm_head + log-softmax over the completion columns, as train.py) + grpo.policy_loss.
+  first_col=) (the fused chunked lm_head + log-softmax over the completion columns, as train.py) + grpo.policy_loss.
 - hf: AutoModelForCausalLM (attn_implementation="sdpa", transformers' default) + peft get_peft_model, reference
   under `model.disable_adapter()`, log-probs as TRL's GRPOTrainer computes them: `logits_to_keep` = completion
   length + 1 (the lm_head runs on the completion only), logits / temperature, then TRL's selective_log_softmax
@@ -139,7 +139,7 @@ def build_ours(folder, args, dtype):
 
     def logprobs():
         return token_logprobs(model, ids, attn, temperature=args.temperature, vocab_size=args.vocab_size,
-                                   start=P - 1)  # as train.py: logits only from the first completion column
+                              first_col=P - 1)  # as train.py: logits only from the first completion column
 
     def step(timer):
         model.eval()

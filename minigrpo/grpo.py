@@ -295,7 +295,7 @@ def overlong_penalty(length, max_new_tokens, buffer):
     linear down to -1 at max_new_tokens (and -1 past it); buffer 0 = off."""
     if buffer <= 0:
         return 0.0
-    start = max_new_tokens - buffer
-    if length <= start:
+    free = max_new_tokens - buffer  # the longest completion that is not punished
+    if length <= free:
         return 0.0
-    return max((start - length) / buffer, -1.0)
+    return max((free - length) / buffer, -1.0)

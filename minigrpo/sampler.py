@@ -139,19 +139,19 @@ class StopScanner:
         text = self.tok.decode(ids)
         return any(s in text for s in self.strings)
 
-    def scan(self, ids, start):
-        """ids: the row's tokens so far; tokens before `start` were already scanned.
+    def scan(self, ids, scanned):
+        """ids: the row's tokens so far, of which the first `scanned` were scanned by an earlier call.
         Returns (kept length, "eos" | "stop") or None."""
-        for j in range(start, len(ids)):
+        for j in range(scanned, len(ids)):
             if ids[j] in self.stop_ids:
                 end, reason = j + 1, "eos"
                 break
         else:
             end, reason = len(ids), None
         if self.strings:
-            lo = max(0, start - self.window)
+            lo = max(0, scanned - self.window)
             if self._has_stop(ids[lo:end]):  # cheap rejection first: most checks find nothing
-                for j in range(start, end):
+                for j in range(scanned, end):
                     if self._has_stop(ids[max(0, j + 1 - self.window):j + 1]):
                         return j + 1, "stop"
         return (end, reason) if reason else None
@@ -253,9 +253,9 @@ def sample(model, prompts, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=
             for r, toks in zip(live, new):
                 if r in ended:  # done, waiting to be compacted away: its later tokens are discarded
                     continue
-                start = len(gen_ids[r])
+                scanned = len(gen_ids[r])
                 gen_ids[r] += toks
-                hit = scanner.scan(gen_ids[r], start)
+                hit = scanner.scan(gen_ids[r], scanned)
                 if hit:
                     ended[r] = hit
             checked = t + 1

@@ -21,7 +21,7 @@ class Batch:
     mask: torch.Tensor         # (B, T-1) True = a completion token to train (grpo.span_mask)
     adv: torch.Tensor          # (B,) advantage of each sequence
     sampled: torch.Tensor      # (B, T-1) the sampler's log-probs of the completion tokens
-    start: int                 # first column any completion occupies: logits are needed only from there
+    first_col: int             # first column any completion occupies: logits are needed only from there
 
 
 def collate(seqs, pad_id, device, mask_truncated=False) -> Batch:
@@ -37,8 +37,8 @@ def collate(seqs, pad_id, device, mask_truncated=False) -> Batch:
         if c:
             sampled[i, T - 1 - c:] = torch.tensor(s.logprobs, dtype=torch.float32)   # column t scores token t+1
     adv = torch.tensor([s.advantage for s in seqs], dtype=torch.float32)
-    start = T - 1 - max(lengths)
-    return Batch(ids.to(device), attn.to(device), loss_mask.to(device), adv.to(device), sampled.to(device), start)
+    first_col = T - 1 - max(lengths)
+    return Batch(ids.to(device), attn.to(device), loss_mask.to(device), adv.to(device), sampled.to(device), first_col)
 
 
 def micro_batches(seqs, size):
@@ -61,7 +61,7 @@ def log_probs(model, b: Batch, args, vocab_size, entropy=False):
     """The trainer's log-probs: logits / T with the sampler's T, ids past the tokenizer's vocabulary masked, as
     the sampler does, so that the two agree; the lm_head runs only over completion columns."""
     return token_logprobs(model, b.ids, b.attn, temperature=args.temperature, return_entropy=entropy,
-                               vocab_size=vocab_size, start=b.start)
+                               vocab_size=vocab_size, first_col=b.first_col)
 
 
 def reference_logprobs(model, reference, b: Batch, args, vocab_size):
