@@ -40,6 +40,9 @@ from minigrpo.common import _shr, derive_seed, left_pad, splitmix64  # noqa: F40
 
 @dataclass
 class Sample:
+    """One sampled completion of prompts[prompt_index], as the sampler knows it: tokens, their log-probs, why it
+    stopped. It knows no task; the trainer's record of a completion is tasks.base.Seq, made from a Sample
+    (Seq.of) with what the task adds: example, turn, prompt, score, reward, advantage."""
     prompt_index: int
     completion_ids: list
     logprobs: list
