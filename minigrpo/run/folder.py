@@ -263,9 +263,9 @@ def std(xs):
     return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs)) if xs else None
 
 
-def step_metrics(step, epoch, seqs, adv_stats, loss_stats, grad_norm, lr, t_sample, t_train, extra):
-    """Summarise one step. `seqs` are every rank's Seqs (gathered); loss_stats this rank's micro-batch stats."""
-    tokens = sum(len(s.completion_ids) for s in seqs)
+def step_metrics(step, epoch, all_seqs, adv_stats, loss_stats, grad_norm, lr, t_sample, t_train, extra):
+    """Summarise one step. `all_seqs` are every rank's Seqs (gathered); loss_stats this rank's micro-batch stats."""
+    tokens = sum(len(s.completion_ids) for s in all_seqs)
     w = [st["tokens"] for st in loss_stats] or [1.0]
     wmean = lambda key: sum(st.get(key, 0.0) * n for st, n in zip(loss_stats, w)) / max(sum(w), 1.0)
     # "loss" and "pg" of a micro-batch are its share of the step's loss (divided by the step's normaliser): their
@@ -274,25 +274,25 @@ def step_metrics(step, epoch, seqs, adv_stats, loss_stats, grad_norm, lr, t_samp
     share = lambda key: sum(st.get(key, 0.0) for st in loss_stats) / passes
     m = {
         "step": step, "epoch": epoch,
-        "reward_mean": mean([s.score for s in seqs if s.turn == max(x.turn for x in seqs)]),
-        "reward_std": std([s.score for s in seqs]),
-        "shaped_reward_mean": mean([s.reward for s in seqs]),
-        "shaped_reward_std": std([s.reward for s in seqs]),
+        "reward_mean": mean([s.score for s in all_seqs if s.turn == max(x.turn for x in all_seqs)]),
+        "reward_std": std([s.score for s in all_seqs]),
+        "shaped_reward_mean": mean([s.reward for s in all_seqs]),
+        "shaped_reward_std": std([s.reward for s in all_seqs]),
         "loss": share("loss"), "pg": share("pg"), "kl": wmean("kl"), "entropy": wmean("entropy"),
         "clip_low": wmean("clip_low"), "clip_high": wmean("clip_high"), "ratio_mean": wmean("ratio_mean"),
         "ratio_outside": wmean("ratio_outside"),
         "sampler_logp_diff": wmean("sampler_logp_diff"),
         **gap_quantiles([g for st in loss_stats for g in st.get("sampler_logp_gaps", ())]),
         "grad_norm": grad_norm, "lr": lr,
-        "completion_len": tokens / max(len(seqs), 1),
-        "truncated": sum(s.finish_reason == "length" for s in seqs) / max(len(seqs), 1),
+        "completion_len": tokens / max(len(all_seqs), 1),
+        "truncated": sum(s.finish_reason == "length" for s in all_seqs) / max(len(all_seqs), 1),
         "zero_spread": adv_stats.get("zero_spread_frac", adv_stats.get("zero_spread", 0)),
-        "failed_scores": sum(s.score is None for s in seqs),
+        "failed_scores": sum(s.score is None for s in all_seqs),
         "sampler_tok_s": tokens / max(t_sample, 1e-9),
         "trainer_tok_s": tokens * 1.0 / max(t_train, 1e-9),
     }
-    for turn in sorted({s.turn for s in seqs}):
-        m[f"score_turn{turn}"] = mean([s.score for s in seqs if s.turn == turn])
+    for turn in sorted({s.turn for s in all_seqs}):
+        m[f"score_turn{turn}"] = mean([s.score for s in all_seqs if s.turn == turn])
     m.update(extra)
     return m
 
