@@ -25,7 +25,6 @@ import random
 import shutil
 import sys
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -35,15 +34,16 @@ from minigrpo.common import (PhaseClock, StopRun, UsageError, catch_ctrl_c, deri
                              pick_dtype, set_cpu_threads, stop_if_ctrl_c, threads_note)
 from minigrpo.dist import all_gather_objects, assert_replicas_in_sync, finish_distributed, init_distributed
 from minigrpo.lora import inject_lora
-from minigrpo.model import CheckpointError, Qwen, enable_activation_checkpointing
+from minigrpo.model import CheckpointError, enable_activation_checkpointing
 from minigrpo.optim import adamw
 from minigrpo.pretrained import load_pretrained, load_model_and_tokenizer
 from minigrpo.run import plots
 from minigrpo.run.flags import resolve_args
 from minigrpo.run.folder import ProgressBar, RunFolder, Tracker, epoch_summary, sample_records, step_metrics
-from minigrpo.run.resume import check_length, record_resume
+from minigrpo.run.resume import resume_or_start, trainer_state
 from minigrpo.sampler import sample
 from minigrpo.tasks import task_from_args
+from minigrpo.tasks.base import DataState, next_examples  # noqa: F401 (DataState: train.DataState)
 from minigrpo.update import (all_reduce_and_clip, collate, log_probs, micro_batches, reference_logprobs,
                              step_normalizer)
 
@@ -79,9 +79,8 @@ def train(args, policy=None, task=None) -> dict:
     while step < n_steps:
         stop_if_ctrl_c()                                       # one Python swallowed in a callback stops here
         epoch = data.epoch                                     # the epoch this step's examples come from
-        examples = next_examples(train_set, args.tasks_per_step, data, args.seed)
         t0 = time.perf_counter()
-        all_seqs, my_seqs = rollout_step(model, tok, task, args, examples, step, dist_info)
+        all_seqs, my_seqs, drawn = sample_step(model, tok, task, args, train_set, data, step, dist_info)
         t_sample = time.perf_counter() - t0
         overlong_shaping(all_seqs, args)                       # --overlong-buffer's length penalty, on the reward
         adv_stats = assign_advantages(all_seqs, args)          # identical on every rank; sets each Seq's advantage
@@ -95,6 +94,7 @@ def train(args, policy=None, task=None) -> dict:
         m = step_metrics(step, epoch, all_seqs, adv_stats, loss_stats, grad_norm, sched.get_last_lr()[0],
                          t_sample, t_train, task.step_metrics(all_seqs))
         m.update({f"time_{k}": v for k, v in times.items()})  # seconds by phase (this rank's)
+        m.update(drawn)                                        # --dynamic-sampling: prompts drawn and dropped
         if args.eval_every and step % args.eval_every == 0 and dist_info.main:
             m.update(validate(model, tok, task, args, step))
         if dist_info.main:
@@ -118,13 +118,40 @@ def train(args, policy=None, task=None) -> dict:
 # Rollouts. A Seq (minigrpo/tasks) is one trained completion: its prompt (never trained), its own tokens, the
 # sampler's log-probs of them, the raw task score and the (possibly shaped) reward its advantage comes from.
 
-def rollout_step(model, tok, task, args, examples, step, dist_info):
+def sample_step(model, tok, task, args, train_set, data, step, dist_info):
+    """The step's rollouts: (all_seqs, my_seqs, metrics). --tasks-per-step examples; with --dynamic-sampling
+    (DAPO) only examples with a group whose raw scores spread (grpo.has_spread) are kept, and more are drawn,
+    --tasks-per-step at a time and at most --max-draws times, until --tasks-per-step are kept (fewer if the draws
+    run out). Every draw advances the data order and has seeds of its own, so a resume repeats the step."""
+    all_seqs, my_seqs, kept, drawn = [], [], [], 0
+    for _ in range(args.max_draws if args.dynamic_sampling else 1):
+        examples = next_examples(train_set, args.tasks_per_step, data, args.seed)
+        everyone, mine = rollout_step(model, tok, task, args, examples, step, dist_info, first=drawn)
+        drawn += len(examples)
+        if not args.dynamic_sampling:
+            return everyone, mine, {}
+        groups = {}
+        for s in everyone:
+            groups.setdefault((s.example_id, s.turn), []).append(s)
+        spread = {k[0] for k, g in groups.items() if grpo.has_spread([s.reward for s in g], [s.score for s in g])}
+        new = [i for i in dict.fromkeys(s.example_id for s in everyone) if i in spread and i not in kept]
+        kept += new[:args.tasks_per_step - len(kept)]
+        all_seqs += [s for s in everyone if s.example_id in kept]     # in the order drawn, rank-major per draw
+        my_seqs += [s for s in mine if s.example_id in kept]
+        if len(kept) == args.tasks_per_step:
+            break
+    return all_seqs, my_seqs, {"dynamic_drawn": drawn, "dynamic_kept": len(kept), "dynamic_dropped": drawn - len(kept)}
+
+
+def rollout_step(model, tok, task, args, examples, step, dist_info, first=0):
     """This rank's share of the step's examples rolled out, then exchanged: (all_seqs, my_seqs) = (every rank's
-    Seqs, rank-major, the same list on every rank; this rank's, the ones it trains on)."""
+    Seqs, rank-major, the same list on every rank; this rank's, the ones it trains on). `first`: the global index
+    of examples[0] in the step (a later draw of dynamic sampling), so that every prompt of a step has its own seed."""
     index = list(range(dist_info.rank, len(examples), dist_info.world))   # this rank's share of the tasks
     # fewer tasks than ranks (gsm8k's one a step on 8 GPUs): a rank with none samples nothing, and then joins
     # every collective of the step with empty contributions (no Seqs, a zero normaliser, zero gradients)
-    my_seqs = rollout(model, tok, task, args, [examples[i] for i in index], step, index) if index else []
+    my_seqs = rollout(model, tok, task, args, [examples[i] for i in index], step,
+                      [first + i for i in index]) if index else []
     parts = all_gather_objects(my_seqs, dist_info)              # rank-major; parts[rank] is ours
     return [s for part in parts for s in part], parts[dist_info.rank]
 
@@ -316,57 +343,6 @@ def build_policy(args, device, dtype):
 
 def total_steps(args, n_train):
     return args.steps if args.steps else args.epochs * math.ceil(n_train / args.tasks_per_step)
-
-
-@dataclass
-class DataState:
-    """The data order: one seeded permutation of the train split per epoch; the position in it is checkpointed."""
-    epoch: int = 0
-    pos: int = 0
-
-
-def next_examples(train, count, state: DataState, seed) -> list:
-    if not train:
-        raise ValueError("next_examples: the train split is empty")     # the loop below would never end
-    out = []
-    while len(out) < count:
-        order = np.random.default_rng(derive_seed(seed, "epoch", state.epoch)).permutation(len(train))
-        take = order[state.pos: state.pos + count - len(out)]
-        out += [train[i] for i in take]
-        state.pos += len(take)
-        if state.pos >= len(train):
-            state.epoch, state.pos = state.epoch + 1, 0
-    return out
-
-
-def resume_or_start(run, args, model, opt, sched, dist_info, device, n_steps):
-    """(data state, step, non-finite streak): from the newest checkpoint that loads with --resume (the logs cut
-    back to it; a damaged newer one is named and set aside), else a fresh run. --resume before any checkpoint
-    starts over. The trainer state is loaded straight onto this rank's device: rank 0 saved it from its own GPU,
-    and without map_location every rank would load it there."""
-    latest, state = None, None
-    if args.resume:
-        latest, state = checkpoints.load_latest(run.ckpt_dir, model, lora=args.lora_r > 0, map_location=device,
-                                                main=dist_info.main)
-    if latest is None:
-        if dist_info.main:
-            if args.resume:
-                print(f"train.py: no checkpoint in {run.ckpt_dir} yet: the run starts over", file=sys.stderr)
-            run.create(vars(args))
-        return DataState(), 0, 0
-    check_length(latest, state["step"], n_steps)
-    opt.load_state_dict(state["optimizer"])
-    sched.load_state_dict(state["scheduler"])
-    checkpoints.set_rng_state(state["rng"])
-    if dist_info.main:
-        run.truncate_logs(state["step"])
-        record_resume(run, latest, state["step"], n_steps, vars(args))    # config.json's history, one line
-    return DataState(**state["data"]), state["step"], state["nonfinite"]
-
-
-def trainer_state(step, data, opt, sched, nonfinite):
-    return {"step": step, "data": vars(data).copy(), "optimizer": opt.state_dict(),
-            "scheduler": sched.state_dict(), "rng": checkpoints.rng_state(), "nonfinite": nonfinite}
 
 
 def checkpoint_due(step, n_steps, args) -> bool:

@@ -97,6 +97,14 @@ def _as_list(scores):
     return [None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v) for v in vals]
 
 
+def has_spread(scores, raw_scores) -> bool:
+    """Whether one group carries a signal: two or more valid scores (not None), whose raw scores are not all equal.
+    group_advantages gives the others advantage 0; DAPO's dynamic sampling (train.py) drops their prompts."""
+    valid = [r for sc, r in zip(scores, raw_scores) if sc is not None]
+    rv = [r for r in valid if r is not None]
+    return len(valid) >= 2 and bool(rv) and max(rv) - min(rv) > 0.0
+
+
 def group_advantages(scores, group_size=None, group_ids=None, scale="group", eps=1e-6, raw_scores=None,
                      dtype=torch.float32):
     """
@@ -114,8 +122,7 @@ def group_advantages(scores, group_size=None, group_ids=None, scale="group", eps
     zero_spread = 0
     for idx in _group_index(len(s), group_size, group_ids):
         valid = [i for i in idx if s[i] is not None]  # a failed score is neither baseline nor trained
-        rv = [raw[i] for i in valid if raw[i] is not None]
-        if len(valid) < 2 or not rv or max(rv) - min(rv) <= 0.0:
+        if not has_spread([s[i] for i in idx], [raw[i] for i in idx]):
             zero_spread += 1  # nothing to compare against: no signal, advantage stays 0
             continue
         mean = sum(s[i] for i in valid) / len(valid)

@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "cispo (clipped stop-gradient weight)")
     p.add_argument("--gspo-eps-low", type=float, default=3e-4, help="gspo / gspo-token: the sequence ratio's clip")
     p.add_argument("--gspo-eps-high", type=float, default=4e-4, help="gspo / gspo-token: the sequence ratio's clip")
+    p.add_argument("--dynamic-sampling", action="store_true",
+                   help="DAPO: train only on prompts whose group's scores spread, drawing more to fill the step")
+    p.add_argument("--max-draws", type=int, default=3,
+                   help="--dynamic-sampling: at most this many draws of --tasks-per-step prompts per step")
     p.add_argument("--overlong-buffer", type=int, default=0,
                    help="DAPO's soft overlong punishment over the last N tokens before --max-new-tokens (0 = off)")
     p.add_argument("--is-correction", default="none", choices=list(IS_CORRECTIONS),
@@ -221,7 +225,7 @@ RANGES = [  # (flags, test, what the value must be); None (a flag not given that
     (("group_size",), lambda v: v >= 2,
      "must be at least 2: GRPO compares each sample with the others of its group (a group of one has advantage 0)"),
     (("tasks_per_step", "micro_batch", "save_every", "max_new_tokens", "eval_limit", "judge_workers", "epochs", "mu",
-      "steps", "threads", "judge_max_turns"), _count, "must be at least 1"),
+      "steps", "threads", "judge_max_turns", "max_draws"), _count, "must be at least 1"),
     (("temperature",), lambda v: v > 0, "must be > 0: training samples its groups (at 0 every sample of a group is "
                                         "the same answer, and the trainer's log-probs divide by it)"),
     (("lr",), lambda v: v > 0, "must be > 0"),
@@ -270,6 +274,8 @@ def check_args(args, given):
                           ("judge_max_turns", args.judge == "claude", "--judge claude")):
         if key in given and not used:
             raise SystemExit(f"{_named(key, given[key])}: only {by} reads it, not --judge {args.judge}")
+    if "max_draws" in given and not args.dynamic_sampling:
+        raise SystemExit(f"--max-draws {given['max_draws']}: only --dynamic-sampling reads it; add that, or drop it")
     for key in LORA_FLAGS:
         if key in given and args.lora_r == 0:
             raise SystemExit(f"{_named(key, given[key])}: only LoRA reads it, and --lora-r is 0 (full fine-tuning"

@@ -11,7 +11,9 @@ run of the new length only from its start.
 """
 import sys
 
+from minigrpo import checkpoints
 from minigrpo.run.folder import RunFolder
+from minigrpo.tasks.base import DataState
 
 SAFE_TO_CHANGE = {
     "steps", "epochs",                                      # how long the run goes on
@@ -69,3 +71,36 @@ def record_resume(run: RunFolder, latest: str, step: int, n_steps: int, resolved
 def flag(key: str, value=None) -> str:
     """The flag as typed: --no-turn0-guard for a BooleanOptionalAction given False."""
     return f"--{'no-' if value is False else ''}{key.replace('_', '-')}"
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# Where train.py starts: a fresh run, or the newest checkpoint that loads
+
+def resume_or_start(run, args, model, opt, sched, dist_info, device, n_steps):
+    """(data state, step, non-finite streak): from the newest checkpoint that loads with --resume (the logs cut
+    back to it; a damaged newer one is named and set aside), else a fresh run. --resume before any checkpoint
+    starts over. The trainer state is loaded straight onto this rank's device: rank 0 saved it from its own GPU,
+    and without map_location every rank would load it there."""
+    latest, state = None, None
+    if args.resume:
+        latest, state = checkpoints.load_latest(run.ckpt_dir, model, lora=args.lora_r > 0, map_location=device,
+                                                main=dist_info.main)
+    if latest is None:
+        if dist_info.main:
+            if args.resume:
+                print(f"train.py: no checkpoint in {run.ckpt_dir} yet: the run starts over", file=sys.stderr)
+            run.create(vars(args))
+        return DataState(), 0, 0
+    check_length(latest, state["step"], n_steps)
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    checkpoints.set_rng_state(state["rng"])
+    if dist_info.main:
+        run.truncate_logs(state["step"])
+        record_resume(run, latest, state["step"], n_steps, vars(args))    # config.json's history, one line
+    return DataState(**state["data"]), state["step"], state["nonfinite"]
+
+
+def trainer_state(step, data, opt, sched, nonfinite):
+    return {"step": step, "data": vars(data).copy(), "optimizer": opt.state_dict(),
+            "scheduler": sched.state_dict(), "rng": checkpoints.rng_state(), "nonfinite": nonfinite}

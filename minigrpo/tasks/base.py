@@ -1,6 +1,11 @@
-"""What tasks share: Seq, one trained completion of a rollout, and SingleTurnTask, the rollout, details and
-metrics of every single-turn task (minigrpo/tasks/__init__.py lists the members a task has)."""
+"""What tasks share: Seq, one trained completion of a rollout; SingleTurnTask, the rollout, details and metrics of
+every single-turn task (minigrpo/tasks/__init__.py lists the members a task has); and the order train.py draws a
+task's training examples in (DataState, next_examples)."""
 from dataclasses import dataclass, field
+
+import numpy as np
+
+from minigrpo.common import derive_seed
 
 
 @dataclass
@@ -53,3 +58,24 @@ class SingleTurnTask:
                 score = self.score(ex, s.text)
                 seqs.append(Seq.of(s, ex["id"], 0, prompt, score, score, info=self.details(ex, s.text)))
         return seqs
+
+
+@dataclass
+class DataState:
+    """The data order: one seeded permutation of the train split per epoch; the position in it is checkpointed."""
+    epoch: int = 0
+    pos: int = 0
+
+
+def next_examples(train, count, state: DataState, seed) -> list:
+    if not train:
+        raise ValueError("next_examples: the train split is empty")     # the loop below would never end
+    out = []
+    while len(out) < count:
+        order = np.random.default_rng(derive_seed(seed, "epoch", state.epoch)).permutation(len(train))
+        take = order[state.pos: state.pos + count - len(out)]
+        out += [train[i] for i in take]
+        state.pos += len(take)
+        if state.pos >= len(train):
+            state.epoch, state.pos = state.epoch + 1, 0
+    return out
