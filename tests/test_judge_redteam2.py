@@ -1,6 +1,8 @@
 """A second red team against the local judge: answers that score more than the same code without the trick. Each
-test asserts the secure behaviour, so it FAILS while the attack works; each is marked xfail(strict=True) until the
-judge (or the task's test) is fixed, when the strict xfail turns into a failure that says to drop the mark.
+test asserts the secure behaviour, so it FAILS while the attack works; each is marked `works(reason)` (a strict
+xfail on AssertionError) until the judge or the task's test is fixed, when it turns into a failure that says to
+drop the mark. A baseline that does not behave as the test needs (the plain answer must fail) is a real failure
+(pytest.fail), not an expected one.
 
 Groups:
   shared inputs   a test hands the answer a list and later computes what it expects from that same list: the
@@ -43,8 +45,14 @@ def only(task_id, ids):
 
 def grade(judge, task_id, code, ids):
     verdict = judge.grade(only(task_id, ids), fenced(code))
-    assert verdict is not None
+    if verdict is None:
+        pytest.fail("an attack must be graded, not dropped")
     return {r.id: r.passed for r in verdict.results}
+
+
+def works(reason):
+    """The mark of an attack that works today: its assertion of the secure behaviour fails."""
+    return pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason)
 
 
 def criterion_check(task_id, cid):
@@ -79,15 +87,95 @@ async def fetch_all(urls, fetch, limit=10, timeout=None):
 '''
 
 
-@pytest.mark.xfail(strict=True, reason="asyncio-bounded-fetch c1-c3 compute the expected values from `urls` after "
-                                       "handing that list to the answer, which reorders it to its completion order")
+@works("asyncio-bounded-fetch c1-c3 compute the expected values from `urls` after handing that list to the "
+       "answer, which reorders it to its completion order")
 def test_reordering_the_input_does_not_pass_the_input_order_criterion(judge):
     """asyncio-bounded-fetch c1 ("Returns results in input order"), c2 and c3: `urls` crosses as a shared list, so
     the answer's `urls[:] = ...` reaches the driver's copy, and `[value(u) for u in urls]` is then in the answer's
     order. The whole task: 6/10 without the line, 9/10 with it."""
     ids = ["c1", "c2", "c3"]
     plain = grade(judge, "asyncio-bounded-fetch", COMPLETION_ORDER.replace("TRICK", "pass"), ids)
-    assert plain == {"c1": False, "c2": False, "c3": False}, plain       # completion order fails all three
+    if plain != {"c1": False, "c2": False, "c3": False}:                 # completion order fails all three
+        pytest.fail(f"the baseline should fail: {plain}")
     v = grade(judge, "asyncio-bounded-fetch", COMPLETION_ORDER.replace("TRICK", "urls[:] = [u for u, _ in done]"),
               ids)
+    assert v == plain, v
+
+
+# =================================================================================================================
+# Untimed setup: the slow work is done while a snippet beside the answer sets the data up
+# =================================================================================================================
+
+SCAN_DIJKSTRA = '''
+import heapq
+import math
+
+
+def _scan(graph, source):
+    """Dijkstra that scans the whole frontier for its minimum: O(V^2)."""
+    dist, prev, frontier, done = {source: 0.0}, {}, {source: 0.0}, set()
+    while frontier:
+        u = min(frontier, key=frontier.get)
+        d = frontier.pop(u)
+        done.add(u)
+        for v, w in graph.get(u, {}).items():
+            if v not in done and d + w < dist.get(v, math.inf):
+                dist[v], prev[v], frontier[v] = d + w, u, d + w
+    return dist, prev
+
+
+def _path(dist, prev, source, target):
+    if target not in dist:
+        return math.inf, []
+    path = [target]
+    while path[-1] != source:
+        path.append(prev[path[-1]])
+    return dist[target], path[::-1]
+
+
+def shortest_path(graph, source, target):
+    nodes = set(graph) | {v for u in graph for v in graph[u]}
+    if source not in nodes or target not in nodes:
+        raise KeyError(source if source not in nodes else target)
+    if any(w < 0 for u in graph for w in graph[u].values()):
+        raise ValueError("negative weight")
+    heap = [(0.0, source)]                  # (the heap is only for show)
+    heapq.heappush(heap, (0.0, source))
+    heapq.heappop(heap)
+    CACHED
+    dist, prev = _scan(graph, source)
+    return _path(dist, prev, source, target)
+'''
+SOLVE_AT_SETUP = '''
+import builtins as _b
+_real_exec, _cache = _b.exec, {}
+
+
+def _exec(code, scope=None, *args, **kwargs):
+    out = _real_exec(code, scope, *args, **kwargs)
+    box = scope.get("result") if isinstance(scope, dict) else None
+    g = getattr(box, "g", None)
+    if isinstance(g, dict) and 0 in g:     # a graph was just set up beside us, untimed: solve it now
+        _cache[id(g)] = _scan(g, 0)
+    return out
+
+
+_b.exec = _exec
+'''
+
+
+@works("dijkstra c10 starts its CPU clock after the snippet that builds the graph beside the answer: an exec "
+       "hook of the answer solves the graph there, untimed")
+def test_slow_work_done_while_the_data_is_set_up_is_still_timed(judge):
+    """dijkstra c10 builds its 10k-node graph in the answer's process (a Box snippet), then times only
+    `shortest_path(box.g, 0, n)`. The answer's module replaces builtins.exec (the child runs every snippet with
+    it), so after the setup snippet it runs its O(V^2) frontier scan on `result.g` and caches the answer; the timed
+    call returns it at once. The same shape (an untimed Box snippet, then one timed call) is in topological-sort
+    c10 and vectorize-loop-fix c8."""
+    cached = ("if id(graph) in _cache and source == 0:\n"
+              "        return _path(*_cache[id(graph)], source, target)")
+    plain = grade(judge, "dijkstra", SCAN_DIJKSTRA.replace("CACHED", "pass"), ["c10"])
+    if plain != {"c10": False}:                                          # the scan is over the CPU budget
+        pytest.fail(f"the baseline should fail: {plain}")
+    v = grade(judge, "dijkstra", SCAN_DIJKSTRA.replace("CACHED", cached) + SOLVE_AT_SETUP, ["c10"])
     assert v == plain, v
