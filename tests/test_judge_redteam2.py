@@ -179,3 +179,143 @@ def test_slow_work_done_while_the_data_is_set_up_is_still_timed(judge):
         pytest.fail(f"the baseline should fail: {plain}")
     v = grade(judge, "dijkstra", SCAN_DIJKSTRA.replace("CACHED", cached) + SOLVE_AT_SETUP, ["c10"])
     assert v == plain, v
+
+
+# =================================================================================================================
+# Static: an ast criterion that pays code doing what it bans, or not doing what it requires
+# =================================================================================================================
+
+BASE_CONVERSION = '''
+DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def _check_base(base):
+    if type(base) is not int or not 2 <= base <= 36:
+        raise ValueError("base must be an int in 2..36")
+
+
+def to_base(n, base):
+    _check_base(base)
+    if type(n) is not int:
+        raise ValueError("n must be an int")
+    if n == 0:
+        return "0"
+    sign, n, out = "-" if n < 0 else "", abs(n), []
+    while n:
+        n, r = divmod(n, base)
+        out.append(DIGITS[r])
+    return sign + "".join(reversed(out))
+
+
+def from_base(s, base):
+    _check_base(base)
+    if type(s) is not str:
+        raise ValueError("s must be a str")
+    body = s[1:] if s[:1] in "+-" else s
+    if not body or any(c.lower() not in DIGITS[:base] for c in body):
+        raise ValueError(f"not a base-{base} number: {s!r}")
+    return CALL
+'''
+
+
+@works("base-conversion c9 bans the call int(s, base) by its shape (two positional arguments or base=): "
+       "int(*(s, base)) is the same call")
+@pytest.mark.parametrize("call", ["int(*(s, base))", "int(s, **{'base': base})"], ids=["starred", "double_starred"])
+def test_a_banned_call_with_its_arguments_unpacked_is_still_banned(judge, call):
+    """base-conversion c9 ("Does not call int(s, base), format, bin, oct or hex"): from_base validates its digits,
+    then hands the whole conversion to int(s, base) anyway. The whole task: 9/10 written plainly, 10/10 with the
+    arguments unpacked."""
+    plain = grade(judge, "base-conversion", BASE_CONVERSION.replace("CALL", "int(s, base)"), ["c9"])
+    if plain != {"c9": False}:
+        pytest.fail(f"the baseline should fail: {plain}")
+    assert grade(judge, "base-conversion", BASE_CONVERSION.replace("CALL", call), ["c9"]) == plain
+
+
+FLOAT_MONEY = '''
+from decimal import Decimal, ROUND_HALF_UP
+
+CENT = Decimal("0.01")
+
+
+def _money(x):
+    if isinstance(x, float):
+        raise TypeError("float money is inexact")
+    return Decimal(str(x))
+
+
+def invoice_total(prices, tax_rate="0.08"):
+    subtotal = sum((_money(p) for p in prices), Decimal(0))
+    tax = (subtotal * _money(tax_rate)).quantize(CENT, rounding=ROUND_HALF_UP)
+    return (subtotal + tax).quantize(CENT, rounding=ROUND_HALF_UP)
+
+
+def split_bill(total, people):
+    if people < 1:
+        raise ValueError("people")
+    total = _money(total).quantize(CENT, rounding=ROUND_HALF_UP)
+    share = Decimal(repr(round(CONVERT / people, 2)))     # through a float
+    shares = [share] * people
+    shares[0] += total - share * people
+    return shares
+'''
+
+
+@works("float-money-fix c10 bans the name `float` called; total.__float__() or type(0.0)(total) converts the "
+       "money to a float all the same")
+@pytest.mark.parametrize("convert", ["total.__float__()", "(0.0).__class__(total)"], ids=["dunder", "class_of"])
+def test_converting_to_float_by_another_name_is_still_a_float_conversion(convert):
+    """float-money-fix c10 ("Never converts money to float"): split_bill divides through a float."""
+    check = criterion_check("float-money-fix", "c10")
+    if run_check(check, fenced(FLOAT_MONEY.replace("CONVERT", "float(total)")))[0] is not False:
+        pytest.fail("the baseline should fail")
+    assert run_check(check, fenced(FLOAT_MONEY.replace("CONVERT", convert)))[0] is False
+
+
+MD5_DUPLICATES = '''
+import hashlib
+import os
+from pathlib import Path
+
+
+def _digest(path):
+    try:
+        h = hashlib.md5()
+    except ValueError:              # FIPS builds refuse md5
+        h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 16), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def find_duplicates(root):
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(root)
+    by_size = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            by_size.setdefault(p.stat().st_size, []).append(p)
+    groups = {}
+    for same in by_size.values():
+        if len(same) > 1:
+            for p in same:
+                groups.setdefault(_digest(p), []).append(p)
+    return sorted((sorted(g) for g in groups.values() if len(g) > 1), key=lambda g: g[0])
+'''
+MD5_ONLY = MD5_DUPLICATES.replace('''    try:
+        h = hashlib.md5()
+    except ValueError:              # FIPS builds refuse md5
+        h = hashlib.sha256()''', "    h = hashlib.md5()")
+
+
+@works("pathlib-duplicate-files c9 counts a call in an except handler as use: an md5 hasher with a sha256 "
+       "fallback that never runs (md5 does not raise here) passes 'Hashes with SHA-256'")
+def test_a_required_call_only_in_a_fallback_does_not_count():
+    """pathlib-duplicate-files c9 ("Hashes with SHA-256"). astreach rightly keeps an except handler live (it may run);
+    a must-use item found only there is code that does not run on this machine. Likewise a lambda that nothing
+    calls (`_ = lambda: hashlib.sha256()`) counts."""
+    check = criterion_check("pathlib-duplicate-files", "c9")
+    if MD5_ONLY == MD5_DUPLICATES or run_check(check, fenced(MD5_ONLY))[0] is not False:
+        pytest.fail("the baseline should fail")
+    assert run_check(check, fenced(MD5_DUPLICATES))[0] is False
