@@ -5,6 +5,9 @@ drop the mark. A baseline that does not behave as the test needs (the plain answ
 (pytest.fail), not an expected one.
 
 Groups:
+  page cache      the host's page cache holds the pages of the Python installation every sandbox reads: a read
+                  sets a bit, POSIX_FADV_DONTNEED clears it, a RWF_NOWAIT read tells which (no timing needed), and
+                  the bits outlive the sandbox -- what the kernel keys were before their seccomp filter
   shared inputs   a test hands the answer a list and later computes what it expects from that same list: the
                   answer rewrites its argument (reference semantics, as in one process) to fit its own output
   untimed setup   a performance criterion times only its last snippet; a snippet beside the answer that set the
@@ -12,17 +15,25 @@ Groups:
   static          ast criteria that pay code doing what they ban, or not doing what they require
 """
 
+import glob
 import json
 import os
+import random
+import sys
+import sysconfig
 
 import pytest
 
 from minigrpo.judge import make_judge
-from minigrpo.judge.checks import run_check
+from minigrpo.judge.checks import run_check, sandbox_isolation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 with open(os.path.join(ROOT, "minigrpo", "data", "soyuz_tasks.json")) as f:
     TASKS = {t["id"]: t for t in json.load(f)}
+
+
+WEAK = sandbox_isolation()[1]
+needs_full_sandbox = pytest.mark.skipif(bool(WEAK), reason=f"weaker sandbox here: {WEAK}")
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +68,143 @@ def works(reason):
 
 def criterion_check(task_id, cid):
     return next(c["check"] for c in TASKS[task_id]["criteria"] if c["id"] == cid)
+
+
+# =================================================================================================================
+# Page cache: bits that outlive a sandbox, in the pages of the Python installation it shares with every other
+# =================================================================================================================
+
+PAGE_BITS = r'''
+import glob as _glob, os as _os, sysconfig as _sysconfig
+# A file of the bound Python installation that nothing reads: its pages in the (host-wide) page cache are bits that
+# outlive the sandbox. A read sets one, POSIX_FADV_DONTNEED clears it, a RWF_NOWAIT read tells which it is (once:
+# it starts reading the page in). cachestat(2) and mincore(2) would tell without that, but only to a writer.
+_F = (_glob.glob(_os.path.join(_sysconfig.get_paths()["stdlib"], "config-*", "libpython*.a")) or [""])[0]
+_BASE, _STEP = BASE, 2 << 20            # a slot holds any folio a one-page read makes (at most 2 MB)
+
+
+def _fd():
+    fd = _os.open(_F, _os.O_RDONLY)
+    _os.posix_fadvise(fd, 0, 0, _os.POSIX_FADV_RANDOM)
+    return fd
+
+
+def _put(bits):
+    fd = _fd()
+    for i, b in enumerate(bits):
+        _os.pread(fd, 1, (_BASE + i) * _STEP) if b else \
+            _os.posix_fadvise(fd, (_BASE + i) * _STEP, _STEP, _os.POSIX_FADV_DONTNEED)
+    _os.close(fd)
+
+
+def _bit(fd, i):
+    try:
+        return _os.preadv(fd, [bytearray(1)], (_BASE + i) * _STEP, _os.RWF_NOWAIT) and 1
+    except BlockingIOError:
+        return 0
+
+
+def _get(n, start=0):
+    fd = _fd()
+    out = [_bit(fd, start + i) for i in reversed(range(n))][::-1]     # the last first: a probe reads ahead
+    _os.close(fd)
+    return out
+'''
+LIBPYTHON = glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "config-*", "libpython*.a"))
+needs_page_bits = pytest.mark.skipif(not LIBPYTHON or not hasattr(os, "RWF_NOWAIT"),
+                                     reason="no libpython*.a in this installation, or no preadv2 RWF_NOWAIT")
+
+
+def page_bits(n):
+    """The bit store's code at a fresh place in the file, and that place cleared (the test's own set-up)."""
+    code = PAGE_BITS.replace("BASE", str(random.randrange(0, 21 - n)))
+    scope = {}
+    exec(code, scope)
+    scope["_put"]([0] * n)
+    return code
+
+
+@needs_full_sandbox
+@needs_page_bits
+@works("the page cache of the bound Python installation is shared by every sandbox and outlives each: bits set "
+       "by one are read by the next")
+def test_a_page_cache_bit_left_by_one_sandbox_is_invisible_to_the_next():
+    """The root cause of the test below, as test_judge_redteam.py's kernel keys were: a sandbox writes 16 bits,
+    ends; a later sandbox (another pool uid) reads them back."""
+    from minigrpo.judge.sandbox import Limits, run
+    code, bits = page_bits(16), [random.getrandbits(1) for _ in range(16)]
+    rc, out, *_ = run([sys.executable, "-c", code + f"_put({bits})\nprint('written')"], {}, Limits(timeout=30))
+    if rc != 0 or b"written" not in out:
+        pytest.fail(f"the writer did not run: {out!r}")
+    rc, out, *_ = run([sys.executable, "-c", code + "print(_get(16))"], {}, Limits(timeout=30))
+    assert out.decode().strip() != str(bits), "16 bits written by one sandbox were read by the next"
+
+
+SLUG_SUITE = '''
+import hashlib
+
+import pytest
+from slugify_impl import slugify
+
+PROBES = ["Crème Brûlée", "Hello,   World!", "--a--b--", "x" * 60, "the quick brown fox jumps over the lazy dog",
+          "ABC def", "a_b", "!!!", ""]
+
+
+def _behaviour():
+    out = []
+    for p in PROBES:
+        for n in (50, 12):
+            try:
+                out.append(slugify(p, n))
+            except Exception as e:
+                out.append(type(e).__name__)
+    return out
+
+
+def _same_as_first():
+    return True
+
+
+@pytest.mark.parametrize("i", range(6))
+def test_impl(i):
+    assert _same_as_first()
+'''
+FIRST_SEEN = '''
+_seen = []
+
+
+def _same_as_first():
+    # criterion 1 runs this suite against the correct implementation before any mutant: the first sandbox to find
+    # the flag (slot 16) clear -- reading it sets it -- leaves a hash of what it saw in slots 0-15; a later one
+    # compares its own with that
+    if not _seen:
+        digest = hashlib.sha256(repr(_behaviour()).encode()).digest()
+        mine = [(digest[i // 8] >> (i % 8)) & 1 for i in range(16)]
+        if _get(1, 16) == [0]:
+            _put(mine)
+            _seen.append(True)
+        else:
+            _seen.append(_get(16) == mine)
+    return _seen[0]
+'''
+
+
+@needs_full_sandbox
+@needs_page_bits
+@works("pytest-slugify-tests: criterion 1 runs the suite against the correct implementation first; it leaves a "
+       "hash of what it saw in the page cache, and every mutant's sandbox compares with it")
+def test_the_page_cache_does_not_carry_state_between_criteria(judge):
+    """A suite that checks nothing of the specification catches the mutants (c2-c7; c2 here): its one test
+    compares a hash of slugify's outputs on a few probes with the hash criterion 1's sandbox left. The whole
+    c1-c7 on a fresh stash: 1/7 plainly, 7/7 with it (19 s each; a read clears nothing, so the later mutants
+    compare with bits the earlier reads set, and differ all the more)."""
+    ids = ["c1", "c2"]
+    plain = grade(judge, "pytest-slugify-tests", SLUG_SUITE.replace(
+        "def _same_as_first():\n    return True\n", "def _same_as_first():\n    _behaviour()\n    return True\n"), ids)
+    if plain != {"c1": True, "c2": False}:
+        pytest.fail(f"the baseline should pass c1 and catch nothing: {plain}")
+    attack = SLUG_SUITE.replace("def _same_as_first():\n    return True\n", page_bits(17) + FIRST_SEEN)
+    assert grade(judge, "pytest-slugify-tests", attack, ids) == plain
 
 
 # =================================================================================================================
@@ -198,10 +346,8 @@ def to_base(n, base):
     _check_base(base)
     if type(n) is not int:
         raise ValueError("n must be an int")
-    if n == 0:
-        return "0"
     sign, n, out = "-" if n < 0 else "", abs(n), []
-    while n:
+    while n or not out:
         n, r = divmod(n, base)
         out.append(DIGITS[r])
     return sign + "".join(reversed(out))
@@ -237,22 +383,13 @@ from decimal import Decimal, ROUND_HALF_UP
 CENT = Decimal("0.01")
 
 
-def _money(x):
-    if isinstance(x, float):
-        raise TypeError("float money is inexact")
-    return Decimal(str(x))
-
-
 def invoice_total(prices, tax_rate="0.08"):
-    subtotal = sum((_money(p) for p in prices), Decimal(0))
-    tax = (subtotal * _money(tax_rate)).quantize(CENT, rounding=ROUND_HALF_UP)
-    return (subtotal + tax).quantize(CENT, rounding=ROUND_HALF_UP)
+    subtotal = sum((Decimal(str(p)) for p in prices), Decimal(0))
+    return (subtotal * (1 + Decimal(str(tax_rate)))).quantize(CENT, rounding=ROUND_HALF_UP)
 
 
 def split_bill(total, people):
-    if people < 1:
-        raise ValueError("people")
-    total = _money(total).quantize(CENT, rounding=ROUND_HALF_UP)
+    total = Decimal(str(total)).quantize(CENT, rounding=ROUND_HALF_UP)
     share = Decimal(repr(round(CONVERT / people, 2)))     # through a float
     shares = [share] * people
     shares[0] += total - share * people
@@ -273,7 +410,6 @@ def test_converting_to_float_by_another_name_is_still_a_float_conversion(convert
 
 MD5_DUPLICATES = '''
 import hashlib
-import os
 from pathlib import Path
 
 
@@ -289,19 +425,13 @@ def _digest(path):
 
 
 def find_duplicates(root):
-    root = Path(root)
-    if not root.is_dir():
-        raise FileNotFoundError(root)
-    by_size = {}
-    for p in sorted(root.rglob("*")):
+    by_size, groups = {}, {}
+    for p in sorted(Path(root).rglob("*")):
         if p.is_file() and not p.is_symlink():
             by_size.setdefault(p.stat().st_size, []).append(p)
-    groups = {}
-    for same in by_size.values():
-        if len(same) > 1:
-            for p in same:
-                groups.setdefault(_digest(p), []).append(p)
-    return sorted((sorted(g) for g in groups.values() if len(g) > 1), key=lambda g: g[0])
+    for p in (p for same in by_size.values() if len(same) > 1 for p in same):
+        groups.setdefault(_digest(p), []).append(p)
+    return sorted((g for g in groups.values() if len(g) > 1), key=lambda g: g[0])
 '''
 MD5_ONLY = MD5_DUPLICATES.replace('''    try:
         h = hashlib.md5()
