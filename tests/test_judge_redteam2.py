@@ -141,8 +141,6 @@ def test_a_page_cache_bit_left_by_one_sandbox_is_invisible_to_the_next():
 
 
 SLUG_SUITE = '''
-import hashlib
-
 import pytest
 from slugify_impl import slugify
 
@@ -174,36 +172,30 @@ _seen = []
 
 
 def _same_as_first():
-    # criterion 1 runs this suite against the correct implementation before any mutant: the first sandbox to find
-    # the flag (slot 16) clear -- reading it sets it -- leaves a hash of what it saw in slots 0-15; a later one
-    # compares its own with that
+    # criterion 1 runs this suite against the correct implementation before any mutant's: the first sandbox to
+    # read the flag finds it clear (and reading it sets it)
     if not _seen:
-        digest = hashlib.sha256(repr(_behaviour()).encode()).digest()
-        mine = [(digest[i // 8] >> (i % 8)) & 1 for i in range(16)]
-        if _get(1, 16) == [0]:
-            _put(mine)
-            _seen.append(True)
-        else:
-            _seen.append(_get(16) == mine)
+        _behaviour()
+        _seen.append(_get(1) == [0])
     return _seen[0]
 '''
 
 
 @needs_full_sandbox
 @needs_page_bits
-@works("pytest-slugify-tests: criterion 1 runs the suite against the correct implementation first; it leaves a "
-       "hash of what it saw in the page cache, and every mutant's sandbox compares with it")
+@works("pytest-slugify-tests: criterion 1 runs the suite against the correct implementation first; its sandbox "
+       "is the first to read a page-cache bit, and only there do the suite's tests pass")
 def test_the_page_cache_does_not_carry_state_between_criteria(judge):
-    """A suite that checks nothing of the specification catches the mutants (c2-c7; c2 here): its one test
-    compares a hash of slugify's outputs on a few probes with the hash criterion 1's sandbox left. The whole
-    c1-c7 on a fresh stash: 1/7 plainly, 7/7 with it (19 s each; a read clears nothing, so the later mutants
-    compare with bits the earlier reads set, and differ all the more)."""
+    """A suite that checks nothing of the specification catches the mutants (c2-c7; c2 here): its tests pass
+    only in the first sandbox that reads one page-cache bit, criterion 1's. The whole c1-c7 on a clear bit: 1/7
+    plainly, 7/7 with it (19 s each). A stash of more bits works as well (a hash of what criterion 1 saw, or the
+    kernel-key oracle of test_judge_redteam.py); one bit is enough here."""
     ids = ["c1", "c2"]
     plain = grade(judge, "pytest-slugify-tests", SLUG_SUITE.replace(
         "def _same_as_first():\n    return True\n", "def _same_as_first():\n    _behaviour()\n    return True\n"), ids)
     if plain != {"c1": True, "c2": False}:
         pytest.fail(f"the baseline should pass c1 and catch nothing: {plain}")
-    attack = SLUG_SUITE.replace("def _same_as_first():\n    return True\n", page_bits(17) + FIRST_SEEN)
+    attack = SLUG_SUITE.replace("def _same_as_first():\n    return True\n", page_bits(1) + FIRST_SEEN)
     assert grade(judge, "pytest-slugify-tests", attack, ids) == plain
 
 
