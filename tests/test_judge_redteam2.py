@@ -1,8 +1,7 @@
 """A second red team against the local judge: answers that score more than the same code without the trick. Each
-test asserts the secure behaviour, so it FAILS while the attack works; each is marked `works(reason)` (a strict
-xfail on AssertionError) until the judge or the task's test is fixed, when it turns into a failure that says to
-drop the mark. A baseline that does not behave as the test needs (the plain answer must fail) is a real failure
-(pytest.fail), not an expected one.
+test asserts the secure behaviour, so it FAILS while the attack works; `works(reason)` marks it a strict xfail on
+AssertionError until the judge or the task's test is fixed. A baseline that does not behave as the test needs
+(`baseline`) is a real failure, not an expected one.
 
 Groups:
   page cache      the host's page cache holds the pages of the Python installation every sandbox reads: a read
@@ -13,6 +12,7 @@ Groups:
   untimed setup   a performance criterion times only its last snippet; a snippet beside the answer that set the
                   data up ran untimed, and the answer did its slow work there
   static          ast criteria that pay code doing what they ban, or not doing what they require
+  writing         a word salad under 20 words escapes every structure rule of the natural checks
 """
 
 import glob
@@ -21,6 +21,7 @@ import os
 import random
 import sys
 import sysconfig
+import time
 
 import pytest
 
@@ -59,6 +60,11 @@ def grade(judge, task_id, code, ids):
     if verdict is None:
         pytest.fail("an attack must be graded, not dropped")
     return {r.id: r.passed for r in verdict.results}
+
+
+def baseline(got, want):
+    if got != want:
+        pytest.fail(f"the baseline does not behave as the test needs: {got}, not {want}")
 
 
 def works(reason):
@@ -120,7 +126,9 @@ def page_bits(n):
     code = PAGE_BITS.replace("BASE", str(random.randrange(0, 21 - n)))
     scope = {}
     exec(code, scope)
-    scope["_put"]([0] * n)
+    for _ in range(3):          # once the reads an earlier probe started have landed
+        scope["_put"]([0] * n)
+        time.sleep(0.2)
     return code
 
 
@@ -129,15 +137,19 @@ def page_bits(n):
 @works("the page cache of the bound Python installation is shared by every sandbox and outlives each: bits set "
        "by one are read by the next")
 def test_a_page_cache_bit_left_by_one_sandbox_is_invisible_to_the_next():
-    """The root cause of the test below, as test_judge_redteam.py's kernel keys were: a sandbox writes 16 bits,
-    ends; a later sandbox (another pool uid) reads them back."""
+    """The root cause of the test below, as test_judge_redteam.py's kernel keys were: a sandbox writes 8 bits,
+    ends; a later sandbox (another pool uid) reads them back. A probe's own read can still be landing when the
+    next trial clears its bits (a trial then reads ones), so the channel is taken to work if any of 5 trials does."""
     from minigrpo.judge.sandbox import Limits, run
-    code, bits = page_bits(16), [random.getrandbits(1) for _ in range(16)]
-    rc, out, *_ = run([sys.executable, "-c", code + f"_put({bits})\nprint('written')"], {}, Limits(timeout=30))
-    if rc != 0 or b"written" not in out:
-        pytest.fail(f"the writer did not run: {out!r}")
-    rc, out, *_ = run([sys.executable, "-c", code + "print(_get(16))"], {}, Limits(timeout=30))
-    assert out.decode().strip() != str(bits), "16 bits written by one sandbox were read by the next"
+    received = []
+    for _ in range(5):
+        code, bits = page_bits(8), [random.getrandbits(1) for _ in range(8)]
+        rc, out, *_ = run([sys.executable, "-c", code + f"_put({bits})\nprint('ok')"], {}, Limits(timeout=30))
+        if rc != 0 or b"ok" not in out:
+            pytest.fail(f"the writer did not run: {out!r}")
+        rc, out, *_ = run([sys.executable, "-c", code + "print(_get(8))"], {}, Limits(timeout=30))
+        received.append(out.decode().strip() == str(bits))
+    assert not any(received), f"8 bits written by one sandbox were read by the next ({received})"
 
 
 SLUG_SUITE = '''
@@ -186,15 +198,13 @@ def _same_as_first():
 @works("pytest-slugify-tests: criterion 1 runs the suite against the correct implementation first; its sandbox "
        "is the first to read a page-cache bit, and only there do the suite's tests pass")
 def test_the_page_cache_does_not_carry_state_between_criteria(judge):
-    """A suite that checks nothing of the specification catches the mutants (c2-c7; c2 here): its tests pass
-    only in the first sandbox that reads one page-cache bit, criterion 1's. The whole c1-c7 on a clear bit: 1/7
-    plainly, 7/7 with it (19 s each). A stash of more bits works as well (a hash of what criterion 1 saw, or the
-    kernel-key oracle of test_judge_redteam.py); one bit is enough here."""
+    """A suite that checks nothing of the specification catches the mutants (c2-c7; c2 here): its tests pass only
+    in the first sandbox to read one page-cache bit, criterion 1's. The whole c1-c7 on a clear bit: 1/7 plainly,
+    7/7 with it. More bits carry more (the kernel-key oracle of test_judge_redteam.py); one is enough here."""
     ids = ["c1", "c2"]
     plain = grade(judge, "pytest-slugify-tests", SLUG_SUITE.replace(
         "def _same_as_first():\n    return True\n", "def _same_as_first():\n    _behaviour()\n    return True\n"), ids)
-    if plain != {"c1": True, "c2": False}:
-        pytest.fail(f"the baseline should pass c1 and catch nothing: {plain}")
+    baseline(plain, {"c1": True, "c2": False})                          # passes c1, catches nothing
     attack = SLUG_SUITE.replace("def _same_as_first():\n    return True\n", page_bits(1) + FIRST_SEEN)
     assert grade(judge, "pytest-slugify-tests", attack, ids) == plain
 
@@ -230,15 +240,12 @@ async def fetch_all(urls, fetch, limit=10, timeout=None):
 @works("asyncio-bounded-fetch c1-c3 compute the expected values from `urls` after handing that list to the "
        "answer, which reorders it to its completion order")
 def test_reordering_the_input_does_not_pass_the_input_order_criterion(judge):
-    """asyncio-bounded-fetch c1 ("Returns results in input order"), c2 and c3: `urls` crosses as a shared list, so
-    the answer's `urls[:] = ...` reaches the driver's copy, and `[value(u) for u in urls]` is then in the answer's
-    order. The whole task: 6/10 without the line, 9/10 with it."""
+    """asyncio-bounded-fetch c1 ("Returns results in input order"), c2, c3: `urls` crosses as a shared list, so the
+    answer's `urls[:] = ...` reaches the driver's, and `[value(u) for u in urls]` follows. The task: 6/10 -> 9/10."""
     ids = ["c1", "c2", "c3"]
     plain = grade(judge, "asyncio-bounded-fetch", COMPLETION_ORDER.replace("TRICK", "pass"), ids)
-    if plain != {"c1": False, "c2": False, "c3": False}:                 # completion order fails all three
-        pytest.fail(f"the baseline should fail: {plain}")
-    v = grade(judge, "asyncio-bounded-fetch", COMPLETION_ORDER.replace("TRICK", "urls[:] = [u for u, _ in done]"),
-              ids)
+    baseline(plain, {"c1": False, "c2": False, "c3": False})            # completion order fails all three
+    v = grade(judge, "asyncio-bounded-fetch", COMPLETION_ORDER.replace("TRICK", "urls[:] = [u for u, _ in done]"), ids)
     assert v == plain, v
 
 
@@ -251,8 +258,7 @@ import heapq
 import math
 
 
-def _scan(graph, source):
-    """Dijkstra that scans the whole frontier for its minimum: O(V^2)."""
+def _scan(graph, source):      # Dijkstra that scans the whole frontier for its minimum: O(V^2)
     dist, prev, frontier, done = {source: 0.0}, {}, {source: 0.0}, set()
     while frontier:
         u = min(frontier, key=frontier.get)
@@ -307,16 +313,13 @@ _b.exec = _exec
 @works("dijkstra c10 starts its CPU clock after the snippet that builds the graph beside the answer: an exec "
        "hook of the answer solves the graph there, untimed")
 def test_slow_work_done_while_the_data_is_set_up_is_still_timed(judge):
-    """dijkstra c10 builds its 10k-node graph in the answer's process (a Box snippet), then times only
-    `shortest_path(box.g, 0, n)`. The answer's module replaces builtins.exec (the child runs every snippet with
-    it), so after the setup snippet it runs its O(V^2) frontier scan on `result.g` and caches the answer; the timed
-    call returns it at once. The same shape (an untimed Box snippet, then one timed call) is in topological-sort
-    c10 and vectorize-loop-fix c8."""
+    """dijkstra c10 builds its graph beside the answer (a Box snippet), then times only shortest_path(box.g, 0, n).
+    The answer's builtins.exec (the child runs every snippet with it) runs the O(V^2) scan after the setup snippet
+    and caches the result. Same shape: topological-sort c10, vectorize-loop-fix c8. The task: 9/10 -> 10/10."""
     cached = ("if id(graph) in _cache and source == 0:\n"
               "        return _path(*_cache[id(graph)], source, target)")
     plain = grade(judge, "dijkstra", SCAN_DIJKSTRA.replace("CACHED", "pass"), ["c10"])
-    if plain != {"c10": False}:                                          # the scan is over the CPU budget
-        pytest.fail(f"the baseline should fail: {plain}")
+    baseline(plain, {"c10": False})                                     # the scan is over the CPU budget
     v = grade(judge, "dijkstra", SCAN_DIJKSTRA.replace("CACHED", cached) + SOLVE_AT_SETUP, ["c10"])
     assert v == plain, v
 
@@ -329,15 +332,13 @@ BASE_CONVERSION = '''
 DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
 
 
-def _check_base(base):
-    if type(base) is not int or not 2 <= base <= 36:
-        raise ValueError("base must be an int in 2..36")
+def _check(x, kind, base):
+    if type(x) is not kind or type(base) is not int or not 2 <= base <= 36:
+        raise ValueError("bad input or base outside 2..36")
 
 
 def to_base(n, base):
-    _check_base(base)
-    if type(n) is not int:
-        raise ValueError("n must be an int")
+    _check(n, int, base)
     sign, n, out = "-" if n < 0 else "", abs(n), []
     while n or not out:
         n, r = divmod(n, base)
@@ -346,9 +347,7 @@ def to_base(n, base):
 
 
 def from_base(s, base):
-    _check_base(base)
-    if type(s) is not str:
-        raise ValueError("s must be a str")
+    _check(s, str, base)
     body = s[1:] if s[:1] in "+-" else s
     if not body or any(c.lower() not in DIGITS[:base] for c in body):
         raise ValueError(f"not a base-{base} number: {s!r}")
@@ -361,11 +360,9 @@ def from_base(s, base):
 @pytest.mark.parametrize("call", ["int(*(s, base))", "int(s, **{'base': base})"], ids=["starred", "double_starred"])
 def test_a_banned_call_with_its_arguments_unpacked_is_still_banned(judge, call):
     """base-conversion c9 ("Does not call int(s, base), format, bin, oct or hex"): from_base validates its digits,
-    then hands the whole conversion to int(s, base) anyway. The whole task: 9/10 written plainly, 10/10 with the
-    arguments unpacked."""
+    then hands the conversion to int(s, base) anyway. The whole task: 9/10 plainly, 10/10 unpacked."""
     plain = grade(judge, "base-conversion", BASE_CONVERSION.replace("CALL", "int(s, base)"), ["c9"])
-    if plain != {"c9": False}:
-        pytest.fail(f"the baseline should fail: {plain}")
+    baseline(plain, {"c9": False})
     assert grade(judge, "base-conversion", BASE_CONVERSION.replace("CALL", call), ["c9"]) == plain
 
 
@@ -395,8 +392,7 @@ def split_bill(total, people):
 def test_converting_to_float_by_another_name_is_still_a_float_conversion(convert):
     """float-money-fix c10 ("Never converts money to float"): split_bill divides through a float."""
     check = criterion_check("float-money-fix", "c10")
-    if run_check(check, fenced(FLOAT_MONEY.replace("CONVERT", "float(total)")))[0] is not False:
-        pytest.fail("the baseline should fail")
+    baseline(run_check(check, fenced(FLOAT_MONEY.replace("CONVERT", "float(total)")))[0], False)
     assert run_check(check, fenced(FLOAT_MONEY.replace("CONVERT", convert)))[0] is False
 
 
@@ -438,6 +434,17 @@ def test_a_required_call_only_in_a_fallback_does_not_count():
     a must-use item found only there is code that does not run on this machine. Likewise a lambda that nothing
     calls (`_ = lambda: hashlib.sha256()`) counts."""
     check = criterion_check("pathlib-duplicate-files", "c9")
-    if MD5_ONLY == MD5_DUPLICATES or run_check(check, fenced(MD5_ONLY))[0] is not False:
-        pytest.fail("the baseline should fail")
+    baseline(run_check(check, fenced(MD5_ONLY))[0], False)
     assert run_check(check, fenced(MD5_DUPLICATES))[0] is False
+
+
+# =================================================================================================================
+# Writing: the structure rules start at 20 words, and a short task's word salad stays under them
+# =================================================================================================================
+
+@works("summary-bike-share: a 3-line word salad with the figures pays every machine criterion; the natural checks "
+       "(c11, c12, veto) find nothing, since function-word and sentence rules start at 20 words")
+def test_a_short_word_salad_is_not_paid_as_a_summary(judge):
+    v = judge.grade(TASKS["summary-bike-share"], "- Veldhaven 1,200 38% €4.1 million\n- purple quantum banana\n"
+                                                  "- zebra ocean piano")
+    assert v.score in (None, 0.0), [(r.id, r.passed, r.reason) for r in v.results]
