@@ -315,7 +315,7 @@ _b.exec = _exec
 def test_slow_work_done_while_the_data_is_set_up_is_still_timed(judge):
     """dijkstra c10 builds its graph beside the answer (a Box snippet), then times only shortest_path(box.g, 0, n).
     The answer's builtins.exec (the child runs every snippet with it) runs the O(V^2) scan after the setup snippet
-    and caches the result. Same shape: topological-sort c10, vectorize-loop-fix c8. The task: 9/10 -> 10/10."""
+    and caches it. The task: 9/10 -> 10/10. (topological-sort c10's re-sort per step is over the whole timeout.)"""
     cached = ("if id(graph) in _cache and source == 0:\n"
               "        return _path(*_cache[id(graph)], source, target)")
     plain = grade(judge, "dijkstra", SCAN_DIJKSTRA.replace("CACHED", "pass"), ["c10"])
@@ -445,6 +445,6 @@ def test_a_required_call_only_in_a_fallback_does_not_count():
 @works("summary-bike-share: a 3-line word salad with the figures pays every machine criterion; the natural checks "
        "(c11, c12, veto) find nothing, since function-word and sentence rules start at 20 words")
 def test_a_short_word_salad_is_not_paid_as_a_summary(judge):
-    v = judge.grade(TASKS["summary-bike-share"], "- Veldhaven 1,200 38% €4.1 million\n- purple quantum banana\n"
-                                                  "- zebra ocean piano")
+    salad = "- Veldhaven 1,200 38% €4.1 million\n- purple quantum banana\n- zebra ocean piano"     # 1.0, as a summary
+    v = judge.grade(TASKS["summary-bike-share"], salad)
     assert v.score in (None, 0.0), [(r.id, r.passed, r.reason) for r in v.results]
