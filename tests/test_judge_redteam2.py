@@ -242,9 +242,9 @@ async def fetch_all(urls, fetch, limit=10, timeout=None):
 def test_reordering_the_input_does_not_pass_the_input_order_criterion(judge):
     """asyncio-bounded-fetch c1 ("Returns results in input order"), c2, c3: `urls` crosses as a shared list, so the
     answer's `urls[:] = ...` reaches the driver's, and `[value(u) for u in urls]` follows. The task: 6/10 -> 9/10."""
-    ids = ["c1", "c2", "c3"]
+    ids = ["c1"]            # c2, c3 too, but their urls all take 50 ms: in order by chance at times
     plain = grade(judge, "asyncio-bounded-fetch", COMPLETION_ORDER.replace("TRICK", "pass"), ids)
-    baseline(plain, {"c1": False, "c2": False, "c3": False})            # completion order fails all three
+    baseline(plain, {"c1": False})                                      # the slow urls come back last
     v = grade(judge, "asyncio-bounded-fetch", COMPLETION_ORDER.replace("TRICK", "urls[:] = [u for u, _ in done]"), ids)
     assert v == plain, v
 
