@@ -6,7 +6,7 @@ AssertionError until the judge or the task's test is fixed. A baseline that does
 Groups:
   page cache      the host's page cache holds the pages of the Python installation every sandbox reads: a read
                   sets a bit, POSIX_FADV_DONTNEED clears it, a RWF_NOWAIT read tells which (no timing needed), and
-                  the bits outlive the sandbox -- what the kernel keys were before their seccomp filter
+                  the bits outlive the sandbox -- held now: the launcher's seccomp filter refuses those calls
   shared inputs   a test hands the answer a list and later computes what it expects from that same list: the
                   answer rewrites its argument (reference semantics, as in one process) to fit its own output
   untimed setup   a performance criterion times only its last snippet; a snippet beside the answer that set the
@@ -132,24 +132,39 @@ def page_bits(n):
     return code
 
 
+PROBES = r'''
+import ctypes, errno, mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+libc = ctypes.CDLL(None, use_errno=True)
+m = mmap.mmap(fd, 4096, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)   # copy on write
+here = ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(m)))
+calls = {"fadvise": lambda: os.posix_fadvise(fd, 0, 4096, os.POSIX_FADV_DONTNEED),
+         "preadv2": lambda: os.preadv(fd, [bytearray(1)], 0, os.RWF_NOWAIT),
+         "readahead": lambda: libc.readahead(fd, ctypes.c_long(0), ctypes.c_size_t(4096)),
+         "mincore": lambda: libc.mincore(here, ctypes.c_size_t(4096), ctypes.create_string_buffer(1))}
+for name, call in calls.items():
+    ctypes.set_errno(0)
+    try:
+        r = call()
+        print(name, "refused" if r == -1 and ctypes.get_errno() == errno.EPERM else f"ran:{r}")
+    except PermissionError:
+        print(name, "refused")
+    except OSError as e:
+        print(name, f"ran:{e.errno}")
+'''
+
+
 @needs_full_sandbox
 @needs_page_bits
-@works("the page cache of the bound Python installation is shared by every sandbox and outlives each: bits set "
-       "by one are read by the next")
-def test_a_page_cache_bit_left_by_one_sandbox_is_invisible_to_the_next():
-    """The root cause of the test below, as test_judge_redteam.py's kernel keys were: a sandbox writes 8 bits,
-    ends; a later sandbox (another pool uid) reads them back. A probe's own read can still be landing when the
-    next trial clears its bits (a trial then reads ones), so the channel is taken to work if any of 5 trials does."""
+def test_the_page_cache_probes_are_refused_in_a_sandbox():
+    """The root cause red-teamed here: the page cache of the bound Python installation is shared by every sandbox
+    and outlives each; a read sets a bit, POSIX_FADV_DONTNEED clears it, a RWF_NOWAIT read (or mincore, readahead,
+    cachestat, io_uring) tells which. The launcher's seccomp filter refuses each of these calls (EPERM), so no
+    sandbox can clear or read a page's state exactly; timing a read stays possible (docs/judge.md)."""
     from minigrpo.judge.sandbox import Limits, run
-    received = []
-    for _ in range(5):
-        code, bits = page_bits(8), [random.getrandbits(1) for _ in range(8)]
-        rc, out, *_ = run([sys.executable, "-c", code + f"_put({bits})\nprint('ok')"], {}, Limits(timeout=30))
-        if rc != 0 or b"ok" not in out:
-            pytest.fail(f"the writer did not run: {out!r}")
-        rc, out, *_ = run([sys.executable, "-c", code + "print(_get(8))"], {}, Limits(timeout=30))
-        received.append(out.decode().strip() == str(bits))
-    assert not any(received), f"8 bits written by one sandbox were read by the next ({received})"
+    rc, out, *_ = run([sys.executable, "-c", PROBES, LIBPYTHON[0]], {}, Limits(timeout=30))
+    lines = out.decode().split("\n")
+    assert rc == 0 and [ln.split()[-1] for ln in lines if ln] == ["refused"] * 4, out
 
 
 SLUG_SUITE = '''
@@ -195,8 +210,6 @@ def _same_as_first():
 
 @needs_full_sandbox
 @needs_page_bits
-@works("pytest-slugify-tests: criterion 1 runs the suite against the correct implementation first; its sandbox "
-       "is the first to read a page-cache bit, and only there do the suite's tests pass")
 def test_the_page_cache_does_not_carry_state_between_criteria(judge):
     """A suite that checks nothing of the specification catches the mutants (c2-c7; c2 here): its tests pass only
     in the first sandbox to read one page-cache bit, criterion 1's. The whole c1-c7 on a clear bit: 1/7 plainly,
@@ -206,7 +219,7 @@ def test_the_page_cache_does_not_carry_state_between_criteria(judge):
         "def _same_as_first():\n    return True\n", "def _same_as_first():\n    _behaviour()\n    return True\n"), ids)
     baseline(plain, {"c1": True, "c2": False})                          # passes c1, catches nothing
     attack = SLUG_SUITE.replace("def _same_as_first():\n    return True\n", page_bits(1) + FIRST_SEEN)
-    assert grade(judge, "pytest-slugify-tests", attack, ids) == plain
+    assert grade(judge, "pytest-slugify-tests", attack, ids)["c2"] is False      # no mutant caught by the bit
 
 
 # =================================================================================================================

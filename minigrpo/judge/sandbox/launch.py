@@ -56,9 +56,15 @@ def launcher_argv(limits, uid, mode, has_cgroup, python_source=None):
     return [sys.executable, "-I", "-S", "-c", _LAUNCHER, conf]
 
 
-# (name, AUDIT_ARCH_*, (add_key, request_key, keyctl)) of the architectures whose key system calls the launcher
-# refuses; elsewhere there is no filter, and the sandbox names that gap (sandbox_launch.best_mode).
-SECCOMP_ARCH = {"x86_64": ("x86_64", 0xC000003E, (248, 249, 250)), "aarch64": ("aarch64", 0xC00000B7, (217, 218, 219))}
+# (name, AUDIT_ARCH_*, keyctl, the system calls refused) of the architectures the launcher filters; elsewhere there
+# is no filter, and the sandbox names that gap (best_mode). Refused: the key calls (add_key, request_key, keyctl),
+# and the calls that read or clear the host's page cache state exactly (mincore, readahead, fadvise64, preadv2 /
+# pwritev2 with RWF_NOWAIT, io_uring, cachestat): every sandbox reads the same files of the Python installation, so
+# their cached pages are bits one sandbox could set and a later one read. docs/judge.md: what is left (timing).
+SECCOMP_ARCH = {
+    "x86_64": ("x86_64", 0xC000003E, 250, (248, 249, 250, 27, 187, 221, 327, 328, 425, 426, 427, 451)),
+    "aarch64": ("aarch64", 0xC00000B7, 219, (217, 218, 219, 232, 213, 223, 286, 287, 425, 426, 427, 451)),
+}
 
 # Runs first inside the sandbox: lower the limits, drop to the sandbox uid, no-new-privs; then (_LAUNCHER) exec
 # the payload, or (_DROP + a program) go on as that program.
@@ -83,13 +89,14 @@ def _drop(c):
         libc.prctl(38, 1, 0, 0, 0)                                  # PR_SET_NO_NEW_PRIVS
         # Kernel keyrings are per uid, not per namespace: a key one sandbox leaves is seen by the next (state
         # across samples), and an inherited session keyring is the judge's. Leave it for a fresh one, then refuse
-        # the key system calls (add_key, request_key, keyctl) with a seccomp filter; any other ABI is refused too.
+        # the key system calls and the page-cache probes (SECCOMP_ARCH) with a seccomp filter; any other ABI too.
         arch = c.get("seccomp")
         if arch is not None:
-            libc.syscall(arch[2][2], 1, None)                       # keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL)
-            deny, allow, a, n = 0x00050001, 0x7FFF0000, arch[1], arch[2]
-            prog = [(0x20, 0, 0, 4), (0x15, 0, 6, a), (0x20, 0, 0, 0), (0x35, 4, 0, 0x40000000),
-                    (0x15, 3, 0, n[0]), (0x15, 2, 0, n[1]), (0x15, 1, 0, n[2]), (0x06, 0, 0, allow), (0x06, 0, 0, deny)]
+            libc.syscall(arch[2], 1, None)                          # keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL)
+            deny, allow, a, n = 0x00050001, 0x7FFF0000, arch[1], arch[3]
+            k = len(n)         # arch wrong -> deny; x32 -> deny; each refused number -> deny; else allow
+            prog = [(0x20, 0, 0, 4), (0x15, 0, k + 3, a), (0x20, 0, 0, 0), (0x35, k + 1, 0, 0x40000000)]
+            prog += [(0x15, k - j, 0, nr) for j, nr in enumerate(n)] + [(0x06, 0, 0, allow), (0x06, 0, 0, deny)]
             class Filter(ctypes.Structure):
                 _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
                             ("k", ctypes.c_uint)]
