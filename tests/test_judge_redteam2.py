@@ -250,8 +250,6 @@ async def fetch_all(urls, fetch, limit=10, timeout=None):
 '''
 
 
-@works("asyncio-bounded-fetch c1-c3 compute the expected values from `urls` after handing that list to the "
-       "answer, which reorders it to its completion order")
 def test_reordering_the_input_does_not_pass_the_input_order_criterion(judge):
     """asyncio-bounded-fetch c1 ("Returns results in input order"), c2, c3: `urls` crosses as a shared list, so the
     answer's `urls[:] = ...` reaches the driver's, and `[value(u) for u in urls]` follows. The task: 6/10 -> 9/10."""
@@ -323,8 +321,6 @@ _b.exec = _exec
 '''
 
 
-@works("dijkstra c10 starts its CPU clock after the snippet that builds the graph beside the answer: an exec "
-       "hook of the answer solves the graph there, untimed")
 def test_slow_work_done_while_the_data_is_set_up_is_still_timed(judge):
     """dijkstra c10 builds its graph beside the answer (a Box snippet), then times only shortest_path(box.g, 0, n).
     The answer's builtins.exec (the child runs every snippet with it) runs the O(V^2) scan after the setup snippet
@@ -368,8 +364,6 @@ def from_base(s, base):
 '''
 
 
-@works("base-conversion c9 bans the call int(s, base) by its shape (two positional arguments or base=): "
-       "int(*(s, base)) is the same call")
 @pytest.mark.parametrize("call", ["int(*(s, base))", "int(s, **{'base': base})"], ids=["starred", "double_starred"])
 def test_a_banned_call_with_its_arguments_unpacked_is_still_banned(judge, call):
     """base-conversion c9 ("Does not call int(s, base), format, bin, oct or hex"): from_base validates its digits,
@@ -399,8 +393,6 @@ def split_bill(total, people):
 '''
 
 
-@works("float-money-fix c10 bans the name `float` called; total.__float__() or type(0.0)(total) converts the "
-       "money to a float all the same")
 @pytest.mark.parametrize("convert", ["total.__float__()", "(0.0).__class__(total)"], ids=["dunder", "class_of"])
 def test_converting_to_float_by_another_name_is_still_a_float_conversion(convert):
     """float-money-fix c10 ("Never converts money to float"): split_bill divides through a float."""
@@ -440,8 +432,6 @@ MD5_ONLY = MD5_DUPLICATES.replace('''    try:
         h = hashlib.sha256()''', "    h = hashlib.md5()")
 
 
-@works("pathlib-duplicate-files c9 counts a call in an except handler as use: an md5 hasher with a sha256 "
-       "fallback that never runs (md5 does not raise here) passes 'Hashes with SHA-256'")
 def test_a_required_call_only_in_a_fallback_does_not_count():
     """pathlib-duplicate-files c9 ("Hashes with SHA-256"). astreach rightly keeps an except handler live (it may run);
     a must-use item found only there is code that does not run on this machine. Likewise a lambda that nothing
@@ -455,8 +445,16 @@ def test_a_required_call_only_in_a_fallback_does_not_count():
 # Writing: the structure rules start at 20 words, and a short task's word salad stays under them
 # =================================================================================================================
 
+def test_a_task_whose_machine_checks_pay_a_word_salad_is_not_trained_with_the_local_judge():
+    """Why the word salad below may keep its grade: a run with the local judge leaves the task out (its mark)."""
+    from minigrpo.tasks.soyuz import tasks_for_judge
+    kept, notes = tasks_for_judge(list(TASKS.values()), "local")
+    assert "summary-bike-share" not in {t["id"] for t in kept} and any("summary-bike-share" in n for n in notes)
+
+
 @works("summary-bike-share: a 3-line word salad with the figures pays every machine criterion; the natural checks "
-       "(c11, c12, veto) find nothing, since function-word and sentence rules start at 20 words")
+       "(c11, c12, veto) find nothing, since function-word and sentence rules start at 20 words; the task is left "
+       "out of training with the local judge (the test above), an LLM judge grades it")
 def test_a_short_word_salad_is_not_paid_as_a_summary(judge):
     salad = "- Veldhaven 1,200 38% €4.1 million\n- purple quantum banana\n- zebra ocean piano"     # 1.0, as a summary
     v = judge.grade(TASKS["summary-bike-share"], salad)

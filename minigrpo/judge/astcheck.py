@@ -108,6 +108,8 @@ class _Spec:
     def args_ok(self, args, keywords, ctx):
         if self.args is None:
             return True
+        if any(isinstance(a, ast.Starred) for a in args) or any(k.arg is None for k in keywords):
+            return ctx.widen      # `int(*(s, b))`, `int(s, **kw)`: the arguments are unknown; a ban counts them
         if len(args) < len(self.args):
             return False
         kw = {k.arg: k.value for k in keywords if k.arg}
@@ -160,7 +162,7 @@ class _CodeIndex:
     """What an ast check asks about, collected once from the live nodes of the module (astreach.Module.live)."""
 
     def __init__(self, module, entry, widen):
-        self.module = module
+        self.module, self.widen = module, widen       # widen: for a ban, what could be there counts as there
         nodes, reached = module.live(entry, widen)
         by_type = {}
         for n in nodes:                   # one pass: the lists below are read per item of every check
