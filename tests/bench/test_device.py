@@ -13,7 +13,8 @@ from unittest import mock
 
 import pytest
 
-from repo_root import ROOT  # noqa: E402
+from repo_root import ROOT
+
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import device_decode  # noqa: E402
 import device_report  # noqa: E402

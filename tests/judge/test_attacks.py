@@ -16,7 +16,8 @@ import pytest
 from minigrpo.judge import make_judge
 from minigrpo.judge.checks import run_check, sandbox_isolation
 
-from repo_root import ROOT  # noqa: E402
+from repo_root import ROOT
+
 TASK_FILE = os.path.join(ROOT, "minigrpo", "data", "soyuz_tasks.json")
 with open(TASK_FILE) as f:
     TASKS = {t["id"]: t for t in json.load(f)}

@@ -34,7 +34,8 @@ import pytest
 
 from minigrpo.judge.checks import missing_packages, run_check, sandbox_isolation
 
-from repo_root import ROOT  # noqa: E402
+from repo_root import ROOT
+
 with open(os.path.join(ROOT, "minigrpo", "data", "soyuz_tasks.json")) as f:
     TASKS = {t["id"]: t for t in json.load(f)}
 CGROUP = "cgroup" in sandbox_isolation()[0]      # memory_peak_mb() is None without one

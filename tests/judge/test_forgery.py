@@ -19,7 +19,8 @@ import pytest
 from minigrpo.judge import make_judge
 from minigrpo.judge.checks import run_check
 
-from repo_root import ROOT  # noqa: E402
+from repo_root import ROOT
+
 with open(os.path.join(ROOT, "minigrpo", "data", "soyuz_tasks.json")) as f:
     TASKS = {t["id"]: t for t in json.load(f)}
 

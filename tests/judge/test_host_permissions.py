@@ -13,7 +13,8 @@ import pytest
 
 from minigrpo.judge.checks import sandbox_isolation
 
-from repo_root import ROOT  # noqa: E402
+from repo_root import ROOT
+
 TASKS = ["numpy-pairwise-distances", "click-wordfreq-cli", "pytest-slugify-tests", "semver-compare"]
 
 GRADE = """

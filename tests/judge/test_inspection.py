@@ -15,7 +15,8 @@ import pytest
 
 from minigrpo.judge import make_judge
 
-from repo_root import ROOT  # noqa: E402
+from repo_root import ROOT
+
 with open(os.path.join(ROOT, "minigrpo", "data", "soyuz_tasks.json"), encoding="utf-8") as f:
     TASKS = {t["id"]: t for t in json.load(f)}
 

@@ -9,7 +9,8 @@ import pytest
 
 from minigrpo.judge import make_judge
 
-from repo_root import ROOT  # noqa: E402
+from repo_root import ROOT
+
 with open(os.path.join(ROOT, "minigrpo", "data", "soyuz_tasks.json")) as f:
     TASK = next(t for t in json.load(f) if t["id"] == "pytest-slugify-tests")
 

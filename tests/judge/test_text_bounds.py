@@ -15,7 +15,8 @@ import pytest
 from minigrpo.judge import answer_code, astcheck, checks
 from minigrpo.judge.checks import extract_code, fenced_blocks, run_check, validate_check
 
-from repo_root import ROOT  # noqa: E402
+from repo_root import ROOT
+
 with open(os.path.join(ROOT, "minigrpo", "data", "soyuz_tasks.json"), encoding="utf-8") as f:
     TASKS = json.load(f)
 ANSWERS = os.path.join(ROOT, "tests", "data", "soyuz")

@@ -17,7 +17,8 @@ from minigrpo.judge import make_judge
 from minigrpo.judge.checks import run_check
 from minigrpo.tasks.soyuz import SoyuzTask, critique, local_exclusions, tasks_for_judge
 
-from repo_root import ROOT  # noqa: E402
+from repo_root import ROOT
+
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import writing_table as bench  # noqa: E402
 

@@ -15,7 +15,8 @@ from minigrpo.attention import Recorder, attend, cuda_kernel
 from minigrpo.model import Qwen, QwenConfig
 from minigrpo.pretrained import load_pretrained
 
-from repo_root import ROOT  # noqa: E402
+from repo_root import ROOT
+
 CONFIGS = os.path.join(ROOT, "minigrpo", "data", "configs")
 
 

@@ -19,6 +19,7 @@ pytest.importorskip("huggingface_hub")
 from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 
 from repo_root import ROOT  # noqa: E402
+
 TEMPLATE = os.path.join(ROOT, "tests", "data", "chat_templates", "qwen3.jinja")
 REPO, REV = "tiny-org/tiny-qwen3", "0123456789abcdef0123456789abcdef01234567"
 

@@ -1,13 +1,13 @@
-"""train.micro_batches: micro-batches cut after sorting by length, so that short turn-0 sequences are not padded
-to the revisions they were rolled out next to; every Seq is trained once, in a fixed order."""
+"""update.micro_batches (minigrpo/update.py): micro-batches cut after sorting by length, so that short turn-0
+sequences are not padded to the revisions they were rolled out next to; every Seq is trained once, in a fixed
+order."""
 import os
 import random
 import sys
 from types import SimpleNamespace
 
-from train import micro_batches
-
-from repo_root import ROOT  # noqa: E402
+from minigrpo.update import micro_batches
+from repo_root import ROOT
 
 
 def seq(prompt, completion, turn=0):

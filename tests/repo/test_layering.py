@@ -7,7 +7,8 @@ import os
 import subprocess
 import sys
 
-from repo_root import ROOT  # noqa: E402
+from repo_root import ROOT
+
 LIBRARY = os.path.join(ROOT, "minigrpo")
 RUNTIME = {"torch", "tokenizers", "safetensors", "huggingface_hub", "numpy", "tqdm", "matplotlib", "regex"}   # pyproject
 OPTIONAL = {"pyarrow",   # gsm8k's parquet reader, imported on use with an actionable error when missing

@@ -15,7 +15,8 @@ from minigrpo.model import Qwen, QwenConfig
 from minigrpo.pretrained import load_pretrained
 from minigrpo.run import memplan
 
-from repo_root import ROOT  # noqa: E402
+from repo_root import ROOT
+
 KINDS = ["tiny", "tiny-qwen3.5"]
 
 

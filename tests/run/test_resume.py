@@ -24,7 +24,8 @@ from minigrpo import checkpoints
 from minigrpo.pretrained import load_pretrained
 from minigrpo.run.folder import MARKER, RunFolder
 
-from repo_root import ROOT  # noqa: E402
+from repo_root import ROOT
+
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 SMALL = ["--task", "synthetic", "--model", "tiny", "--tasks-per-step", "4", "--group-size", "4",
          "--micro-batch", "8", "--quiet", "--seed", "1"]

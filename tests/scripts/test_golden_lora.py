@@ -20,7 +20,8 @@ from safetensors.torch import load_file
 
 from minigrpo.run.folder import is_timing
 
-from repo_root import ROOT  # noqa: E402
+from repo_root import ROOT
+
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 ARGS = ["--task", "synthetic", "--model", "tiny", "--tasks-per-step", "8", "--group-size", "4", "--micro-batch", "12",
         "--lora-r", "4", "--lora-alpha", "8", "--beta", "0.04", "--kl", "k3", "--mu", "2", "--lr", "5e-2",

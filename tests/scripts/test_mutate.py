@@ -5,7 +5,8 @@ import glob
 import os
 import sys
 
-from repo_root import ROOT  # noqa: E402
+from repo_root import ROOT
+
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import mutate  # noqa: E402
 

@@ -8,7 +8,8 @@ import pytest
 
 from minigrpo.run.presets import PRESETS
 
-from repo_root import ROOT  # noqa: E402
+from repo_root import ROOT
+
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 try:
     import synthetic as quickstart

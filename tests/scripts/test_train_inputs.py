@@ -18,7 +18,8 @@ from minigrpo import common
 from minigrpo.model import Qwen
 from minigrpo.pretrained import load_pretrained
 
-from repo_root import ROOT  # noqa: E402
+from repo_root import ROOT
+
 SYN = ["--task", "synthetic", "--model", "tiny", "--quiet", "--steps", "1"]
 
 

@@ -15,7 +15,8 @@ from minigrpo.model import Qwen
 from minigrpo.pretrained import load_pretrained
 from minigrpo.tasks.base import Seq
 
-from repo_root import ROOT  # noqa: E402
+from repo_root import ROOT
+
 VOCAB = 261
 
 

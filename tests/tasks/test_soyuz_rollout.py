@@ -16,7 +16,8 @@ from minigrpo.sampler import Sample
 from minigrpo.tasks.soyuz import SoyuzTask, critique, recovery_metrics
 from minigrpo.tokenizer import Tokenizer
 
-from repo_root import ROOT  # noqa: E402
+from repo_root import ROOT
+
 TASKS = [{"id": f"t{k}", "family": "writing", "prompt": f"Write poem {k}.",
           "criteria": [{"id": "c1", "text": "Mentions the sea", "check": None},
                        {"id": "c2", "text": "Has exactly four lines", "check": None}]} for k in range(3)]

@@ -15,7 +15,8 @@ import pytest
 
 from minigrpo.judge import make_judge, run_check, validate_task
 
-from repo_root import ROOT  # noqa: E402
+from repo_root import ROOT
+
 TASKS_PATH = os.path.join(ROOT, "minigrpo", "data", "soyuz_tasks.json")
 ANSWERS = os.path.join(ROOT, "tests", "data", "soyuz")
 FAMILIES = {"algorithms": 12, "library": 10, "fix": 10, "writing": 12}   # the seed's four families
