@@ -1,8 +1,7 @@
-"""Helpers the sandbox tests share (tests/test_sandbox.py, tests/test_sandbox_limits.py): the isolation level,
-skips that name the machine's weaknesses, and a Python payload run through minigrpo.judge.sandbox.run."""
+"""Helpers the sandbox tests share (tests/judge/sandbox/): the isolation level, skips that name the machine's
+weaknesses, and a Python payload run through minigrpo.judge.sandbox.run."""
 
 import json
-import os
 import sys
 import textwrap
 
@@ -12,7 +11,6 @@ from minigrpo.judge import sandbox
 from minigrpo.judge.sandbox import Limits, run
 
 PY = [sys.executable, "-I", "-c"]
-from repo_root import ROOT  # noqa: E402
 
 
 def level():

@@ -19,7 +19,8 @@ from minigrpo.judge import sandbox
 from minigrpo.judge.sandbox import launch as sandbox_launch, mounts as sandbox_mounts
 from minigrpo.judge.sandbox import Limits, Sandbox, run
 
-from sandbox_probe import PY, ROOT, level, need_bwrap, probe_json, py
+from repo_root import ROOT
+from sandbox_probe import PY, level, need_bwrap, probe_json, py
 
 
 # ---------------------------------------------------------------------------------------------------------------
