@@ -4,7 +4,6 @@ Each attack must score no more than an honest wrong answer to the same task (the
 and no verdict reason may quote a line of the hidden tests. Attacks that need the mount/pid/net namespaces to be
 contained skip where the sandbox says it is weaker (they would pass vacuously otherwise)."""
 
-import json
 import os
 import socket
 import tempfile
@@ -13,16 +12,11 @@ import time
 
 import pytest
 
-from minigrpo.judge import make_judge
-from minigrpo.judge.checks import run_check, sandbox_isolation
-
+from judging import TASKS, fenced, needs_full_sandbox
+from minigrpo.judge.checks import run_check
 from repo_root import ROOT
 
 TASK_FILE = os.path.join(ROOT, "minigrpo", "data", "soyuz_tasks.json")
-with open(TASK_FILE) as f:
-    TASKS = {t["id"]: t for t in json.load(f)}
-WEAK = sandbox_isolation()[1]
-needs_namespaces = pytest.mark.skipif(bool(WEAK), reason=f"weaker sandbox here: {WEAK}")
 
 CORRECT_MERGE = """
 def merge_intervals(intervals):
@@ -36,17 +30,6 @@ def merge_intervals(intervals):
             out.append((s, e))
     return out
 """
-
-
-@pytest.fixture(scope="module")
-def judge():
-    j = make_judge("local", workers=2)
-    yield j
-    j.close()
-
-
-def fenced(code):
-    return f"```python\n{code}\n```"
 
 
 def hidden_lines(task):
@@ -171,13 +154,13 @@ def _found_then_correct(path_expr):
         "    return out", "    return out if FOUND else []"))
 
 
-@needs_namespaces
+@needs_full_sandbox
 def test_the_task_file_and_project_are_invisible(judge):
     assert_no_gain(judge, "interval-merge", _found_then_correct(repr(TASK_FILE)))
     assert_no_gain(judge, "interval-merge", _found_then_correct(repr(os.path.join(ROOT, "train.py"))))
 
 
-@needs_namespaces
+@needs_full_sandbox
 def test_a_run_folder_is_invisible(judge, tmp_path):
     run = tmp_path / "runs" / "soyuz"
     run.mkdir(parents=True)
@@ -199,7 +182,7 @@ def merge_intervals(iv):
     assert_no_gain(judge, "interval-merge", fenced(attack))
 
 
-@needs_namespaces
+@needs_full_sandbox
 @pytest.mark.parametrize("folder", ["/tmp", "/dev/shm", "/var/tmp"])
 def test_stash_across_two_samples_does_not_carry(judge, folder):
     stash = os.path.join(folder, "minigrpo-stash-attack")
@@ -209,7 +192,7 @@ def test_stash_across_two_samples_does_not_carry(judge, folder):
     assert not os.path.exists(stash)
 
 
-@needs_namespaces
+@needs_full_sandbox
 def test_a_unix_socket_in_the_host_tmp_is_unreachable(judge):
     path = tempfile.mktemp(prefix="minigrpo-sock-", dir="/tmp")
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -274,7 +257,7 @@ THREADED_MERGE = CORRECT_MERGE.replace("def merge_intervals(intervals):", """def
         assert sum(pool.map(abs, range(64))) >= 0""")
 
 
-@needs_namespaces
+@needs_full_sandbox
 @pytest.mark.parametrize("bomb", [
     "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
     "import os\nfor _ in range(3):\n    if os.fork() == 0:\n        x = bytearray(700 << 20)\n        import time\n"

@@ -26,28 +26,14 @@ Memory (MB the call adds to the sandbox's peak):
   file-handle c7 (24 MB log)  ~0           readlines(): 165, read(): 186       24 beyond the log
 """
 
-import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from judging import TASKS, fenced, reference
 from minigrpo.judge.checks import missing_packages, run_check, sandbox_isolation
 
-from repo_root import ROOT
-
-with open(os.path.join(ROOT, "minigrpo", "data", "soyuz_tasks.json")) as f:
-    TASKS = {t["id"]: t for t in json.load(f)}
 CGROUP = "cgroup" in sandbox_isolation()[0]      # memory_peak_mb() is None without one
-
-
-def fenced(code):
-    return f"```python\n{code}\n```"
-
-
-def reference(task_id):
-    with open(os.path.join(ROOT, "tests", "data", "soyuz", f"{task_id}.good.md"), encoding="utf-8") as f:
-        return f.read()
 
 
 def criterion_check(task_id, cid):

@@ -11,27 +11,11 @@ import time
 
 import pytest
 
+from judging import TASKS, fenced, needs_full_sandbox
 from minigrpo.judge import make_judge
-from minigrpo.judge.checks import sandbox_isolation
-
 from repo_root import ROOT
 
-with open(os.path.join(ROOT, "minigrpo", "data", "soyuz_tasks.json")) as f:
-    TASKS = {t["id"]: t for t in json.load(f)}
-WEAK = sandbox_isolation()[1]
-needs_full_sandbox = pytest.mark.skipif(bool(WEAK), reason=f"weaker sandbox here: {WEAK}")
 MARK = "/tmp/minigrpo-boundary-mark"
-
-
-@pytest.fixture(scope="module")
-def judge():
-    j = make_judge("local", workers=2)
-    yield j
-    j.close()
-
-
-def fenced(code):
-    return f"```python\n{code}\n```"
 
 
 def score(judge, task_id, code):

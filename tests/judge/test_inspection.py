@@ -7,30 +7,11 @@ pandas report that hides a row-wise apply behind getattr and keeps pivot_table i
 grouping and no-apply criteria, though every behavioural criterion passes."""
 
 import importlib.util
-import json
-import os
 import re
 
 import pytest
 
-from minigrpo.judge import make_judge
-
-from repo_root import ROOT
-
-with open(os.path.join(ROOT, "minigrpo", "data", "soyuz_tasks.json"), encoding="utf-8") as f:
-    TASKS = {t["id"]: t for t in json.load(f)}
-
-
-def reference(task_id):
-    with open(os.path.join(ROOT, "tests", "data", "soyuz", f"{task_id}.good.md"), encoding="utf-8") as f:
-        return f.read()
-
-
-@pytest.fixture(scope="module")
-def judge():
-    j = make_judge("local", workers=2)
-    yield j
-    j.close()
+from judging import TASKS, reference
 
 
 def results(verdict):

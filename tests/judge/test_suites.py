@@ -5,9 +5,7 @@ it; and a mutant counts as caught only when the same suite passes on the correct
 import json
 import os
 
-import pytest
 
-from minigrpo.judge import make_judge
 
 from repo_root import ROOT
 
@@ -57,13 +55,6 @@ ALWAYS_FAILS = SHAPE + '''
 def test_fails():
     assert slugify("a") == "never"
 '''
-
-
-@pytest.fixture(scope="module")
-def judge():
-    j = make_judge("local", workers=1)
-    yield j
-    j.close()
 
 
 def grade(judge, code):
