@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -25,8 +24,8 @@ from minigrpo.pretrained import load_pretrained
 from minigrpo.run.folder import MARKER, RunFolder
 
 from repo_root import ROOT
+from train_runs import ENV, metrics, wait_for_checkpoint
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 SMALL = ["--task", "synthetic", "--model", "tiny", "--tasks-per-step", "4", "--group-size", "4",
          "--micro-batch", "8", "--quiet", "--seed", "1"]
 
@@ -44,11 +43,6 @@ def tree(folder) -> dict:
 def digest(path) -> str:
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
-
-
-def metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(ln) for ln in f]
 
 
 def main_lines(argv, capsys, out=None):
@@ -288,10 +282,7 @@ def test_ctrl_c_stops_with_the_command_that_resumes(tmp_path):
     proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     ckpt = tmp_path / "c" / "checkpoints" / "step-2"
-    deadline = time.time() + 300
-    while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run ended before it could be interrupted"
+    wait_for_checkpoint(proc, ckpt, "interrupted")
     proc.send_signal(signal.SIGINT)
     err = proc.communicate(timeout=300)[1]
     assert proc.returncode == 130, err[-2000:]

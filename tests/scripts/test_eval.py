@@ -16,6 +16,7 @@ from minigrpo.evals.common import resolve_adapter
 from minigrpo.lora import inject_lora, lora_layers, save_adapter
 from minigrpo.model import Qwen
 from minigrpo.pretrained import load_pretrained
+import mdp_runs
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -211,15 +212,7 @@ def test_adapter_may_be_a_checkpoint_or_run_folder(tmp_path, adapter):
 
 @pytest.fixture(scope="module")
 def mdp_run(tmp_path_factory):
-    """A run folder as the tiny mdp pipeline leaves it: pipeline.json and the from-scratch SFT model in sft/
-    (config.json + weights, no tokenizer.json)."""
-    from minigrpo.experiments import mdp_pipeline as P
-    run = tmp_path_factory.mktemp("mdp") / "run"
-    small = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "head_dim": 8}
-    P.save_model(P.scratch_model(small, 0, "cpu", torch.float32), str(run / "sft"))
-    (run / "pipeline.json").write_text(json.dumps({"model": "tiny", "tokenizer": "tiny", "prompt": "compact",
-                                                    "seed": 3, "eval_per_cell": 2}))
-    return run
+    return mdp_runs.mdp_run(tmp_path_factory.mktemp("mdp") / "run", eval_per_cell=2)
 
 
 def mdp_prompts(monkeypatch):

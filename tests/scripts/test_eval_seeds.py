@@ -1,27 +1,19 @@
 """eval.py's two seeds: for --task mdp the eval records come from pipeline.json's seed unless --seed is given, and
 the sampler has a seed of its own (--sample-seed, default 0), so choosing other records does not also change the
 sampling, nor the reverse. For the other tasks --seed stays the sampling seed."""
-import json
 
 import pytest
-import torch
 
 import eval as ev
 from minigrpo import evals
 from minigrpo.common import derive_seed
 from minigrpo.tasks.mdp.task import MDPTask
+import mdp_runs
 
 
 @pytest.fixture(scope="module")
 def mdp_run(tmp_path_factory):
-    """A run folder as the tiny mdp pipeline leaves it: pipeline.json (seed 3) and a from-scratch model in sft/."""
-    from minigrpo.experiments import mdp_pipeline as P
-    run = tmp_path_factory.mktemp("mdp") / "run"
-    small = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "head_dim": 8}
-    P.save_model(P.scratch_model(small, 0, "cpu", torch.float32), str(run / "sft"))
-    (run / "pipeline.json").write_text(json.dumps({"model": "tiny", "tokenizer": "tiny", "prompt": "compact",
-                                                    "seed": 3, "eval_per_cell": 1}))
-    return run
+    return mdp_runs.mdp_run(tmp_path_factory.mktemp("mdp") / "run", eval_per_cell=1)
 
 
 @pytest.fixture

@@ -1,21 +1,17 @@
 """train.py end to end on CPU: a golden tiny run, exact resume after SIGKILL, and torchrun with 2 ranks (gloo)."""
-import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from minigrpo.run.folder import is_timing
-
 from repo_root import ROOT
+from train_runs import ENV, final_weights, metrics, wait_for_checkpoint
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 SMALL = ["--task", "synthetic", "--model", "tiny", "--tasks-per-step", "4", "--group-size", "4",
          "--micro-batch", "8", "--quiet"]
 
@@ -23,16 +19,6 @@ SMALL = ["--task", "synthetic", "--model", "tiny", "--tasks-per-step", "4", "--g
 def run_train(args, runs, name, check=True, **kw):
     cmd = [sys.executable, "train.py", *SMALL, "--runs-dir", str(runs), "--run-name", name, *args]
     return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, check=check, timeout=600, **kw)
-
-
-def metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [{k: v for k, v in json.loads(ln).items() if not is_timing(k)} for ln in f]
-
-
-def final_weights(run_dir):
-    ckpts = sorted(os.listdir(os.path.join(run_dir, "checkpoints")), key=lambda d: int(d.split("-")[1]))
-    return load_file(os.path.join(run_dir, "checkpoints", ckpts[-1], "model.safetensors")), ckpts[-1]
 
 
 def test_golden_tiny_run(tmp_path):
@@ -73,10 +59,7 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     cmd = [sys.executable, "train.py", *SMALL, "--runs-dir", str(tmp_path), "--run-name", "killed", *steps]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ckpt = tmp_path / "killed" / "checkpoints" / "step-4"
-    deadline = time.time() + 300
-    while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run ended before it could be killed mid-way"
+    wait_for_checkpoint(proc, ckpt, "killed mid-way")
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert len(metrics(tmp_path / "killed")) < 8

@@ -25,7 +25,6 @@ NCCL the current GPU), so the library hands them no tensor to place; patching to
 reach the calls torch makes inside them. Nothing in the library reads a test setting: the wrapping lives here.
 """
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -35,11 +34,10 @@ import pytest
 import torch
 
 from minigrpo.pretrained import load_pretrained
-from minigrpo.run.folder import is_timing
 
 from repo_root import ROOT
+from train_runs import ENV, final_weights, metrics
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 SMALL = ["--task", "synthetic", "--model", "tiny", "--tasks-per-step", "4", "--group-size", "4", "--micro-batch", "8",
          "--quiet", "--device", "cpu"]
 ATOL = 1e-5                                       # as test_train.py's 2-rank test compares the weights
@@ -72,17 +70,6 @@ def run_two(args, runs, name):
     errors = [ln for ln in out.stderr.splitlines() if "torch/distributed/" not in ln
               and ("Error" in ln or "train.py\"" in ln or "/minigrpo/" in ln)]
     assert out.returncode == 0, "\n".join(errors[:20]) + "\n...\n" + out.stderr[-1500:]
-
-
-def metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [{k: v for k, v in json.loads(ln).items() if not is_timing(k)} for ln in f]
-
-
-def final_weights(run_dir):
-    from safetensors.torch import load_file
-    ckpts = sorted(os.listdir(os.path.join(run_dir, "checkpoints")), key=lambda d: int(d.split("-")[1]))
-    return load_file(os.path.join(run_dir, "checkpoints", ckpts[-1], "model.safetensors")), ckpts[-1]
 
 
 def assert_same_training(one, two, steps):
