@@ -1,6 +1,6 @@
 """
 Tests of minigrpo/grpo.py: every expected number is computed independently (by hand or with a plain Python loop).
-Where a loss needs a model, a tiny stand-in (toy_lm.ToyLM) gives the log-probs; test_logprobs.py tests those.
+Where a loss needs a model, a tiny stand-in (toy_lm.ToyLM) gives the log-probs; tests/core/test_logprobs.py tests those.
 """
 
 import math
@@ -283,7 +283,7 @@ def test_clipped_region_has_zero_gradient():
 @pytest.mark.parametrize("agg", ["token", "seq", "const"])
 def test_micro_batch_invariance(agg, kind):
     """The gradient accumulated over micro-batches of 1, 2, 4 sequences equals the full-batch one (fp64), for every
-    objective of the menu (test_grpo_losses.py), mu > 1 (old log-probs off the current ones) and a KL term."""
+    objective of the menu (tests/core/test_losses.py), mu > 1 (old log-probs off the current ones) and a KL term."""
     torch.manual_seed(0)
     model, ref_model = ToyLM(seed=1), ToyLM(seed=2)
     B, T, P = 4, 12, 4  # P: left-padded prompt width

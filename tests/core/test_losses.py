@@ -133,7 +133,7 @@ def test_cispo_value_and_gradient_by_hand():
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# every loss: REINFORCE on-policy (micro-batch invariance: test_grpo.py, for every loss)
+# every loss: REINFORCE on-policy (micro-batch invariance: tests/core/test_grpo.py, for every loss)
 
 
 @pytest.mark.parametrize("kind", LOSSES)

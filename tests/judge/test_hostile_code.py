@@ -1,5 +1,6 @@
 """Hostile answer code graded through the judge is stopped or contained, and the same judge goes on grading.
-(The sandbox's own properties are tested in tests/test_sandbox.py; attacks on real tasks in test_judge_attacks.py.)"""
+(The sandbox's own properties are tested in tests/judge/sandbox/test_sandbox.py; attacks on real tasks in
+test_attacks.py.)"""
 
 import os
 import socket

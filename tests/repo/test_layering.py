@@ -116,7 +116,7 @@ def test_the_core_imports_no_wing():
 
 def test_train_py_runs_once_for_the_mdp_pipeline():
     """`python train.py --task mdp` hands the pipeline this very file's train(): no second copy imported as `train`
-    (the pipeline itself is replaced by a probe here; tests/test_mdp_pipeline.py runs it)."""
+    (the pipeline itself is replaced by a probe here; tests/experiments/test_mdp_pipeline.py runs it)."""
     probe = ("import runpy, sys\n"
              "import minigrpo.experiments.mdp_pipeline as P\n"
              "P.run_pipeline = lambda args, trainer: print(trainer.__module__, 'train' in sys.modules)\n"

@@ -2,8 +2,8 @@
 several inner epochs so the ratio leaves 1 and clipping acts), pinned on the tiny model.
 
 The numbers below change when the math, the sampler, the model, LoRA or the seed derivation changes. To
-regenerate them after a deliberate change: `python tests/test_golden_lora.py` prints a new GOLDEN_LORA dict;
-paste it here in the same commit and say why they moved.
+regenerate them after a deliberate change: `python tests/scripts/test_golden_lora.py` prints a new GOLDEN_LORA
+dict; paste it here in the same commit and say why they moved.
 
 They were recorded on one CPU. Another CPU's kernels (SIMD width, BLAS, thread split) add fp32 values in another
 order, so the continuous numbers are compared with a tolerance measured across kernels (REL below); what does not
@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from minigrpo.run.folder import is_timing
 
-from repo_root import ROOT
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # also run as a script
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 ARGS = ["--task", "synthetic", "--model", "tiny", "--tasks-per-step", "8", "--group-size", "4", "--micro-batch", "12",
@@ -28,7 +28,7 @@ ARGS = ["--task", "synthetic", "--model", "tiny", "--tasks-per-step", "8", "--gr
         "--eps-low", "0.1", "--eps-high", "0.15", "--temperature", "0.9", "--max-grad-norm", "0.015", "--steps", "3",
         "--seed", "2", "--quiet"]
 
-# ---- GOLDEN_LORA: regenerate with `python tests/test_golden_lora.py` (OMP_NUM_THREADS=1) ----------------------
+# ---- GOLDEN_LORA: regenerate with `python tests/scripts/test_golden_lora.py` (OMP_NUM_THREADS=1) --------------
 GOLDEN_LORA = {
     "reward_mean": [0.0078125, 0.0, 0.0],
     "completion_len": [7.78125, 7.53125, 7.90625],
@@ -51,9 +51,10 @@ GOLDEN_LORA = {
 EXACT = ("reward_mean", "completion_len", "truncated")   # counts of sampled tokens: equal or the rollouts differ
 # Relative tolerances for the rest: about 10x the largest relative difference measured for each key, against the
 # numbers above and between runs under ATEN_CPU_CAPABILITY=avx2, avx512 and default (no SIMD) x OMP_NUM_THREADS=1
-# and 2 (an AMD EPYC; the thread count changed nothing). The one-line bugs of tests/mutate.py, and the loss, the KL
-# coefficient or the policy term scaled by 1.01, move at least one key 100x its bound or more, when they move these
-# numbers at all (one only moves their rounding: gradients kept for the frozen base; tests/test_lora.py catches it).
+# and 2 (an AMD EPYC; the thread count changed nothing). The one-line bugs of scripts/mutate.py, and the loss, the
+# KL coefficient or the policy term scaled by 1.01, move at least one key 100x its bound or more, when they move
+# these numbers at all (one only moves their rounding: gradients kept for the frozen base; tests/model/test_lora.py
+# catches it).
 # abs=1e-7 covers the values that are 0.
 REL = {
     "kl": 2.5e-4,                  # measured 2.4e-5

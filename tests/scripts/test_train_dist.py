@@ -64,7 +64,9 @@ def run_two(args, runs, name):
     cmd = [TORCHRUN if os.path.exists(TORCHRUN) else "torchrun", "--standalone", "--nproc_per_node", "2",
            os.path.abspath(__file__), *SMALL, "--runs-dir", str(runs), "--run-name", name, *args]
     # gloo picks its interface from the hostname unless told; a CI container's hostname may not resolve
-    env = {**ENV, "GLOO_SOCKET_IFNAME": ENV.get("GLOO_SOCKET_IFNAME", "lo"), "PYTHONPATH": ROOT}
+    # each rank runs this file as a script: the repository and the test helpers on its path
+    env = {**ENV, "GLOO_SOCKET_IFNAME": ENV.get("GLOO_SOCKET_IFNAME", "lo"),
+           "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests", "support")])}
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     # the ranks' own errors and where in train.py and minigrpo they rose first: torchrun's summary fills the tail
     errors = [ln for ln in out.stderr.splitlines() if "torch/distributed/" not in ln

@@ -51,7 +51,7 @@ def test_answer_files_match_tasks():
 @pytest.mark.parametrize("task", TASKS, ids=IDS)
 def test_task_schema(task):
     validate_task(task)    # the judge's own schema check: prompt, unique criterion ids, well-formed checks
-    # "local": a writing task the local judge leaves out (tests/test_judge_writing.py re-measures each mark)
+    # "local": a writing task the local judge leaves out (tests/judge/test_writing_tasks.py re-measures each mark)
     assert {"id", "family", "prompt", "criteria"} <= set(task) <= {"id", "family", "prompt", "criteria", "local"}
     assert len(task["prompt"]) > 100
     assert 8 <= len(task["criteria"]) <= 12
