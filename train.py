@@ -44,7 +44,8 @@ from minigrpo.run.folder import ProgressBar, RunFolder, Tracker, epoch_summary, 
 from minigrpo.run.resume import check_length, record_resume
 from minigrpo.sampler import sample
 from minigrpo.tasks import task_from_args
-from minigrpo.update import collate, finish_gradients, log_probs, micro_batches, reference_logprobs, step_normalizer
+from minigrpo.update import (all_reduce_and_clip, collate, log_probs, micro_batches, reference_logprobs,
+                             step_normalizer)
 
 
 # -----------------------------------------------------------------------------------------------------------------
@@ -80,26 +81,26 @@ def train(args, policy=None, task=None) -> dict:
         epoch = data.epoch                                     # the epoch this step's examples come from
         examples = next_examples(train_set, args.tasks_per_step, data, args.seed)
         t0 = time.perf_counter()
-        everyone, seqs = rollout_step(model, tok, task, args, examples, step, dist_info)
+        all_seqs, my_seqs = rollout_step(model, tok, task, args, examples, step, dist_info)
         t_sample = time.perf_counter() - t0
-        overlong_shaping(everyone, args)                       # --overlong-buffer's length penalty, on the reward
-        adv_stats = assign_advantages(everyone, args)          # identical on every rank; sets each Seq's advantage
+        overlong_shaping(all_seqs, args)                       # --overlong-buffer's length penalty, on the reward
+        adv_stats = assign_advantages(all_seqs, args)          # identical on every rank; sets each Seq's advantage
         t1, times = time.perf_counter(), {"sample": t_sample}
-        loss_stats, grad_norm = policy_update(model, reference, params, opt, sched, seqs, args, dist_info, tok,
+        loss_stats, grad_norm = policy_update(model, reference, params, opt, sched, my_seqs, args, dist_info, tok,
                                               device, times)
         t_train = time.perf_counter() - t1
         loss_stats = [st for part in all_gather_objects(loss_stats, dist_info) for st in part]   # weighed by tokens
         step += 1
-        nonfinite = nonfinite_streak(nonfinite, grad_norm, step, run)
-        m = step_metrics(step, epoch, everyone, adv_stats, loss_stats, grad_norm, sched.get_last_lr()[0],
-                         t_sample, t_train, task.step_metrics(everyone))
+        nonfinite = nonfinite_streak(nonfinite, grad_norm, step, run, args.mu)
+        m = step_metrics(step, epoch, all_seqs, adv_stats, loss_stats, grad_norm, sched.get_last_lr()[0],
+                         t_sample, t_train, task.step_metrics(all_seqs))
         m.update({f"time_{k}": v for k, v in times.items()})  # seconds by phase (this rank's)
         if args.eval_every and step % args.eval_every == 0 and dist_info.main:
             m.update(validate(model, tok, task, args, step))
         if dist_info.main:
             run.append("metrics.jsonl", m)
             tracker.log(m)
-            for rec in sample_records(step, everyone, tok):
+            for rec in sample_records(step, all_seqs, tok):
                 run.append("samples.jsonl", rec)
         if checkpoint_due(step, n_steps, args):
             save(run, step, model, tok, params, args, dist_info, trainer_state(step, data, opt, sched, nonfinite))
@@ -118,12 +119,13 @@ def train(args, policy=None, task=None) -> dict:
 # sampler's log-probs of them, the raw task score and the (possibly shaped) reward its advantage comes from.
 
 def rollout_step(model, tok, task, args, examples, step, dist_info):
-    """This rank's share of the step's examples rolled out, then exchanged: (every rank's Seqs, this rank's)."""
+    """This rank's share of the step's examples rolled out, then exchanged: (all_seqs, my_seqs) = (every rank's
+    Seqs, rank-major, the same list on every rank; this rank's, the ones it trains on)."""
     index = list(range(dist_info.rank, len(examples), dist_info.world))   # this rank's share of the tasks
     # fewer tasks than ranks (gsm8k's one a step on 8 GPUs): a rank with none samples nothing, and then joins
     # every collective of the step with empty contributions (no Seqs, a zero normaliser, zero gradients)
-    seqs = rollout(model, tok, task, args, [examples[i] for i in index], step, index) if index else []
-    parts = all_gather_objects(seqs, dist_info)                 # rank-major; parts[rank] is ours
+    my_seqs = rollout(model, tok, task, args, [examples[i] for i in index], step, index) if index else []
+    parts = all_gather_objects(my_seqs, dist_info)              # rank-major; parts[rank] is ours
     return [s for part in parts for s in part], parts[dist_info.rank]
 
 
@@ -167,23 +169,24 @@ def generate(model, tok, args, prompts, seeds, n, stop_strings=(), rows=None):
     return [samples[i * n:(i + 1) * n] for i in range(len(prompts))]
 
 
-def assign_advantages(seqs, args):
-    """Group-relative advantages per (example, turn) group, on each Seq's reward. Zero spread is judged on the raw
+def assign_advantages(all_seqs, args):
+    """Group-relative advantages per (example, turn) group, on each Seq's reward, over every rank's Seqs (a group's
+    samples may come from several ranks). Zero spread is judged on the raw
     score, so shaping alone never creates a gradient inside a group whose answers all scored the same. An example
     drawn twice in one step (across an epoch boundary) forms one larger group: same prompt, same baseline."""
-    keys = [(s.example_id, s.turn) for s in seqs]
+    keys = [(s.example_id, s.turn) for s in all_seqs]
     ids = {k: i for i, k in enumerate(dict.fromkeys(keys))}
-    adv, stats = grpo.group_advantages([s.reward for s in seqs], group_ids=[ids[k] for k in keys],
-                                       scale=args.adv_scale, raw_scores=[s.score for s in seqs])
-    for s, a in zip(seqs, adv.tolist()):
+    adv, stats = grpo.group_advantages([s.reward for s in all_seqs], group_ids=[ids[k] for k in keys],
+                                       scale=args.adv_scale, raw_scores=[s.score for s in all_seqs])
+    for s, a in zip(all_seqs, adv.tolist()):
         s.advantage = a
     return stats
 
 
-def overlong_shaping(seqs, args):
+def overlong_shaping(all_seqs, args):
     """--overlong-buffer: DAPO's soft overlong punishment added to each Seq's reward and logged in its info. The
     raw score is left alone, so the penalty never gives a group whose answers all scored the same a gradient."""
-    for s in seqs:
+    for s in all_seqs:
         penalty = grpo.overlong_penalty(len(s.completion_ids), args.max_new_tokens, args.overlong_buffer)
         if penalty and s.reward is not None:
             s.reward, s.info["overlong_penalty"] = s.reward + penalty, penalty
@@ -203,13 +206,14 @@ def validate(model, tok, task, args, step) -> dict:
 # all-reduce). The normaliser is computed once for the whole optimizer step (all micro-batches, all ranks), so the
 # gradient does not depend on how the step is cut into micro-batches.
 
-def policy_update(model, reference, params, opt, sched, seqs, args, dist_info, tok, device, times=None):
-    """μ passes over this step's rollouts; each pass accumulates over micro-batches, then one optimizer step.
-    Returns per-micro-batch statistics and the gradient norm (non-finite: the step was skipped). `times` (a dict)
-    gets the seconds of each phase: reference (the step's fixed log-probs), policy (forward + backward), optimizer
-    (all-reduce, clip, AdamW)."""
+def policy_update(model, reference, params, opt, sched, my_seqs, args, dist_info, tok, device, times=None):
+    """μ passes over this rank's rollouts of the step (my_seqs); each pass accumulates over micro-batches, then one
+    optimizer step. Returns per-micro-batch statistics and the gradient norm of the last pass run. A non-finite
+    norm ends the step at that pass: its optimizer step and the schedule's are not taken, while with μ > 1 the
+    optimizer steps of the passes before it stand. `times` (a dict) gets the seconds of each phase: reference (the
+    step's fixed log-probs), policy (forward + backward), optimizer (all-reduce, clip, AdamW)."""
     V, clock = tok.vocab_size, PhaseClock(times)
-    batches = [collate(mb, tok.pad_id, device, args.mask_truncated) for mb in micro_batches(seqs, args.micro_batch)]
+    batches = [collate(mb, tok.pad_id, device, args.mask_truncated) for mb in micro_batches(my_seqs, args.micro_batch)]
     norm = step_normalizer(batches, args, dist_info)
     model.eval()  # the fixed log-probs of this step: reference, and the behaviour policy when μ > 1
     with clock("reference"), torch.no_grad():
@@ -223,7 +227,7 @@ def policy_update(model, reference, params, opt, sched, seqs, args, dist_info, t
             with clock("policy"):
                 stats.append(micro_batch_step(model, b, ref, old, norm, args, V, pass_))
         with clock("optimizer"):
-            grad_norm = finish_gradients(params, args, dist_info)
+            grad_norm = all_reduce_and_clip(params, args, dist_info)
             if not math.isfinite(grad_norm):
                 opt.zero_grad(set_to_none=True)
                 return stats, grad_norm
@@ -258,19 +262,22 @@ def micro_batch_step(model, b, ref, old, norm, args, V, pass_) -> dict:
 # Run policy: when a run stops by itself. Each rule counts a streak of bad steps and stops the run, with the last
 # good checkpoint intact, when the streak reaches its limit.
 
-MAX_NONFINITE_STEPS = 3      # non-finite loss or gradient in a row (each one's update is skipped)
+MAX_NONFINITE_STEPS = 3      # non-finite loss or gradient in a row (policy_update: what of each is skipped)
 
 
-def nonfinite_streak(streak, grad_norm, step, run) -> int:
-    """The streak of non-finite steps after this one; stops the run at MAX_NONFINITE_STEPS."""
+def nonfinite_streak(streak, grad_norm, step, run, mu=1) -> int:
+    """The streak of non-finite steps after this one; stops the run at MAX_NONFINITE_STEPS. What was skipped
+    depends on μ: with one pass the whole update, with several the pass that went non-finite and those after it
+    (the optimizer steps of the passes before it stand), so only with μ = 1 are the weights an earlier step's."""
     streak = streak + 1 if not math.isfinite(grad_norm) else 0
+    skipped = "step skipped" if mu == 1 else "its pass and the passes after it skipped, earlier passes applied"
     if streak:
-        print(f"warning: step {step}: non-finite loss or gradient, step skipped ({streak} in a row)",
-              file=sys.stderr)
+        print(f"warning: step {step}: non-finite loss or gradient, {skipped} ({streak} in a row)", file=sys.stderr)
     if streak >= MAX_NONFINITE_STEPS:
+        kept = (f"their updates were skipped, so the weights are those of step {step - streak}" if mu == 1 else
+                f"with --mu {mu} each kept the passes before its non-finite one")
         raise SystemExit(f"stopping: {streak} non-finite steps in a row (steps {step - streak + 1}-{step}, the last "
-                         f"grad-norm {grad_norm}; their updates were skipped, so the weights are those of step "
-                         f"{step - streak}): lower --lr or check the data; {run.checkpoint_note()}")
+                         f"grad-norm {grad_norm}; {kept}): lower --lr or check the data; {run.checkpoint_note()}")
     return streak
 
 
@@ -416,13 +423,20 @@ def main(argv=None):
             shutil.rmtree(run_path)     # made by this process: its marker, no checkpoint, the judge's empty cache
         usage_error(str(e))
     except StopRun as e:      # a run-policy rule (a judge that is down, a full disk): its cause, what is kept
-        print(f"train.py: {e}; {RunFolder(args.runs_dir, args.run_name).stop_note()}", file=sys.stderr)
+        print(f"train.py: {e}; {stop_note(args, argv)}", file=sys.stderr)
         raise SystemExit(1) from None
     except KeyboardInterrupt:  # Ctrl-C: the steps after the last checkpoint are redone by the resume
         if int(os.environ.get("RANK", "0")) == 0:
-            print(f"\ntrain.py: stopped by Ctrl-C; {RunFolder(args.runs_dir, args.run_name).stop_note()}",
-                  file=sys.stderr)
+            print(f"\ntrain.py: stopped by Ctrl-C; {stop_note(args, argv)}", file=sys.stderr)
         raise SystemExit(130) from None
+
+
+def stop_note(args, argv):
+    """What a stopped run keeps and the command that continues it; a pipeline continues by the same command."""
+    run = RunFolder(args.runs_dir, args.run_name)
+    if args.task == "mdp" or args.experiment:
+        return run.rerun_note(sys.argv[1:] if argv is None else argv)
+    return run.stop_note()
 
 
 def usage_error(line):

@@ -285,7 +285,7 @@ def train_section(sec, M, plan_proc):
         mark("policy forward")
         loss.backward()
         mark("backward")
-        train.finish_gradients(M.params, args, dist1)
+        train.all_reduce_and_clip(M.params, args, dist1)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)

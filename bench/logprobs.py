@@ -1,4 +1,4 @@
-"""Peak memory and time of grpo.token_logprobs (chunked, fused lm_head) vs the naive full-logits log-softmax.
+"""Peak memory and time of logprobs.token_logprobs (chunked, fused lm_head) vs the naive full-logits log-softmax.
 
     python bench/logprobs.py                       # B=8, T=1024, V=151936, forward and forward+backward
     python bench/logprobs.py --seq 256 --chunk 256 # a smaller run
@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
-from minigrpo import grpo  # noqa: E402
+from minigrpo.logprobs import token_logprobs  # noqa: E402
 from minigrpo.model import Qwen, QwenConfig  # noqa: E402
 
 GB = 1024 ** 3
@@ -72,7 +72,7 @@ def child(args):
         fn = lambda x: naive_logprobs(model, x, args.temperature)
     else:
         chunk = args.chunk if args.chunk == "auto" else int(args.chunk)
-        fn = lambda x: grpo.token_logprobs(model, x, temperature=args.temperature, chunk=chunk)
+        fn = lambda x: token_logprobs(model, x, temperature=args.temperature, chunk=chunk)
     run(lambda: fn(ids[:, :16]), args)
     model.zero_grad(set_to_none=True)
     if args.device == "cuda":
@@ -117,7 +117,7 @@ def main():
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=1)
-    p.add_argument("--chunk", default="auto", help="logit rows per chunk, as grpo.token_logprobs(chunk=)")
+    p.add_argument("--chunk", default="auto", help="logit rows per chunk, as logprobs.token_logprobs(chunk=)")
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))

@@ -14,8 +14,8 @@ One step, in both stacks: reference log-probs (no grad, LoRA switched off), poli
 loss (on-policy clipped ratio, advantage per sequence, + beta * k3 KL, token-mean over the completion mask),
 backward, clip the gradient norm to 1, AdamW on LoRA r=32 over q, k, v, o, gate, up, down.
 
-- ours: minigrpo.model.Qwen + minigrpo.lora.inject_lora / adapters_disabled + grpo.token_logprobs(vocab_size=,
-  start=) (the fused chunked lm_head + log-softmax over the completion columns, as train.py) + grpo.policy_loss.
+- ours: minigrpo.model.Qwen + minigrpo.lora.inject_lora / adapters_disabled + logprobs.token_logprobs(vocab_size=,
+  first_col=) (the fused chunked lm_head + log-softmax over the completion columns, as train.py) + grpo.policy_loss.
 - hf: AutoModelForCausalLM (attn_implementation="sdpa", transformers' default) + peft get_peft_model, reference
   under `model.disable_adapter()`, log-probs as TRL's GRPOTrainer computes them: `logits_to_keep` = completion
   length + 1 (the lm_head runs on the completion only), logits / temperature, then TRL's selective_log_softmax
@@ -123,6 +123,7 @@ def init_lora_(pairs):
 
 def build_ours(folder, args, dtype):
     from minigrpo import grpo
+    from minigrpo.logprobs import token_logprobs
     from minigrpo.lora import adapters_disabled, inject_lora, lora_layers
     from minigrpo.model import Qwen
     model = load_pretrained(folder, dtype=dtype, device=args.device)
@@ -137,8 +138,8 @@ def build_ours(folder, args, dtype):
     loss_mask[:, P - 1:] = comp_mask  # column t scores ids[:, t+1]: the completion starts at column P-1
 
     def logprobs():
-        return grpo.token_logprobs(model, ids, attn, temperature=args.temperature, vocab_size=args.vocab_size,
-                                   start=P - 1)  # as train.py: logits only from the first completion column
+        return token_logprobs(model, ids, attn, temperature=args.temperature, vocab_size=args.vocab_size,
+                              first_col=P - 1)  # as train.py: logits only from the first completion column
 
     def step(timer):
         model.eval()

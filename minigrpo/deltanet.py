@@ -46,6 +46,29 @@ def chunked_delta_rule(q, k, v, g, beta, state, chunk=64):
       O = (e^gam q) S0 + ((q k^T) * M) Delta,  M_ij = e^(gam_i-gam_j) for j <= i
       S0 <- e^gam_last S0 + (e^(gam_last-gam) k)^T Delta
     Same arguments and results as recurrent_delta_rule."""
+    T, dv = k.shape[2], v.shape[-1]
+    U, W, q_in, qk, k_out, gam_last = chunk_terms(q, k, v, g, beta, chunk)
+    # The loop reads chunk n of each tensor through unbind, not U[:, :, n]: the backward of an index is a zero
+    # tensor of the full (B, h, N, ...) size holding one chunk's gradient, so N chunks would write N full-size
+    # gradients and add them up (quadratic in T); unbind's backward stacks the N chunk gradients once.
+    # Same values and gradients, bit for bit: the ops per chunk are the same, only the zeros added are gone.
+    chunks = zip(U.unbind(2), W.unbind(2), q_in.unbind(2), qk.unbind(2), k_out.unbind(2), gam_last.unbind(2))
+    S = state
+    out = []
+    for U_n, W_n, q_in_n, qk_n, k_out_n, gam_last_n in chunks:  # chunks depend on each other only through S
+        delta = U_n - W_n @ S                                                 # (B, h, L, dv)
+        out.append(q_in_n @ S + qk_n @ delta)
+        S = S * gam_last_n.exp() + k_out_n.mT @ delta
+    # one stack of the chunk outputs (its backward hands each chunk a view of the gradient, nothing is copied)
+    B, h, N = U.shape[:3]
+    o = torch.stack(out, dim=2).reshape(B, h, N * chunk, dv)[:, :, :T]
+    return o, S
+
+
+def chunk_terms(q, k, v, g, beta, chunk):
+    """What chunked_delta_rule computes for all N chunks at once, before the loop that carries the state: U, W,
+    the state reads e^gam q, the masked (q k^T) * M, the state writes e^(gam_last-gam) k (each (B, h, N, L, .)),
+    and gam_last (B, h, N, 1, 1). T is padded up to N * chunk."""
     B, h, T, dk = k.shape
     dv = v.shape[-1]
     pad = (-T) % chunk
@@ -68,23 +91,7 @@ def chunked_delta_rule(q, k, v, g, beta, state, chunk=64):
     qk = (q @ k.mT) * decay                                                   # (B, h, N, L, L)
     q_in = q * gam.exp()[..., None]                                           # reads of the incoming state
     k_out = k * (gam[..., -1:] - gam).exp()[..., None]                        # writes carried to the chunk end
-
-    # The loop reads chunk n of each tensor through unbind, not U[:, :, n]: the backward of an index is a zero
-    # tensor of the full (B, h, N, ...) size holding one chunk's gradient, so N chunks would write N full-size
-    # gradients and add them up (quadratic in T); unbind's backward stacks the N chunk gradients once.
-    # Same values and gradients, bit for bit: the ops per chunk are the same, only the zeros added are gone.
-    chunks = zip(U.unbind(2), W.unbind(2), q_in.unbind(2), qk.unbind(2), k_out.unbind(2),
-                 gam[..., -1, None, None].unbind(2))                          # gam_last: (B, h, 1, 1) per chunk
-    S = state
-    out = []
-    for U_n, W_n, q_in_n, qk_n, k_out_n, gam_last_n in chunks:  # chunks depend on each other only through S
-        delta = U_n - W_n @ S                                                 # (B, h, L, dv)
-        out.append(q_in_n @ S + qk_n @ delta)
-        S = S * gam_last_n.exp() + k_out_n.mT @ delta
-    # one stack of the chunk outputs (its backward hands each chunk a view of the gradient, nothing is copied)
-    o = torch.stack(out, dim=2).reshape(B, h, N * chunk, dv)[:, :, :T]
-    return o, S
-
+    return U, W, q_in, qk, k_out, gam[..., -1, None, None]
 
 def causal_conv(u, weight, conv_state):
     """Depthwise causal conv over time, continuing from the last K-1 inputs of the previous call.

@@ -1,6 +1,6 @@
 """
-The GRPO math: group advantages, recovery shaping, KL, the policy loss and its aggregations, the DPO loss.
-Pure tensor code. The log-probs it takes come from minigrpo/logprobs.py (`token_logprobs`, re-exported here).
+The GRPO math: group advantages, recovery shaping, KL, the policy loss and its aggregations.
+Pure tensor code. The log-probs it takes come from minigrpo/logprobs.py (`token_logprobs`).
 
 Every choice an implementation makes, with the default used here (each is a named argument):
 
@@ -50,8 +50,9 @@ Every choice an implementation makes, with the default used here (each is a name
             tokens weigh less: the length bias);
     "const" (Dr. GRPO): sum of per-token losses / constant (max_new_tokens x number of sequences).
   With equal lengths all three agree (for "const" when the constant is that length).
-- Advantages are per sequence (B,) or per token (B, T-1): in a multi-turn rollout each turn's tokens carry that
-  turn's advantage (the first turn's from its own raw score, never from a shaped later reward).
+- Advantages: the trainer gives one per sequence (B,). A multi-turn rollout is trained as one sequence per turn,
+  each with its own group advantage (the first turn's from its own raw score, never from a shaped later reward).
+  `policy_loss` also takes per-token advantages (B, T-1), the general form GSPO-token is written for.
 - On-policy the loss VALUE is just -mean(A) (near 0 for centred A) while its gradient is not: log the pg term, KL,
   grad-norm, reward and entropy (`token_logprobs(return_entropy=True)`) separately (the stats of `policy_loss`).
 - Masking: loss masks are (B, T-1), aligned with `token_logprobs`, and built by position (`span_mask`), never by
@@ -66,10 +67,8 @@ Letters: B batch (sequences), T sequence length, V vocabulary (embedding rows), 
 import math
 
 import torch
-import torch.nn.functional as F
 
 from minigrpo import losses
-from minigrpo.logprobs import entropy, token_logprobs  # noqa: F401  (DESIGN.md's public API: grpo.token_logprobs)
 
 # ----------------------------------------------------------------------------------------------------------------
 # advantages and reward shaping
@@ -141,7 +140,7 @@ def group_advantages(scores, group_size=None, group_ids=None, scale="group", eps
     return torch.tensor(adv, dtype=dtype), stats
 
 
-def recovery_rewards(s_prev, s, coef=0.5, cap=None):
+def recovery_rewards(s_prev, s, coef=0.5):
     """
     Per-turn recovery shaping of the soyuz run: turn-2 reward = s + coef * (s - s_prev), i.e. the score plus a
     bonus for the climb from the previous turn (a fall is penalised the same way). Works on one pair of floats or
@@ -152,23 +151,19 @@ def recovery_rewards(s_prev, s, coef=0.5, cap=None):
     the z-score blows that difference up to unit-size advantages: the revision tokens get trained on noise that
     only reflects how good the first answer happened to be. Pass raw_scores=s to group_advantages.
 
-    Reward hacking: the bonus pays for a low s_prev, so a policy can learn to answer badly first and climb. Two
-    guards: the first turn's tokens are trained only on their own raw score (never on this shaped reward), and
-    `cap` bounds the bonus from above (bonus = min(coef * (s - s_prev), cap)), so no deliberately bad start can
-    earn more than cap. Falls are never capped.
+    Reward hacking: the bonus pays for a low s_prev, so a policy can learn to answer badly first and climb. The
+    guard: the first turn's tokens are trained only on their own raw score, never on this shaped reward
+    (minigrpo/tasks/twoturn.py; --no-turn0-guard takes it away).
     """
     if isinstance(s, (list, tuple)):
         if len(s) != len(s_prev):
             raise ValueError(f"grpo.recovery_rewards: {len(s_prev)} previous scores for {len(s)} scores")
-        return [recovery_rewards(p, x, coef, cap) for p, x in zip(s_prev, s)]
+        return [recovery_rewards(p, x, coef) for p, x in zip(s_prev, s)]
     if s is None:
         return None
     if s_prev is None:
         return float(s)
-    bonus = coef * (s - s_prev)
-    if cap is not None:
-        bonus = min(bonus, cap)
-    return float(s + bonus)
+    return float(s + coef * (s - s_prev))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -247,9 +242,9 @@ def policy_loss(logp, old_logp, advantages, loss_mask, eps_low=0.2, eps_high=0.2
     The policy-gradient loss of one micro-batch plus beta * KL, aggregated by agg over the step's normalizer (from
     `loss_normalizer` over every micro-batch of the step; None = this call is the whole step).
     logp, old_logp, ref_logp, sampler_logp, loss_mask: (B, T-1); old_logp None = on-policy (ratio 1, REINFORCE
-    gradient). advantages: (B,) one per sequence, or (B, T-1) per token (multi-turn: each turn's tokens get its
-    turn's value). loss: "grpo" | "gspo" | "gspo-token" | "cispo" (module doc; eps_low/eps_high are that loss's
-    clip). is_correction "tis" | "mis" weighs the policy term by pi_old / pi_sampler (needs sampler_logp).
+    gradient). advantages: (B,) one per sequence (what train.py passes), or (B, T-1) one per token. loss: "grpo" |
+    "gspo" | "gspo-token" | "cispo" (module doc; eps_low/eps_high are that loss's clip). is_correction "tis" |
+    "mis" weighs the policy term by pi_old / pi_sampler (needs sampler_logp).
     Returns (loss, stats); stats are detached 0-d tensors: "pg" and "kl_loss" are this micro-batch's share of the
     step's terms (sum them over micro-batches), "kl", "ratio_mean", "clip_low", "clip_high", "is_weight_mean" are
     token means over this micro-batch (weigh by "tokens" to combine).
@@ -300,31 +295,7 @@ def overlong_penalty(length, max_new_tokens, buffer):
     linear down to -1 at max_new_tokens (and -1 past it); buffer 0 = off."""
     if buffer <= 0:
         return 0.0
-    start = max_new_tokens - buffer
-    if length <= start:
+    free = max_new_tokens - buffer  # the longest completion that is not punished
+    if length <= free:
         return 0.0
-    return max((start - length) / buffer, -1.0)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# DPO
-
-
-def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta=0.1, normalizer=None):
-    """
-    DPO on sequence log-prob sums (B,): -log sigmoid(beta * ((pc - rc) - (pr - rr))), summed / normalizer (the
-    number of pairs in the optimizer step; None = this batch). Stats: implicit rewards beta * (policy - ref) of
-    chosen and rejected, their margin, and accuracy (share of pairs with a positive margin).
-    """
-    chosen = beta * (policy_chosen - ref_chosen)  # (B,) implicit reward
-    rejected = beta * (policy_rejected - ref_rejected)  # (B,)
-    margin = chosen - rejected
-    n = policy_chosen.numel() if normalizer is None else normalizer
-    loss = -F.logsigmoid(margin).sum() / n
-    stats = {
-        "reward_chosen": chosen.detach().mean(),
-        "reward_rejected": rejected.detach().mean(),
-        "margin": margin.detach().mean(),
-        "accuracy": (margin.detach() > 0).float().mean(),
-    }
-    return loss, stats
+    return max((free - length) / buffer, -1.0)

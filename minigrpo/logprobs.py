@@ -152,7 +152,7 @@ LOGIT_BYTES = 256 * 2**20  # chunk="auto": fp32 logit rows per chunk, 441 at Qwe
 
 
 def token_logprobs(model, input_ids, attention_mask=None, temperature=1.0, chunk="auto", return_entropy=False,
-                   vocab_size=None, start=0):
+                   vocab_size=None, first_col=0):
     """
     log p(ids[:, t+1] | ids[:, :t+1]) under softmax(logits / temperature), fp32, shape (B, T-1), aligned with
     ids[:, 1:] (column t scores the token at position t+1). With return_entropy, also the entropy (B, T-1) of each
@@ -162,14 +162,14 @@ def token_logprobs(model, input_ids, attention_mask=None, temperature=1.0, chunk
     chunk=None computes the full (B, T, V) in one go (the naive path). Gradients flow to the model. A model whose
     lm_head is a plain nn.Linear goes through _LinearLogprob, which keeps only (rows, H) tensors for backward;
     any other `model.logits` is called chunk by chunk under activation checkpointing. Neither keeps (B, T, V).
-    start: the first column whose log-prob is needed (the trainer passes the first completion column, like TRL's
+    first_col: the first column whose log-prob is needed (the trainer passes the first completion column, like TRL's
     logits_to_keep): the lm_head and the softmax run only from there; earlier columns are 0 (mask them out).
     """
     B, T = input_ids.shape
-    h = model.hidden(input_ids, attention_mask=attention_mask)[:, start:-1]  # (B, T-1-start, H)
-    targets = input_ids[:, start + 1:]  # (B, T-1-start)
-    n = T - 1 - start
-    pad = torch.zeros(B, start, dtype=torch.promote_types(h.dtype, torch.float32), device=h.device)
+    h = model.hidden(input_ids, attention_mask=attention_mask)[:, first_col:-1]  # (B, T-1-first_col, H)
+    targets = input_ids[:, first_col + 1:]  # (B, T-1-first_col)
+    n = T - 1 - first_col
+    pad = torch.zeros(B, first_col, dtype=torch.promote_types(h.dtype, torch.float32), device=h.device)
     weight = _lm_head(model)
     if chunk == "auto":  # any other head: 1024 rows (its vocabulary size is unknown until it runs)
         chunk = max(1, LOGIT_BYTES // (4 * weight.shape[0])) if weight is not None else 1024

@@ -14,6 +14,7 @@ real tokens (cumsum(mask) - 1), and Gated DeltaNet zeroes padded inputs, so a le
 logits on its real tokens as the row run alone.
 """
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -213,10 +214,12 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, zc)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, zc)
 
-    def forward(self, x, cos, sin, mask, kv_cache=None, start=0):
+    def forward(self, x, cos, sin, mask, kv_cache=None, slot=0, static=False):
         """x: (B, T, H); mask: (B, 1, T, S) bool (True = may attend) or None = causal, no padding (T == S or T == 1);
-        kv_cache: (k, v) preallocated (B, nkv, max_len, hd) tensors: new K/V go to slots [start, start + T);
-        a tensor `start` (static_decode.py) writes slot start[0] and attends over all max_len slots under `mask`."""
+        kv_cache: (k, v) preallocated (B, nkv, max_len, hd) tensors: new K/V go to slots [slot, slot + T) and
+        attention reads slots [0, slot + T). static=True (static_decode.py): slot is a (1,) tensor and T == 1; the
+        new K/V are written there by index and attention reads all max_len slots under `mask`, so no shape depends
+        on how far decoding has got."""
         B, T, _ = x.shape
         q = self.q_proj(x)
         if self.gated:
@@ -229,15 +232,15 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rotary(q.transpose(1, 2), cos, sin)                        # (B, nh, T, hd)
         k = apply_rotary(k.transpose(1, 2), cos, sin)                        # (B, nkv, T, hd)
-        if torch.is_tensor(start):  # static_decode.py: one token into slot `start`, attend over every slot
-            kv_cache[0].index_copy_(2, start, k)
-            kv_cache[1].index_copy_(2, start, v)
+        if static:  # one token into the tensor slot, attend over every slot
+            kv_cache[0].index_copy_(2, slot, k)
+            kv_cache[1].index_copy_(2, slot, v)
             k, v = kv_cache                                                  # (B, nkv, max_len, hd)
         elif kv_cache is not None:
             kc, vc = kv_cache
-            kc[:, :, start:start + T] = k
-            vc[:, :, start:start + T] = v
-            k, v = kc[:, :, :start + T], vc[:, :, :start + T]               # (B, nkv, S, hd)
+            kc[:, :, slot:slot + T] = k
+            vc[:, :, slot:slot + T] = v
+            k, v = kc[:, :, :slot + T], vc[:, :, :slot + T]                 # (B, nkv, S, hd)
         # fused attention (softmax in fp32 inside); GQA: kv head j serves query heads j*r .. j*r + r-1;
         # attention.py: the layout each case needs for a fused CUDA kernel (a mask with GQA forces math)
         y = attend(q, k, v, mask)                                            # (B, nh, T, hd)
@@ -270,16 +273,16 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zc)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, attn_mask, real_tokens, cache=None, layer_idx=0, cache_start=0):
+    def forward(self, x, cos, sin, attn_mask=None, real_tokens=None, cache=None, layer_idx=0, slot=0, static=False):
         """x: (B, T, H); cos, sin: RoPE tables; attn_mask: (B, 1, T, S) bool for attention, or None = plain causal;
         real_tokens: (B, T) bool, False at left padding (Gated DeltaNet zeroes those inputs), or None;
-        cache: the model's Cache, whose entries for this layer are cache.k[layer_idx] ...; cache_start: the first
-        cache slot this call's T tokens go to."""
+        cache: the model's Cache, whose entries for this layer are cache.k[layer_idx] ...; slot: the first cache
+        slot this call's T tokens go to; static: static_decode.py's fixed-shape step (Attention.forward)."""
         h = self.input_layernorm(x)
         i = layer_idx
         if hasattr(self, "self_attn"):
             kv = None if cache is None else (cache.k[i], cache.v[i])
-            h = self.self_attn(h, cos, sin, attn_mask, kv, cache_start)
+            h = self.self_attn(h, cos, sin, attn_mask, kv_cache=kv, slot=slot, static=static)
         else:
             states = (None, None) if cache is None else (cache.conv[i], cache.state[i])
             h, (conv, state) = self.linear_attn(h, real_tokens, *states)
@@ -368,7 +371,7 @@ class Qwen(nn.Module):
         B, T = input_ids.shape
         dev = input_ids.device
         real = None if attention_mask is None else attention_mask.to(dev).bool()       # (B, T)
-        start = 0 if cache is None else cache.length
+        slot = 0 if cache is None else cache.length    # the cache slot of this call's first token
         padded = real is not None and not bool(real.all())  # one host read a call: no padding, no mask
         if positions is None:
             positions = (torch.arange(T, device=dev).expand(B, T) if real is None
@@ -376,25 +379,25 @@ class Qwen(nn.Module):
             if cache is not None:
                 positions = positions + cache.seen[:, None]
         if cache is not None:
-            if start + T > cache.max_len:
-                raise ValueError(f"cache is full: {start} + {T} tokens > max_len {cache.max_len}; "
+            if slot + T > cache.max_len:
+                raise ValueError(f"cache is full: {slot} + {T} tokens > max_len {cache.max_len}; "
                                  f"make new_cache with a larger max_len")
-            cache.mask[:, start:start + T] = True if real is None else real
-            keys = cache.mask[:, :start + T]                                           # (B, S)
+            cache.mask[:, slot:slot + T] = True if real is None else real
+            keys = cache.mask[:, :slot + T]                                            # (B, S)
             padded = cache.padded = cache.padded or padded
         else:
             keys = real
         # without pads, causal attention needs no mask (attention.attend: is_causal, or nothing for one token),
         # except several new tokens after cached ones (is_causal would align them with the first keys)
-        mask = attention_mask_4d(keys, start, T) if padded or (start > 0 and T > 1) else None
+        mask = attention_mask_4d(keys, slot, T) if padded or (slot > 0 and T > 1) else None
 
         x = self.model.embed_tokens(input_ids)                                         # (B, T, H)
         cos, sin = self.model.rotary(positions, x.dtype)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, mask, real, cache, i, start)
+            x = layer(x, cos, sin, attn_mask=mask, real_tokens=real, cache=cache, layer_idx=i, slot=slot)
         if cache is not None:
             cache.seen += T if real is None else real.sum(-1)
-            cache.length = start + T
+            cache.length = slot + T
         return self.model.norm(x)
 
     def new_cache(self, batch_size, max_len):
@@ -414,19 +417,25 @@ class Qwen(nn.Module):
         return Cache(k, v, conv, state, mask, seen)
 
 
-def attention_mask_4d(keys, start, T):
-    """(B, 1, T, S) bool, True = may attend: causal over slots, and never to a pad. A pad query may attend to
-    itself, so that no row is all False (SDPA would give NaN there); pad outputs are never used."""
+def attention_mask_4d(keys, slot, T):
+    """(B, 1, T, S) bool, True = may attend: causal over slots (the T queries sit in slots [slot, slot + T)), and
+    never to a pad. A pad query may attend to itself, so that no row is all False (SDPA would give NaN there); pad
+    outputs are never used."""
     S = keys.shape[1]
-    q_slot = torch.arange(start, start + T, device=keys.device)[:, None]   # (T, 1)
+    q_slot = torch.arange(slot, slot + T, device=keys.device)[:, None]     # (T, 1)
     k_slot = torch.arange(S, device=keys.device)[None, :]                  # (1, S)
     allowed = (k_slot <= q_slot) & keys[:, None, :]                         # (B, T, S)
     return (allowed | (k_slot == q_slot))[:, None]
 
 
 def enable_activation_checkpointing(model):
-    """Recompute each decoder layer in backward instead of storing its activations (train.py --grad-checkpoint)."""
+    """Recompute each decoder layer in backward instead of storing its activations (train.py --grad-checkpoint).
+    Only where a backward will follow: sampling and the reference (no grad) call the layer itself, with nothing
+    of checkpoint's bookkeeping in the decode loop or in the graph the static decode compiles."""
     from torch.utils.checkpoint import checkpoint
+
+    def wrapped(*a, _f, **k):
+        return checkpoint(_f, *a, use_reentrant=False, **k) if torch.is_grad_enabled() else _f(*a, **k)
+
     for layer in model.model.layers:
-        inner = layer.forward
-        layer.forward = lambda *a, _f=inner, **k: checkpoint(_f, *a, use_reentrant=False, **k)
+        layer.forward = functools.partial(wrapped, _f=layer.forward)

@@ -25,7 +25,9 @@ def lr_factor(step: int, total_steps: int, warmup: float, schedule: str = "cosin
 
 def adamw(params, lr: float, total_steps: int, warmup: float = 0, schedule: str = "cosine", beta2: float = 0.999,
           weight_decay: float = 0.0):
-    """(AdamW, LambdaLR) with lr_factor's schedule; call sched.step() once per optimizer step."""
+    """(AdamW, LambdaLR) with lr_factor's schedule; call sched.step() once per optimizer step. warmup: steps, or a
+    fraction of total_steps when below 1 (warmup_steps)."""
+    warmup = warmup_steps(warmup, total_steps)
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, beta2), weight_decay=weight_decay)
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, total_steps, warmup, schedule))
 

@@ -15,7 +15,7 @@ What a Sample holds:
   token runs past the stop string, `text` still ends with the stop string (rewards read the text).
 - logprobs: per completion token, log p(token) under the *untruncated* sampling distribution at temperature T,
   log_softmax(logits / T) in fp32 with logits of ids >= vocab_size removed. That is BEFORE top-k / top-p
-  truncation, exactly what grpo.token_logprobs(model, ids, mask, temperature=T, vocab_size=...) recomputes
+  truncation, exactly what logprobs.token_logprobs(model, ids, mask, temperature=T, vocab_size=...) recomputes
   (PITFALLS 5-7). With temperature 0 (greedy) they are the T=1 log-probs.
 - finish_reason: "eos" (emitted a stop id), "stop" (completed a stop string) or "length" (hit max_new_tokens).
 - text: tokenizer.decode(completion_ids) without a final EOS token; None without a tokenizer.
@@ -40,6 +40,9 @@ from minigrpo.common import _shr, derive_seed, left_pad, splitmix64  # noqa: F40
 
 @dataclass
 class Sample:
+    """One sampled completion of prompts[prompt_index], as the sampler knows it: tokens, their log-probs, why it
+    stopped. It knows no task; the trainer's record of a completion is tasks.base.Seq, made from a Sample
+    (Seq.of) with what the task adds: example, turn, prompt, score, reward, advantage."""
     prompt_index: int
     completion_ids: list
     logprobs: list
@@ -139,19 +142,19 @@ class StopScanner:
         text = self.tok.decode(ids)
         return any(s in text for s in self.strings)
 
-    def scan(self, ids, start):
-        """ids: the row's tokens so far; tokens before `start` were already scanned.
+    def scan(self, ids, scanned):
+        """ids: the row's tokens so far, of which the first `scanned` were scanned by an earlier call.
         Returns (kept length, "eos" | "stop") or None."""
-        for j in range(start, len(ids)):
+        for j in range(scanned, len(ids)):
             if ids[j] in self.stop_ids:
                 end, reason = j + 1, "eos"
                 break
         else:
             end, reason = len(ids), None
         if self.strings:
-            lo = max(0, start - self.window)
+            lo = max(0, scanned - self.window)
             if self._has_stop(ids[lo:end]):  # cheap rejection first: most checks find nothing
-                for j in range(start, end):
+                for j in range(scanned, end):
                     if self._has_stop(ids[max(0, j + 1 - self.window):j + 1]):
                         return j + 1, "stop"
         return (end, reason) if reason else None
@@ -253,9 +256,9 @@ def sample(model, prompts, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=
             for r, toks in zip(live, new):
                 if r in ended:  # done, waiting to be compacted away: its later tokens are discarded
                     continue
-                start = len(gen_ids[r])
+                scanned = len(gen_ids[r])
                 gen_ids[r] += toks
-                hit = scanner.scan(gen_ids[r], start)
+                hit = scanner.scan(gen_ids[r], scanned)
                 if hit:
                     ended[r] = hit
             checked = t + 1

@@ -7,8 +7,8 @@ changes the batch size too. A CUDA graph replays fixed kernels on fixed addresse
 
 What changes here, and nothing else (the model's modules and weights are the same):
 - Attention reads every slot of the preallocated cache, [0, max_len), with a (B, 1, 1, max_len) mask: the slots
-  not yet written are False, like left padding. The new K/V go to slot `pos` with `index_copy_`, where `pos` is a
-  one-element tensor that the step advances in place (model.Attention takes a tensor `start` to mean this).
+  not yet written are False, like left padding. The new K/V go to `slot` with `index_copy_`, where `slot` is a
+  one-element tensor that the step advances in place (model.Attention's static=True path).
 - Positions are `cache.seen` (a tensor), RoPE is computed from it inside the graph.
 - Gated DeltaNet's conv and recurrent state are fixed-size already; Block copies them into the cache in place.
 - The shapes are the run's, not the call's: rows are a fixed count (the caller's largest call, `rows=`; a call with
@@ -55,7 +55,7 @@ class StaticCache:
     """The model's cache at fixed shapes and addresses. Same per-layer tensors as model.Cache (k, v (B, nkv, S, hd);
     conv (B, C, K-1); state (B, nv, dk, dv) fp32; None where the layer is of the other kind), plus
     mask (B, S) bool real tokens among the slots, seen (B,) real tokens per row (the next position), and
-    pos (1,) long: the slot the next token goes to, the same for every row (left-padded layout)."""
+    slot (1,) long: the slot the next token goes to, the same for every row (left-padded layout)."""
 
     def __init__(self, like, rows):
         """Zeroed tensors shaped as model.Cache `like`, with `rows` rows."""
@@ -63,12 +63,12 @@ class StaticCache:
         self.k, self.v, self.conv, self.state = each(like.k), each(like.v), each(like.conv), each(like.state)
         self.mask = like.mask.new_zeros(rows, like.max_len)
         self.seen = like.seen.new_zeros(rows)
-        self.pos = like.seen.new_zeros(1)
+        self.slot = like.seen.new_zeros(1)
         for t in self.tensors():
             torch._dynamo.mark_static_address(t)  # CUDA graphs: read and written in place, never re-allocated
 
     def tensors(self):
-        return [t for t in self.k + self.v + self.conv + self.state + [self.mask, self.seen, self.pos]
+        return [t for t in self.k + self.v + self.conv + self.state + [self.mask, self.seen, self.slot]
                 if t is not None]
 
     def load(self, cache, n):
@@ -78,7 +78,7 @@ class StaticCache:
         src = (torch.arange(self.mask.shape[0], device=self.mask.device) // n).clamp_(max=P - 1)
         for dst, s in zip(self.tensors()[:-1], cache_tensors(cache)):
             torch.index_select(s, 0, src, out=dst)
-        self.pos.fill_(cache.length)
+        self.slot.fill_(cache.length)
         return self
 
 
@@ -111,16 +111,16 @@ def release(model):
 
 
 def decode_step(model, tokens, cache):
-    """One new token per row at fixed shapes: (B,) -> next-token logits (B, V) fp32. Advances cache.pos and
+    """One new token per row at fixed shapes: (B,) -> next-token logits (B, V) fp32. Advances cache.slot and
     cache.seen in place. The same layers as model.Qwen.hidden, with tensor positions and a tensor slot."""
     x = model.model.embed_tokens(tokens[:, None])                    # (B, 1, H)
     cos, sin = model.model.rotary(cache.seen[:, None], x.dtype)      # the row's next position
-    cache.mask.index_fill_(1, cache.pos, True)
+    cache.mask.index_fill_(1, cache.slot, True)
     mask = cache.mask[:, None, None, :]                              # (B, 1, 1, S): written slots, real tokens
     for i, layer in enumerate(model.model.layers):
-        x = layer(x, cos, sin, mask, None, cache, i, cache.pos)      # a tensor slot: Attention writes by index
+        x = layer(x, cos, sin, attn_mask=mask, cache=cache, layer_idx=i, slot=cache.slot, static=True)
     cache.seen.add_(1)
-    cache.pos.add_(1)
+    cache.slot.add_(1)
     return model.logits(model.model.norm(x)[:, -1]).float()          # (B, V)
 
 

@@ -7,7 +7,8 @@ Two backends behind one class:
   specials <|endoftext|>=256, <|im_start|>=257, <|im_end|>=258, <think>=259, </think>=260.
 
 chat() does not run the checkpoint's Jinja template: it renders the three Qwen templates
-(QWEN.md §9) in Python, so the library needs no jinja2 and the rules are readable here.
+in Python, so the library needs no jinja2 and the rules are readable here; tools, tool calls and
+tool results are rendered as the templates do (minigrpo.toolcalls, which also parses the calls).
 tests/model/test_tokenizer.py checks the output against transformers' apply_chat_template on the
 official templates. The template text is still read and kept (`.chat_template`), for reference.
 
@@ -33,6 +34,8 @@ from tokenizers.decoders import DecodeStream
 
 from minigrpo.common import first_line
 from minigrpo.hub import TOKENIZER_FILES, local_folder
+from minigrpo.toolcalls import calls_json, calls_xml, check_tool_calls, parse_tool_calls, tool_response, \
+    tools_system_json, tools_system_xml
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 CONTROL = SPECIALS[:3]  # what skip_special_tokens drops; <think> tags are plain added tokens in Qwen
@@ -43,13 +46,17 @@ TINY = {"tiny": "qwen3", "tiny-qwen3.5": "qwen3_5"}
 # chat templates
 
 
-def _check_messages(messages):
+def _check_messages(messages, family):
     for i, m in enumerate(messages):
-        if m.get("role") not in ("system", "user", "assistant"):
+        if m.get("role") not in ("system", "user", "assistant", "tool"):
             raise ValueError(f"messages[{i}]: role {m.get('role')!r} is not supported "
-                             "(minigrpo renders system/user/assistant only; no tool turns)")
+                             "(minigrpo renders system/user/assistant/tool)")
         if not isinstance(m.get("content"), str):
             raise ValueError(f"messages[{i}]: content must be a str")
+        if m.get("tool_calls"):
+            if m["role"] != "assistant":
+                raise ValueError(f"messages[{i}]: only an assistant message has tool_calls")
+            check_tool_calls(i, m["tool_calls"], family)
 
 
 def _split_think(content):
@@ -74,31 +81,54 @@ def _turn(role, body):
     return f"<|im_start|>{role}\n{body}<|im_end|>\n"
 
 
-def render_qwen2(messages, add_generation_prompt):
+def _first_system(messages):
+    return messages[0]["content"] if messages and messages[0]["role"] == "system" else None
+
+
+def render_qwen2(messages, add_generation_prompt, tools=None):
     # Qwen2.5-Instruct: a default system prompt, then plain ChatML; <think> text is left as is
-    out = [] if messages and messages[0]["role"] == "system" else [_turn("system", QWEN2_SYSTEM)]
-    out += [_turn(m["role"], m["content"]) for m in messages]
+    system = _first_system(messages)
+    out = []
+    if tools:
+        out.append(_turn("system", tools_system_json(tools, QWEN2_SYSTEM if system is None else system)))
+    elif system is None:
+        out.append(_turn("system", QWEN2_SYSTEM))
+    for i, m in enumerate(messages):
+        if i == 0 and system is not None and tools:
+            continue  # already in the tools system turn
+        if m["role"] == "tool":
+            out.append(tool_response(messages, i, m["content"]))
+        elif m.get("tool_calls"):
+            text = "\n" + m["content"] if m["content"] else ""
+            out.append(f"<|im_start|>assistant{text}{calls_json(m['tool_calls'], True, raw_strings=False)}<|im_end|>\n")
+        else:
+            out.append(_turn(m["role"], m["content"]))
     return "".join(out) + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
 
-def render_qwen3(messages, add_generation_prompt, enable_thinking):
+def render_qwen3(messages, add_generation_prompt, enable_thinking, tools=None):
     # Qwen3 hybrid thinking (0.6B ... 32B)
     last_query = _last_query_index(messages)
     if last_query < 0:
         last_query = len(messages) - 1  # the template's default: no assistant turn gets a think block
-    out = []
+    system = _first_system(messages)
+    out = [_turn("system", tools_system_json(tools, system))] if tools else []
     for i, m in enumerate(messages):
+        if i == 0 and system is not None and tools:
+            continue
+        if m["role"] == "tool":
+            out.append(tool_response(messages, i, m["content"]))
+            continue
         if m["role"] != "assistant":
             out.append(_turn(m["role"], m["content"]))
             continue
         reasoning, content = _split_think(m["content"])
         if i > last_query and (i == len(messages) - 1 or reasoning):
             # after the last query the reasoning is kept; a final turn gets a (maybe empty) block
-            reasoning, content = reasoning.strip("\n"), content.lstrip("\n")
-            body = f"<think>\n{reasoning}\n</think>\n\n{content}"
+            body = "<think>\n" + reasoning.strip("\n") + "\n</think>\n\n" + content.lstrip("\n")
         else:
             body = content  # earlier turns: the thinking is dropped
-        out.append(_turn("assistant", body))
+        out.append(_turn("assistant", body + calls_json(m.get("tool_calls") or [], bool(content), raw_strings=True)))
     if add_generation_prompt:
         out.append("<|im_start|>assistant\n")
         if enable_thinking is False:
@@ -106,25 +136,30 @@ def render_qwen3(messages, add_generation_prompt, enable_thinking):
     return "".join(out)
 
 
-def render_qwen3_5(messages, add_generation_prompt, enable_thinking):
+def render_qwen3_5(messages, add_generation_prompt, enable_thinking, tools=None):
     # Qwen3.5: every content is trimmed; the generation prompt opens the think block itself
     last_query = _last_query_index(messages, strip=True)
     if last_query < 0:
         raise ValueError("messages: the Qwen3.5 template needs at least one user message")
-    out = []
+    system = _first_system(messages)
+    out = [_turn("system", tools_system_xml(tools, (system or "").strip()))] if tools else []
     for i, m in enumerate(messages):
         content = m["content"].strip()
         if m["role"] == "system":
             if i != 0:
                 raise ValueError(f"messages[{i}]: the Qwen3.5 template allows a system message only first")
-            out.append(_turn("system", content))
+            if not tools:
+                out.append(_turn("system", content))
         elif m["role"] == "user":
             out.append(_turn("user", content))
+        elif m["role"] == "tool":
+            out.append(tool_response(messages, i, content, open_at_start=False))
         else:
             reasoning, content = _split_think(content)
+            calls = calls_xml(m.get("tool_calls") or [], content)
             if i > last_query:
                 content = f"<think>\n{reasoning.strip()}\n</think>\n\n{content}"
-            out.append(_turn("assistant", content))
+            out.append(_turn("assistant", content + calls))
     if add_generation_prompt:
         out.append("<|im_start|>assistant\n")
         out.append("<think>\n" if enable_thinking else "<think>\n\n</think>\n\n")
@@ -220,7 +255,7 @@ class Tokenizer:
                 raise ValueError(f"{name}: tokenizer has no {s} token; is this a Qwen tokenizer?")
         self.pad_id = ids["<|endoftext|>"]
         self.im_end_id = ids["<|im_end|>"]
-        self.eos_ids = [self.im_end_id, self.pad_id]  # stop on both, whatever the model (QWEN.md §9)
+        self.eos_ids = [self.im_end_id, self.pad_id]  # stop on both, whatever the model
         if hf is None:
             self.vocab_size = 256 + len(SPECIALS)
         else:  # real number of ids; the embedding usually has padding rows beyond it
@@ -273,18 +308,25 @@ class Tokenizer:
 
     # --- chat
 
-    def render(self, messages, add_generation_prompt=True, enable_thinking=None):
-        """The prompt text, as the family's official template renders it. enable_thinking: None = unset."""
-        _check_messages(messages)
+    def render(self, messages, add_generation_prompt=True, enable_thinking=None, tools=None):
+        """The prompt text, as the family's official template renders it. enable_thinking: None = unset.
+        tools: JSON function schemas the model may call (rendered in the system turn); assistant messages may
+        carry "tool_calls" ([{"name", "arguments"}], or OpenAI's {"function": {...}}), and "tool" messages are
+        their results."""
+        _check_messages(messages, self.family)
         if self.family == "qwen2":
-            return render_qwen2(messages, add_generation_prompt)
+            return render_qwen2(messages, add_generation_prompt, tools)
         if self.family == "qwen3":
-            return render_qwen3(messages, add_generation_prompt, enable_thinking)
+            return render_qwen3(messages, add_generation_prompt, enable_thinking, tools)
         thinking = self.thinking_default if enable_thinking is None else enable_thinking
-        return render_qwen3_5(messages, add_generation_prompt, thinking)
+        return render_qwen3_5(messages, add_generation_prompt, thinking, tools)
 
-    def chat(self, messages, add_generation_prompt=True, enable_thinking=None):
-        return self.encode(self.render(messages, add_generation_prompt, enable_thinking))
+    def chat(self, messages, add_generation_prompt=True, enable_thinking=None, tools=None):
+        return self.encode(self.render(messages, add_generation_prompt, enable_thinking, tools))
+
+    def parse_tool_calls(self, text, tools=None):
+        """The tool calls in a decoded policy turn, in this family's format: (calls, errors), never raises."""
+        return parse_tool_calls(text, tools, "qwen3_5" if self.family == "qwen3_5" else "qwen3")
 
     def __repr__(self):
         return f"Tokenizer({self.name!r}, family={self.family}, vocab_size={self.vocab_size})"

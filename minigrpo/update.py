@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from minigrpo import grpo
+from minigrpo.logprobs import token_logprobs
 from minigrpo.common import left_pad
 from minigrpo.dist import all_reduce_, all_reduce_sum
 from minigrpo.lora import adapters_disabled
@@ -20,7 +21,7 @@ class Batch:
     mask: torch.Tensor         # (B, T-1) True = a completion token to train (grpo.span_mask)
     adv: torch.Tensor          # (B,) advantage of each sequence
     sampled: torch.Tensor      # (B, T-1) the sampler's log-probs of the completion tokens
-    start: int                 # first column any completion occupies: logits are needed only from there
+    first_col: int             # first column any completion occupies: logits are needed only from there
 
 
 def collate(seqs, pad_id, device, mask_truncated=False) -> Batch:
@@ -36,8 +37,8 @@ def collate(seqs, pad_id, device, mask_truncated=False) -> Batch:
         if c:
             sampled[i, T - 1 - c:] = torch.tensor(s.logprobs, dtype=torch.float32)   # column t scores token t+1
     adv = torch.tensor([s.advantage for s in seqs], dtype=torch.float32)
-    start = T - 1 - max(lengths)
-    return Batch(ids.to(device), attn.to(device), loss_mask.to(device), adv.to(device), sampled.to(device), start)
+    first_col = T - 1 - max(lengths)
+    return Batch(ids.to(device), attn.to(device), loss_mask.to(device), adv.to(device), sampled.to(device), first_col)
 
 
 def micro_batches(seqs, size):
@@ -59,8 +60,8 @@ def step_normalizer(batches, args, dist_info) -> float:
 def log_probs(model, b: Batch, args, vocab_size, entropy=False):
     """The trainer's log-probs: logits / T with the sampler's T, ids past the tokenizer's vocabulary masked, as
     the sampler does, so that the two agree; the lm_head runs only over completion columns."""
-    return grpo.token_logprobs(model, b.ids, b.attn, temperature=args.temperature, return_entropy=entropy,
-                               vocab_size=vocab_size, start=b.start)
+    return token_logprobs(model, b.ids, b.attn, temperature=args.temperature, return_entropy=entropy,
+                               vocab_size=vocab_size, first_col=b.first_col)
 
 
 def reference_logprobs(model, reference, b: Batch, args, vocab_size):
@@ -73,7 +74,7 @@ def reference_logprobs(model, reference, b: Batch, args, vocab_size):
             return log_probs(model, b, args, vocab_size)
 
 
-def finish_gradients(params, args, dist_info) -> float:
+def all_reduce_and_clip(params, args, dist_info) -> float:
     """Sum gradients over ranks (each rank already divided by the global normaliser), then clip. Every rank sends
     every parameter, zeros where it has no gradient (a rank without examples has none at all), so that all ranks
     send the same layout; one has-a-gradient count per parameter rides along, so that a parameter gets a gradient

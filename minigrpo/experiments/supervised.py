@@ -1,6 +1,6 @@
 """The supervised trainers of the mdp pipeline (minigrpo/experiments/mdp_pipeline.py): SFT (cross-entropy on answer
-tokens) and DPO, on (prompt ids, answer ids) items, left-padded into micro-batches whose loss mask covers the
-answer positions. Settings come from the pipeline's config (batch, grad_accum, warmup, dpo_beta, dpo_nll).
+tokens) and DPO (`dpo_loss`), on (prompt ids, answer ids) items, left-padded into micro-batches whose loss mask
+covers the answer positions. Settings come from the pipeline's config (batch, grad_accum, warmup, dpo_beta, dpo_nll).
 
 Every answer is short (a letter and <|im_end|>), so only the last K positions go through the LM head; a sequence's
 log-prob is the sum over its answer tokens. GRPO is not here: the pipeline runs it through train.py's loop.
@@ -9,8 +9,8 @@ import sys
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from minigrpo import grpo
 from minigrpo.common import left_pad
 from minigrpo.lora import adapters_disabled
 from minigrpo.optim import adamw_pipeline
@@ -85,6 +85,26 @@ def sft_loop(model, tok, params, items, steps, lr, cfg, seed, stage, quiet):
     model.eval()
 
 
+def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta=0.1, normalizer=None):
+    """
+    DPO on sequence log-prob sums (B,): -log sigmoid(beta * ((pc - rc) - (pr - rr))), summed / normalizer (the
+    number of pairs in the optimizer step; None = this batch). Stats: implicit rewards beta * (policy - ref) of
+    chosen and rejected, their margin, and accuracy (share of pairs with a positive margin).
+    """
+    chosen = beta * (policy_chosen - ref_chosen)  # (B,) implicit reward
+    rejected = beta * (policy_rejected - ref_rejected)  # (B,)
+    margin = chosen - rejected
+    n = policy_chosen.numel() if normalizer is None else normalizer
+    loss = -F.logsigmoid(margin).sum() / n
+    stats = {
+        "reward_chosen": chosen.detach().mean(),
+        "reward_rejected": rejected.detach().mean(),
+        "margin": margin.detach().mean(),
+        "accuracy": (margin.detach() > 0).float().mean(),
+    }
+    return loss, stats
+
+
 def dpo_loop(model, tok, params, pairs, cfg, seed, stage, quiet):
     """DPO on [(prompt, chosen answer, rejected answer)] token-id triples; the reference is `model` with its LoRA
     adapters off; + cfg.dpo_nll x the chosen answer's NLL per token (RPO) when set."""
@@ -101,7 +121,7 @@ def dpo_loop(model, tok, params, pairs, cfg, seed, stage, quiet):
             model.train()
             pol = answer_logprobs(model, tok, batch)
             b = len(mb)
-            loss, st = grpo.dpo_loss(pol[:b], pol[b:], ref[:b], ref[b:], beta=cfg.dpo_beta, normalizer=len(idx))
+            loss, st = dpo_loss(pol[:b], pol[b:], ref[:b], ref[b:], beta=cfg.dpo_beta, normalizer=len(idx))
             if cfg.dpo_nll:
                 # plain DPO on a small model lowers the chosen letter too and hands the mass to letters in no
                 # pair; the NLL term holds the chosen letter up (the mean is over the step's chosen tokens)

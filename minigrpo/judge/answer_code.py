@@ -5,7 +5,7 @@ import re
 
 from minigrpo.judge.astcheck import parse_code
 
-_PY_TAGS = {"", "python", "py", "python3"}
+PY_TAGS = {"", "python", "py", "python3"}
 _TAG = re.compile(r"[\w+#.-]*")
 
 
@@ -54,7 +54,7 @@ def extract_code(answer):
     blocks = _fenced(answer)
     if not blocks:
         return answer if answer.strip() and parse_code(answer) is not None else ""
-    code = [(b, parse_code(b)) for lang, b in blocks if lang in _PY_TAGS and (lang or parse_code(b) is not None)]
+    code = [(b, parse_code(b)) for lang, b in blocks if lang in PY_TAGS and (lang or parse_code(b) is not None)]
     examples = [None if t is None else all(type(s).__name__ in ("Expr", "Assert", "Pass") for s in t.body)
                 for _, t in code]    # None: does not parse
     if False in examples:

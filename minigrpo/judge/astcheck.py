@@ -35,14 +35,32 @@ import re
 from minigrpo.judge.astreach import Module
 
 
+# Deeper than any real code. What counts as code must not depend on the interpreter's recursion limit: ast.parse
+# and the recursive passes over a tree fail at a depth that follows it, and torch.compile raises it in a training
+# process, so without a fixed bound of our own one answer would grade differently before and after a compile.
+MAX_DEPTH = 200
+
+
 @functools.lru_cache(maxsize=16)
 def parse_code(code):
-    """ast.Module of `code`, or None if it does not parse: syntax errors, null bytes, and the parser bombs that make
-    ast.parse raise RecursionError or MemoryError (`-` * 3000 + `1`) all count as "does not parse"."""
+    """ast.Module of `code`, or None if it does not parse: syntax errors, null bytes, the parser bombs that make
+    ast.parse raise RecursionError or MemoryError (`-` * 3000 + `1`), and any tree deeper than MAX_DEPTH all count
+    as "does not parse"."""
     try:
-        return ast.parse(code)
+        tree = ast.parse(code)
     except Exception:
         return None
+    return tree if _depth_at_most(tree, MAX_DEPTH) else None
+
+
+def _depth_at_most(tree, limit):
+    stack = [(tree, 1)]
+    while stack:                                # iterative: the bound holds whatever the recursion limit is
+        node, depth = stack.pop()
+        if depth > limit:
+            return False
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return True
 
 
 AST_KINDS = ("calls", "decorators", "with", "unmanaged", "classes", "defs", "imports", "names", "attributes", "loops",

@@ -35,7 +35,7 @@ import re
 
 import regex
 
-from minigrpo.judge.answer_code import extract_code, fenced_blocks  # noqa: F401 (fenced_blocks: public here)
+from minigrpo.judge.answer_code import PY_TAGS, extract_code, fenced_blocks
 from minigrpo.judge.astcheck import check_code, validate_ast_check
 from minigrpo.judge.pychecks import ANSWER_EVIDENCE, SANDBOX_DEFAULTS, missing_packages, run_python_checks, \
     sandbox_isolation  # noqa: F401 (the package's public names come from here)
@@ -235,7 +235,7 @@ def _check_json(check, answer):
 def _check_code_block(check, answer):
     want = check.get("lang")
     langs = [lang for lang, _ in fenced_blocks(answer)]
-    ok = any(want is None or lang == want.lower() or (lang in _PY_TAGS - {""} and want.lower() in _PY_TAGS)
+    ok = any(want is None or lang == want.lower() or (lang in PY_TAGS - {""} and want.lower() in PY_TAGS)
              for lang in langs)
     shown = [lang[:20] for lang in langs[:10]] + (["..."] if len(langs) > 10 else [])
     return ok, f"fenced blocks tagged {shown}, want {want or 'any'}"

@@ -10,7 +10,7 @@ What it adds up (bytes, for the resolved preset and model; one process):
                  DeltaNet's recurrent state (fp32) and conv state, plus the prefill's transient, bounded by one
                  layer's training activations over the prompts (no_grad keeps less), and the last-position logits
   training       one micro-batch's saved activations for backward, with and without per-layer checkpointing, plus
-                 the log-prob chunk (grpo.token_logprobs: LOGIT_BYTES of fp32 logits, their exp, and the model-dtype
+                 the log-prob chunk (logprobs.token_logprobs: LOGIT_BYTES of fp32 logits, their exp, and the model-dtype
                  copy of the gradient) and the (rows, H) fp32 d logp / d h that the fused head keeps
 
 peak = weights + trainable + max(rollout, training): the sampler's cache is freed before the loss runs.
@@ -211,7 +211,7 @@ def layer_costs(cfg, dtype, lora_r, targets=DEFAULT_TARGETS, lengths=(128, 256))
             shared = [t.untyped_storage().data_ptr() for t in (cos, sin, mask, real)]
             shared += [p.untyped_storage().data_ptr() for p in block.parameters()]
             with Recorder() as rec:
-                saved, grads = _measure(lambda: block(x, cos, sin, mask, real), shared)
+                saved, grads = _measure(lambda: block(x, cos, sin, attn_mask=mask, real_tokens=real), shared)
             for call in rec.calls:  # the attention layer's one call: what the CUDA kernel keeps instead
                 costs["attention_kernel"] = cuda_kernel(call)
                 saved += kernel_saved_bytes(call, "cuda") - kernel_saved_bytes(call, "cpu")
@@ -274,7 +274,7 @@ def activation_bytes(cfg, costs, B, T, dtype_bytes, checkpointing):
 
 
 def logprob_bytes(cfg, rows, dtype_bytes, entropy=True):
-    """grpo.token_logprobs at its peak: one chunk of fp32 logits (LOGIT_BYTES, or all rows if fewer) and, when the
+    """logprobs.token_logprobs at its peak: one chunk of fp32 logits (LOGIT_BYTES, or all rows if fewer) and, when the
     entropy is logged (train.py does), their exp beside them; in bf16 the logits before the cast (and the gradient
     cast back); plus d logp / d h (rows, H) fp32 for every row."""
     chunk = min(rows, max(1, LOGIT_BYTES // (4 * cfg.vocab_size))) * cfg.vocab_size  # logits per chunk
@@ -380,7 +380,7 @@ def prompt_tokens(task):
     """The longest prompt, in tokens, estimated without a tokenizer: UTF-8 bytes / 3 (Qwen's BPE averages 3.5-4.5
     bytes per token on English and code) + 16 for the chat template. soyuz: its bundled tasks; gsm8k: the system
     prompt and a 900-character question (GSM8K's longest are about that); mdp: the seed's "full" prompt, ~330
-    tokens with the template (tasks/mdp_pipeline.py), rounded up."""
+    tokens with the template (experiments/mdp_pipeline.py), rounded up."""
     if task == "soyuz":
         with open(os.path.join(DATA, "soyuz_tasks.json")) as f:
             longest = max(len(t["prompt"].encode()) for t in json.load(f))
@@ -394,7 +394,7 @@ def prompt_tokens(task):
 def run_shape(args):
     """(Shape, settings dict) of the run train.py would start, per process. soyuz samples one task's G answers per
     call (chunk 1), then its G revisions, whose prompts hold the answer and the critique: those are the longest
-    calls and sequences. mdp: the GRPO stage of its pipeline (tasks/mdp_pipeline.PIPELINES)."""
+    calls and sequences. mdp: the GRPO stage of its pipeline (experiments/mdp_pipeline.PIPELINES)."""
     if args.task == "mdp":
         from minigrpo.experiments.mdp_pipeline import pipeline_config
         c = pipeline_config(args.model)

@@ -43,11 +43,6 @@ def task_class(name: str):
     raise ValueError(f"--task {name!r} is not a task: choose one of {', '.join(TASKS)}")
 
 
-def get_task(name: str, **opts):
-    """Build the task called `name`; `opts` are task-specific (data path, judge, ...)."""
-    return task_class(name)(**opts)
-
-
 def task_from_args(args):
     """The task train.py's flags ask for, built with the options the task itself reads from them, its train split
     read: data that cannot be used (a missing, empty or malformed --data file, the hub out of reach, a bad --judge)

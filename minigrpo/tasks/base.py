@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 @dataclass
 class Seq:
     """One trained completion of a rollout: its prompt (everything before it, never trained), its own tokens,
-    the sampler's log-probs of them, the raw task score, and the (possibly shaped) reward its advantage uses."""
+    the sampler's log-probs of them, the raw task score, and the (possibly shaped) reward its advantage uses.
+    The sampler's part (tokens, log-probs, finish reason, text) is copied from its sampler.Sample by `of`; the rest
+    is the task's, which the sampler never sees."""
     example_id: str
     turn: int
     prompt_ids: list
@@ -18,6 +20,12 @@ class Seq:
     reward: float | None = None     # what the advantage is computed from (shaped for turn > 0)
     advantage: float = 0.0
     info: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, sample, example_id, turn, prompt_ids, score, reward, info=None):
+        """The Seq of a sampler.Sample of example `example_id`'s prompt at `turn`."""
+        return cls(example_id, turn, prompt_ids, list(sample.completion_ids), list(sample.logprobs),
+                   sample.finish_reason, sample.text, score, reward, info=info or {})
 
 
 class SingleTurnTask:
@@ -43,6 +51,5 @@ class SingleTurnTask:
         for ex, prompt, group in zip(examples, prompts, groups):
             for s in group:
                 score = self.score(ex, s.text)
-                seqs.append(Seq(ex["id"], 0, prompt, list(s.completion_ids), list(s.logprobs), s.finish_reason,
-                                s.text, score, score, info=self.details(ex, s.text)))
+                seqs.append(Seq.of(s, ex["id"], 0, prompt, score, score, info=self.details(ex, s.text)))
         return seqs

@@ -85,12 +85,12 @@ def tasks_for_judge(tasks: list[dict], judge_spec: str) -> tuple[list[dict], lis
     return kept, [f"soyuz: {i} left out with the local judge (an LLM judge includes it): {why}" for i, why in left]
 
 
-def critique(verdict, task: dict | None = None, max_problems: int = 6) -> str:
-    """The user's second message, grounded in the judge's verdict: each failed criterion's text and the judge's
-    reason for failing it."""
+def critique(task: dict, verdict, max_problems: int = 6) -> str:
+    """The user's second message, grounded in the judge's verdict on the answer to `task`: each failed criterion's
+    text and the judge's reason for failing it."""
     if verdict is None or verdict.score is None:
         return "Review your answer against every requirement of the task and give an improved, complete answer."
-    criteria = {c["id"]: c for c in (task or {}).get("criteria", [])}
+    criteria = {c["id"]: c for c in task.get("criteria", [])}
     failed = [r for r in verdict.results if r.passed is False]
     problems = "; ".join(_problem(criteria.get(r.id), r) for r in failed[:max_problems])
     if len(failed) > max_problems:
@@ -177,7 +177,7 @@ class SoyuzTask:
         return self.judge.submit(ex, answer)          # graded in the judge's worker pool
 
     def critique_for(self, ex: dict, verdict) -> str:
-        return critique(verdict, ex)
+        return critique(ex, verdict)
 
     def rollout(self, generate, tok, examples, seeds, args):
         """`generate(prompts, seeds, n)` -> per prompt a list of n samples. Returns the Seqs of both turns, each

@@ -96,8 +96,7 @@ def _score(verdict):
 def _seq(example_id, turn, prompt, s, verdict, score, reward):
     info = {"judge": None if verdict is None else verdict.reason,
             "failed": [] if verdict is None else [r.id for r in verdict.results if r.passed is False]}
-    return Seq(example_id, turn, prompt, list(s.completion_ids), list(s.logprobs), s.finish_reason, s.text, score,
-               reward, info=info)
+    return Seq.of(s, example_id, turn, prompt, score, reward, info=info)
 
 
 def recovery_metrics(seqs) -> dict:

@@ -1,6 +1,7 @@
-"""minigrpo/optim.py: --warmup as a count or a fraction, lr_factor's linear warmup then cosine to zero (or constant),
-the schedule adamw's LambdaLR applies step by step, and the mdp pipeline's own schedule, which holds its peak one
-step longer. Every expected rate is written out by hand."""
+"""minigrpo/optim.py: the learning-rate schedule --warmup and --schedule describe. --warmup as a count or a fraction
+of the run, lr_factor's linear warmup then cosine to zero (or constant), the schedule adamw's LambdaLR applies step
+by step, and the mdp pipeline's own schedule, which holds its peak one step longer. Every expected rate is written
+out by hand."""
 import math
 
 import pytest
@@ -45,6 +46,21 @@ def test_adamw_steps_through_lr_factor():
     assert rates(opt, sched, 6) == pytest.approx([0.5 * lr_factor(s, 6, 1) for s in range(6)])
     opt, sched = adamw([p], 0.5, 6, warmup=1, schedule="constant")
     assert rates(opt, sched, 4) == pytest.approx([0.25, 0.5, 0.5, 0.5])
+
+
+def test_a_warmup_below_one_is_a_fraction_of_the_run():
+    p = torch.nn.Parameter(torch.zeros(1))
+    p.grad = torch.ones(1)
+    lrs = rates(*adamw([p], 1.0, 100, warmup=0.1), 12)           # 10 warmup steps
+    assert lrs[0] == pytest.approx(1 / 11) and lrs[9] == pytest.approx(10 / 11)
+    assert lrs[10] == pytest.approx(1.0) and lrs[11] < 1.0         # the peak, then the cosine
+
+
+def test_a_warmup_of_one_or_more_counts_steps():
+    p = torch.nn.Parameter(torch.zeros(1))
+    p.grad = torch.ones(1)
+    assert rates(*adamw([p], 1.0, 100, warmup=2), 4)[:3] == pytest.approx([1 / 3, 2 / 3, 1.0])
+    assert rates(*adamw([p], 1.0, 100, warmup=2, schedule="constant"), 3)[2] == 1.0
 
 
 def test_pipeline_schedule_holds_the_peak_one_step_longer():

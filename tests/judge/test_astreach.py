@@ -176,3 +176,26 @@ def test_static_evaluation_and_walks_are_bounded(src):
     assert check(src, calls=["print"], must=False) in (True, False)
     assert check(src, calls=["print"]) in (True, False)
     assert time.thread_time() - t0 < 2.0
+
+
+@pytest.mark.parametrize("limit", [1000, 2000, 10000])   # Python's default, torch.compile's, a test driver's
+def test_what_counts_as_code_does_not_follow_the_recursion_limit(limit):
+    """A training process that ran torch.compile has a higher recursion limit: the same answer grades the same."""
+    import sys
+    from minigrpo.judge import answer_code
+    from minigrpo.judge.astcheck import MAX_DEPTH, parse_code
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit)
+    try:
+        for cached in (answer_code._fenced, answer_code.extract_code, parse_code):
+            cached.cache_clear()
+        chain = lambda n: "x = y" + " + y" * n           # a left-leaning chain: tree depth ~ n
+        assert parse_code(chain(MAX_DEPTH - 10)) is not None
+        assert parse_code(chain(MAX_DEPTH)) is None and parse_code(chain(2500)) is None
+        bomb = "-" * 2500 + "1"                             # parses at every limit here: refused by depth alone
+        assert answer_code.extract_code(bomb) == ""
+        assert run_check({"type": "ast", "calls": ["print"], "must": False}, "```python\n" + bomb + "\n```")[0] is False
+    finally:
+        sys.setrecursionlimit(before)
+        for cached in (answer_code._fenced, answer_code.extract_code, parse_code):
+            cached.cache_clear()

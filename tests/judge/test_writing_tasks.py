@@ -76,12 +76,12 @@ def test_the_critique_quotes_what_is_not_writing():
     it, also where it is the only criterion that failed."""
     task = next(t for t in TASKS if t["id"] == "micro-fiction")
     judge = make_judge("local")
-    assert "the word 'salt' is" in critique(judge.grade(task, bench.STUFFED["micro-fiction"]), task)
+    assert "the word 'salt' is" in critique(task, judge.grade(task, bench.STUFFED["micro-fiction"]))
     nouns = r"\b(envelope|rocks|handwriting|name|city|husband|paintings|sea|beam|water|logbook|hands|sheet|wick|" \
             r"glass|wind|table)\b"
     v = judge.grade(task, re.sub(nouns, "salt", bench.answer("micro-fiction", "good")))    # 'salt', 1 word in 6
     assert [r.id for r in v.results if r.passed is False] == ["c11"], v.problems()
-    assert "the word 'salt' is" in critique(v, task)
+    assert "the word 'salt' is" in critique(task, v)
     judge.close()
 
 

@@ -2,49 +2,22 @@
 
 The chunk loop once took chunk n as U[:, :, n]. The backward of an index is a zero tensor of the whole
 (B, h, N, ...) size holding that chunk's gradient, so the backward made N full-size tensors per sliced input:
-bytes ~ N^2, quadratic in T. `indexed_delta_rule` below is that formulation, kept as the reference the current
-code must match bit for bit (same ops per chunk, only the added zeros are gone); the recurrent form is the
-definition both must agree with up to rounding.
+bytes ~ N^2, quadratic in T. bench/deltanet_backward.py's `indexed_delta_rule` is that formulation (on the
+library's own chunk terms), kept as the reference the current code must match bit for bit (same ops per chunk,
+only the added zeros are gone); the recurrent form is the definition both must agree with up to rounding. Its
+`BytesMade` counts the bytes here as there.
 """
+import os
+import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
+import minigrpo
 from minigrpo.deltanet import chunked_delta_rule, l2norm, recurrent_delta_rule
 
-
-def indexed_delta_rule(q, k, v, g, beta, state, chunk=64):
-    """chunked_delta_rule as it was, with chunk n taken by indexing (U[:, :, n]): the reference."""
-    B, h, T, dk = k.shape
-    dv = v.shape[-1]
-    pad = (-T) % chunk
-    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
-    g, beta = (F.pad(x, (0, pad)) for x in (g, beta))
-    N = (T + pad) // chunk
-    q, k, v = (x.reshape(B, h, N, chunk, x.shape[-1]) for x in (q, k, v))
-    g, beta = g.reshape(B, h, N, chunk), beta.reshape(B, h, N, chunk)
-    gam = g.cumsum(-1)
-    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
-    decay = (gam[..., :, None] - gam[..., None, :]).masked_fill(~causal, float("-inf")).exp()
-    A = (beta[..., None] * (k @ k.mT) * decay).tril(-1)
-    eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
-    rhs = torch.cat([beta[..., None] * v, (beta * gam.exp())[..., None] * k], dim=-1)
-    UW = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)
-    U, W = UW.split([dv, dk], dim=-1)
-    qk = (q @ k.mT) * decay
-    q_in = q * gam.exp()[..., None]
-    k_out = k * (gam[..., -1:] - gam).exp()[..., None]
-    S = state
-    out = []
-    for n in range(N):
-        delta = U[:, :, n] - W[:, :, n] @ S
-        out.append(q_in[:, :, n] @ S + qk[:, :, n] @ delta)
-        S = S * gam[:, :, n, -1, None, None].exp() + k_out[:, :, n].mT @ delta
-    o = torch.stack(out, dim=2).reshape(B, h, N * chunk, dv)[:, :, :T]
-    return o, S
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(minigrpo.__file__)), "bench"))
+from deltanet_backward import BytesMade, indexed_delta_rule  # noqa: E402
 
 
 def inputs(B, h, T, dk, dv, seed=0):
@@ -68,24 +41,6 @@ def run(rule, xs, seed=1):
     go, gS = torch.randn(o.shape, generator=gen), torch.randn(S.shape, generator=gen)
     grads = torch.autograd.grad((o, S), xs, (go, gS))
     return (o.detach(), S.detach()), grads
-
-
-class BytesMade(TorchDispatchMode):
-    """Adds up the bytes of every tensor an op makes: outputs that share no storage with the op's inputs (views
-    and in-place results are not new memory)."""
-
-    def __init__(self):
-        super().__init__()
-        self.bytes = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        given = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
-                 if isinstance(t, torch.Tensor)}
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in given:
-                self.bytes += t.numel() * t.element_size()
-        return out
 
 
 def backward_bytes(rule, T, B=1, h=2, dk=16, dv=16):

@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from minigrpo.model import Qwen
+from minigrpo.pretrained import load_pretrained
 
 pytest.importorskip("huggingface_hub")
 from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402

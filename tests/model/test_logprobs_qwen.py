@@ -79,8 +79,8 @@ def naive_entropy(logits, temperature, vocab_size):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("start", [0, 4])
-def test_fused_frozen_head_values_entropy_and_gradients_equal_naive(kind, start):
+@pytest.mark.parametrize("first_col", [0, 4])
+def test_fused_frozen_head_values_entropy_and_gradients_equal_naive(kind, first_col):
     torch.manual_seed(0)
     model = load_pretrained(kind)
     with torch.no_grad():  # peaked enough for log-probs to differ, flat enough for a non-zero entropy
@@ -88,21 +88,21 @@ def test_fused_frozen_head_values_entropy_and_gradients_equal_naive(kind, start)
     ids = torch.randint(0, 261, (3, 10), generator=torch.Generator().manual_seed(6))
     attn = torch.ones_like(ids)
     attn[2, :2] = 0
-    w = torch.randn(3, 9, generator=torch.Generator().manual_seed(7)) * grpo.span_mask(start + 1, 9, 10)
+    w = torch.randn(3, 9, generator=torch.Generator().manual_seed(7)) * grpo.span_mask(first_col + 1, 9, 10)
     model.lm_head.weight.requires_grad_(False)  # as under LoRA: the head (tied embedding) is frozen
     try:
         params = [p for p in model.parameters() if p.requires_grad]
         lp, ent = logprobs.token_logprobs(model, ids, attn, 0.8, chunk=5, return_entropy=True, vocab_size=261,
-                                      start=start)
+                                          first_col=first_col)
         g1 = torch.autograd.grad((lp * w).sum(), params)
         logits = model(ids, attention_mask=attn)[..., :261]
         g2 = torch.autograd.grad((gathered(logits, ids, 0.8) * w).sum(), params)
     finally:
         model.lm_head.weight.requires_grad_(True)
-    assert torch.allclose(lp[:, start:], gathered(logits, ids, 0.8).detach()[:, start:], atol=1e-5)
+    assert torch.allclose(lp[:, first_col:], gathered(logits, ids, 0.8).detach()[:, first_col:], atol=1e-5)
     assert not ent.requires_grad  # logged, not trained
-    assert torch.allclose(ent[:, start:], naive_entropy(logits.detach(), 0.8, 261)[:, start:], atol=1e-4)
-    assert ent[:, start:].max() > 0.1  # the check has teeth: not all one-hot
+    assert torch.allclose(ent[:, first_col:], naive_entropy(logits.detach(), 0.8, 261)[:, first_col:], atol=1e-4)
+    assert ent[:, first_col:].max() > 0.1  # the check has teeth: not all one-hot
     # two kernel paths (fused head, autograd through the lm_head) sum in another order: the gradients used up to 26%
     # of atol=1e-5, rtol=1e-4 (default kernels, 2 threads; 18% avx2/avx512): 2.5x those is 10x the largest seen
     for a, b in zip(g1, g2):
@@ -117,7 +117,7 @@ def test_fused_saves_no_vocabulary_sized_tensor(model):
     model.lm_head.weight.requires_grad_(False)
     try:
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
-            logprobs.token_logprobs(model, ids, start=20)
+            logprobs.token_logprobs(model, ids, first_col=20)
     finally:
         model.lm_head.weight.requires_grad_(True)
     assert saved and all(V not in shape for shape in saved), [s for s in saved if V in s]

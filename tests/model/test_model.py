@@ -318,3 +318,26 @@ def test_chunked_delta_rule_equals_recurrent(T):
     o2, s2 = chunked_delta_rule(q, k, v, gate, beta, S0)
     assert (o1 - o2).abs().max() <= 1e-5 and (s1 - s2).abs().max() <= 1e-5
     assert o1.abs().max() > 0.1 and not math.isnan(o2.sum().item())
+
+
+@pytest.mark.parametrize("kind", ["tiny", "tiny-qwen3.5"])
+def test_activation_checkpointing_gives_the_same_gradients_and_stays_out_of_no_grad_calls(kind, monkeypatch):
+    import torch.utils.checkpoint as tuc
+    from minigrpo.model import enable_activation_checkpointing
+    calls = []
+    real = tuc.checkpoint
+    monkeypatch.setattr(tuc, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ids = torch.randint(0, 256, (2, 11), generator=torch.Generator().manual_seed(0))
+    grads = []
+    for checkpointed in (False, True):
+        model = load_pretrained(kind)
+        if checkpointed:
+            enable_activation_checkpointing(model)
+        model(ids).float().square().mean().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    assert len(calls) == model.config.num_hidden_layers           # one recomputed layer each, in the grad pass
+    for n, g in grads[0].items():
+        torch.testing.assert_close(grads[1][n], g, rtol=1e-5, atol=1e-7, msg=n)
+    with torch.no_grad():                                          # sampling, the reference: the layers as they are
+        model(ids)
+    assert len(calls) == model.config.num_hidden_layers

@@ -1,10 +1,10 @@
 """The group sampler: greedy = uncached argmax = transformers, stops as documented, seeded, and its log-probs equal
-grpo.token_logprobs teacher-forced on the same sequences (PITFALLS 5-7, 9, 11)."""
+logprobs.token_logprobs teacher-forced on the same sequences (PITFALLS 5-7, 9, 11)."""
 
 import pytest
 import torch
 
-from minigrpo import grpo
+from minigrpo.logprobs import token_logprobs
 from minigrpo.model import Qwen, QwenConfig
 from minigrpo.pretrained import load_pretrained
 from minigrpo.sampler import cut_after_stop, sample
@@ -134,7 +134,7 @@ def test_defaults_come_from_the_tokenizer():
 
 @pytest.mark.parametrize("temperature,top_p,top_k", [(1.0, 1.0, 0), (0.7, 1.0, 0), (0.7, 0.8, 5), (0.0, 1.0, 0)])
 def test_logprobs_equal_teacher_forced(kind, temperature, top_p, top_k):
-    """Sampler log-probs (untruncated, at T) = grpo.token_logprobs on prompt + completion, left-padded batch."""
+    """Sampler log-probs (untruncated, at T) = logprobs.token_logprobs on prompt + completion, left-padded batch."""
     model = load_pretrained(kind)
     out = sample(model, PROMPTS, n=2, max_new_tokens=9, temperature=temperature, top_p=top_p, top_k=top_k,
                  seed=0, vocab_size=VOCAB, stop_ids=[7, 8, 9])  # some rows end early
@@ -145,7 +145,7 @@ def test_logprobs_equal_teacher_forced(kind, temperature, top_p, top_k):
     for i, q in enumerate(seqs):
         ids[i, L - len(q):], mask[i, L - len(q):] = torch.tensor(q), 1
     with torch.no_grad():
-        ref = grpo.token_logprobs(model, ids, mask, temperature=temperature or 1.0, vocab_size=VOCAB)  # (B, L-1)
+        ref = token_logprobs(model, ids, mask, temperature=temperature or 1.0, vocab_size=VOCAB)  # (B, L-1)
     for i, s in enumerate(out):
         c = len(s.completion_ids)
         assert torch.allclose(torch.tensor(s.logprobs), ref[i, L - 1 - c:], atol=1e-5, rtol=0)

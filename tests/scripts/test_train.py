@@ -133,13 +133,13 @@ def test_three_non_finite_steps_stop_with_the_last_good_checkpoint(tmp_path, mon
     import train
     args = train.resolve_args([*SMALL, "--runs-dir", str(tmp_path), "--run-name", "nan", "--steps", "6",
                                "--save-every", "1", "--keep-checkpoints", "5"])
-    real, calls = train.finish_gradients, []
+    real, calls = train.all_reduce_and_clip, []
 
     def poisoned(params, args, dist_info):
         calls.append(real(params, args, dist_info))
         return calls[-1] if len(calls) == 1 else float("nan")     # step 1 is fine, then every gradient is NaN
 
-    monkeypatch.setattr(train, "finish_gradients", poisoned)
+    monkeypatch.setattr(train, "all_reduce_and_clip", poisoned)
     with pytest.raises(SystemExit, match="3 non-finite steps in a row"):
         train.train(args)
     run = tmp_path / "nan"
@@ -147,6 +147,23 @@ def test_three_non_finite_steps_stop_with_the_last_good_checkpoint(tmp_path, mon
     good = load_file(str(run / "checkpoints" / "step-1" / "model.safetensors"))
     last = load_file(str(run / "checkpoints" / "step-3" / "model.safetensors"))
     assert all(torch.equal(good[k], last[k]) for k in good)      # skipped steps changed nothing
+
+
+def test_a_non_finite_step_with_several_passes_does_not_claim_the_weights_are_untouched(capsys):
+    """With --mu 2 a pass before the non-finite one has already stepped the optimizer: the warning and the stop
+    say so instead of naming an earlier step's weights."""
+    import train
+
+    class Run:                                   # the one method the stop message reads
+        def checkpoint_note(self):
+            return "no checkpoint was written yet"
+
+    assert train.nonfinite_streak(0, float("nan"), 4, Run(), mu=2) == 1
+    assert "earlier passes applied" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        train.nonfinite_streak(2, float("nan"), 6, Run(), mu=2)
+    assert "with --mu 2 each kept the passes before its non-finite one" in e.value.code
+    assert "weights are those of step" not in e.value.code
 
 
 def test_a_fresh_run_refuses_a_used_run_folder(tmp_path):

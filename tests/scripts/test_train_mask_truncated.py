@@ -10,6 +10,7 @@ import torch
 
 import train
 from minigrpo import grpo
+from minigrpo.logprobs import token_logprobs
 from minigrpo.lora import inject_lora
 from minigrpo.model import Qwen
 from minigrpo.pretrained import load_pretrained
@@ -41,7 +42,7 @@ def gradient(model, params, seqs, mask_truncated, agg="token"):
     for p in params:
         p.grad = None
     for b in batches:
-        logp = grpo.token_logprobs(model, b.ids, b.attn, temperature=0.9, vocab_size=VOCAB, start=b.start)
+        logp = token_logprobs(model, b.ids, b.attn, temperature=0.9, vocab_size=VOCAB, first_col=b.first_col)
         ref = logp.detach() - 0.1    # a KL term too: it must be masked the same way
         loss, _ = grpo.policy_loss(logp, None, b.adv, b.mask, agg=agg, normalizer=norm, ref_logp=ref, beta=0.5)
         loss.backward()

@@ -136,7 +136,7 @@ def test_recovery_metrics():
 
 
 def test_critique_without_verdict_is_generic():
-    assert "improved" in critique(None)
+    assert "improved" in critique({"criteria": []}, None)
 
 
 def test_judging_overlaps_generation():

@@ -2,7 +2,10 @@
 
 Standard library only. `Sandbox(files, limits).start(argv)` runs argv in a private, empty work folder holding
 `files`; `run(argv, files, limits, stdin_bytes)` is the one-shot form; `isolation()` names the strongest isolation
-this machine gives and what it lacks ("weaknesses"), probed once per process. The machinery lives beside it:
+this machine gives and what it lacks ("weaknesses"), probed once per process. `Sandbox(workdir=folder,
+slot=uid_slot)` instead works in a host folder the caller owns and keeps (bound read-write at /sandbox), as the
+uid of a slot the caller holds: several sandboxes, one after the other, then share one folder and one uid (an
+agent's episode, episode.py). The machinery lives beside it:
 host.py (cgroups, the uid pool, process trees, remove_tree), mounts.py (what the sandbox sees) and launch.py (the
 launcher, the seccomp filter and the isolation modes).
 
@@ -51,8 +54,8 @@ import time
 from minigrpo.judge.sandbox.host import TICK, UidSlot, add_weakness, cgroup_layout, kill_pid, new_cgroup, pids_of_uid, \
     remove_tree, tree_ticks
 from minigrpo.judge.sandbox.launch import STUB, Limits, best_mode, launcher_argv, pool_uid_can_run_python
-from minigrpo.judge.sandbox.mounts import INSIDE_UID, WORKDIR, bwrap_command, host_folder_command, new_host_folder, \
-    python_paths
+from minigrpo.judge.sandbox.mounts import INSIDE_UID, WORKDIR, bwrap_command, hand_over, host_folder_command, \
+    new_host_folder, python_paths
 
 __all__ = ["Limits", "Sandbox", "isolation", "run", "remove_tree", "python_paths", "WORKDIR"]
 
@@ -78,8 +81,13 @@ def isolation():
 class Sandbox:
     """One sandboxed process tree; see the module docstring. Use as a context manager, or call close()."""
 
-    def __init__(self, files=None, limits=None, env=None, _mode=None, keep_fds=()):
+    def __init__(self, files=None, limits=None, env=None, _mode=None, keep_fds=(), workdir=None, slot=None):
         self.files = dict(files or {})
+        # a host folder to work in instead of a fresh one, left in place by close(); it is handed to the sandbox's
+        # uid before the payload starts (mounts.hand_over). slot: a UidSlot the caller holds, so that consecutive
+        # sandboxes over that folder run as one uid; close() does not release it.
+        self.host_workdir = workdir
+        self._held_slot = slot
         self.keep_fds = list(keep_fds)      # descriptors the payload inherits (a broker's socket), same numbers
         self.limits = limits or Limits()
         self.extra_env = dict(env or {})
@@ -94,6 +102,7 @@ class Sandbox:
         self._fds = []
         self._closed = False
         self._cpu_last = 0.0
+        self.output_bytes = 0   # stdout bytes the payload wrote, kept or not (communicate)
         self._t0 = None
         self._lock = threading.Lock()
 
@@ -121,7 +130,7 @@ class Sandbox:
                                "(it lies under a folder only root can enter)")
         elif root and mode in ("bwrap-pool", "unshare", "plain"):
             try:
-                self._slot = UidSlot()
+                self._slot = self._held_slot or UidSlot()
                 uid = self._slot.uid
             except OSError as e:
                 add_weakness(weak, f"runs as root with no capabilities ({e})")
@@ -139,13 +148,20 @@ class Sandbox:
         payload = launcher_argv(lim, uid, mode, self._cg is not None, python_source) + argv
         if mode.startswith("bwrap"):
             self.workdir = WORKDIR
-            inner = bwrap_command(lim, self.files, self._fds, uid, mode == "bwrap-userns", payload)
+            if self.host_workdir:
+                if uid is not None:
+                    hand_over(self.host_workdir, uid)
+                # bwrap enters it as a root with no capabilities, before the launcher drops to the uid: it needs
+                # the search bit (no sandbox sees the host folder's path, and its parent is not listable)
+                os.chmod(self.host_workdir, 0o711)
+            inner = bwrap_command(lim, self.files, self._fds, uid, mode == "bwrap-userns", payload,
+                                  workdir=self.host_workdir)
             cwd = "/"
         else:
-            self.folder = new_host_folder()
-            self.workdir = self.folder
-            inner = host_folder_command(self.folder, self.files, uid, mode, root, weak, payload)
-            cwd = self.folder
+            self.folder = None if self.host_workdir else new_host_folder()
+            self.workdir = self.host_workdir or self.folder
+            inner = host_folder_command(self.workdir, self.files, uid, mode, root, weak, payload)
+            cwd = self.workdir
         env.update({"HOME": self.workdir, "TMPDIR": self.workdir}, **self.extra_env)
         self.proc = subprocess.Popen(["/bin/sh", "-c", STUB, "sandbox"] + inner, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=cwd, env=env,
@@ -240,6 +256,7 @@ class Sandbox:
                     chunk = self.proc.stdout.read1(65536)
                     if not chunk:
                         break
+                    self.output_bytes += len(chunk)
                     if len(out) < max_output:
                         out.extend(chunk[:max_output - len(out)])
 
@@ -338,9 +355,9 @@ class Sandbox:
             self._cg = None
 
     def _release_slot(self):
-        if self._slot is not None:
+        if self._slot is not None and self._slot is not self._held_slot:
             self._slot.release()
-            self._slot = None
+        self._slot = None
 
     def __enter__(self):
         return self

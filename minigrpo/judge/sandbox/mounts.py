@@ -7,11 +7,14 @@ sandboxed process tree, and its work folder with the caller's files.
   tmpfs for the work folder (WORKDIR), /tmp, /var/tmp and /dev/shm; the files reach it as memfds.
 - Without one: `new_host_folder` and `host_folder_command` make a 0700 host folder under a 0711 base, write the
   files there and name what this level lacks.
+- A caller's work folder that several sandboxes use in turn: `hand_over` gives it to the next one's uid, and
+  `walk_tree` lists a folder a payload filled without following anything it planted.
 """
 
 import contextlib
 import functools
 import os
+import stat
 import sys
 import tempfile
 
@@ -88,8 +91,9 @@ def _mkdirs(args, made, path):
             args += ["--perms", "0755", "--dir", cur]
 
 
-def _bwrap_args(limits, fds, uid, userns):
-    """The bwrap options (no command) for one sandbox; `fds` collects fds to pass (file contents)."""
+def _bwrap_args(limits, fds, uid, userns, workdir=None):
+    """The bwrap options (no command) for one sandbox; `fds` collects fds to pass (file contents). workdir: a host
+    folder bound read-write as the work folder (bwrap binds nosuid) in place of its private tmpfs."""
     tmp = str(int(limits.tmp_mb) << 20)
     args = ["--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     if userns:
@@ -114,7 +118,10 @@ def _bwrap_args(limits, fds, uid, userns):
             args += ["--ro-bind", "/dev/null", name]
     for d in ("/tmp", "/var/tmp", "/dev/shm", WORKDIR):
         _mkdirs(args, made, d)
-        args += ["--perms", "0777" if d == WORKDIR else "1777", "--size", tmp, "--tmpfs", d]
+        if d == WORKDIR and workdir:
+            args += ["--bind", workdir, d]
+        else:
+            args += ["--perms", "0777" if d == WORKDIR else "1777", "--size", tmp, "--tmpfs", d]
         made.add(d)
     python, _ = python_paths()
     # hidden folders under a bound system folder (a checkout in /usr/src, a venv's project): an empty tmpfs on top
@@ -169,10 +176,10 @@ def _work_path(name):
     return f"{WORKDIR}/{rel}"
 
 
-def bwrap_command(limits, files, fds, uid, userns, payload):
+def bwrap_command(limits, files, fds, uid, userns, payload, workdir=None):
     """bwrap + its options + `payload` (the launcher and argv); `files` go in the work folder as memfds, whose fds
     are appended to `fds` (the caller passes them to bwrap and closes them)."""
-    args = _bwrap_args(limits, fds, uid, userns=userns)
+    args = _bwrap_args(limits, fds, uid, userns=userns, workdir=workdir)
     for name, text in files.items():
         dest = _work_path(name)
         parent = os.path.dirname(dest)
@@ -197,9 +204,7 @@ def host_folder_command(folder, files, uid, mode, root, weak, payload):
         with open(path, "wb") as f:
             f.write(text.encode() if isinstance(text, str) else bytes(text))
     if uid is not None:
-        for top, dirs, names in os.walk(folder):
-            for n in [""] + dirs + names:
-                os.chown(os.path.join(top, n), uid, uid, follow_symlinks=False)
+        hand_over(folder, uid)
     os.chmod(folder, 0o700)
     add_weakness(weak, "no mount namespace: the host filesystem is readable wherever file permissions allow, "
                        "and host /tmp, /var/tmp, /dev/shm are shared")
@@ -223,3 +228,40 @@ def _sandbox_base():
     import atexit
     atexit.register(remove_tree, base)
     return base
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# A folder a payload has written to, looked at from the host
+
+def walk_tree(top):
+    """(path, lstat result) of every entry below `top`, folders before their contents. Iterative (a chain of 4000
+    nested folders is fine), never follows a symlink, and skips what it cannot read (a path too long, an entry
+    gone). Safe only while no payload runs in the folder: the caller walks it between sandboxes."""
+    todo = [top]
+    while todo:
+        folder = todo.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            yield entry.path, st
+            if stat.S_ISDIR(st.st_mode):
+                todo.append(entry.path)
+
+
+def hand_over(folder, uid):
+    """Give `folder` and its folders and regular files to `uid` (the next sandbox's) where another uid owns them: the
+    caller's files copied in, or what a sandbox of another uid left. Nothing else changes owner: no symlink, and no
+    file with a second hard link, which may be a link to a file from outside the folder."""
+    os.chown(folder, uid, uid, follow_symlinks=False)
+    for path, st in walk_tree(folder):
+        mine = st.st_uid == uid and st.st_gid == uid
+        if not mine and (stat.S_ISDIR(st.st_mode) or (stat.S_ISREG(st.st_mode) and st.st_nlink == 1)):
+            with contextlib.suppress(OSError):
+                os.chown(path, uid, uid, follow_symlinks=False)
