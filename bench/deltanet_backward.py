@@ -48,7 +48,7 @@ GiB = 1024 ** 3
 
 def indexed_delta_rule(q, k, v, g, beta, state, chunk=64):
     """chunked_delta_rule as it was, chunk n taken by indexing (U[:, :, n]): the anchor. The chunk terms are the
-    library's own, so only the loop differs (tests/test_deltanet_memory.py holds the two to the same bits)."""
+    library's own, so only the loop differs (tests/model/test_deltanet.py holds the two to the same bits)."""
     T, dv = k.shape[2], v.shape[-1]
     U, W, q_in, qk, k_out, gam_last = deltanet.chunk_terms(q, k, v, g, beta, chunk)
     S = state

@@ -5,7 +5,7 @@
     python bench/judge.py --hostile                     # a batch of 24 code answers, alone and with one hostile
 
 Each checkout grades its own task file (minigrpo/data/soyuz_tasks.json) and its own reference answers
-(tests/data/soyuz/<id>.good.md) through `make_judge("local", workers=8)`, as tests/test_soyuz_tasks.py does, in a
+(tests/data/soyuz/<id>.good.md) through `make_judge("local", workers=8)`, as tests/tasks/test_soyuz_tasks.py does, in a
 fresh process (imports and the judge's start-up included). The runs alternate (anchor, ours, anchor, ours, ...) so
 that a load change on a shared machine hits both; the table gives the median and the best of each, and the ratio
 of the medians. Every run also checks that every reference answer scored 1.0 over its checked criteria.

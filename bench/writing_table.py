@@ -19,7 +19,7 @@ The degenerate answers, written as a policy paid by surface checks would write t
   shuffled   the reference with the words inside each line shuffled (first and last word kept, so line counts,
              syllables, rhymes, acrostic letters survive), the best of SHUFFLE_SEEDS shuffles
   one-word, whitespace
-The tests (tests/test_judge_writing.py) grade the same answers through these functions.
+The tests (tests/judge/test_writing_tasks.py) grade the same answers through these functions.
 """
 
 import argparse

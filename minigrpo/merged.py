@@ -16,7 +16,7 @@ has changed since: its tensors keep their addresses, so a compiled decode step o
 reads them stays valid for the whole run. The fp32 LoRA weights are only read, never written.
 
 In fp32 the copy computes the unmerged model's function up to fp32 rounding (x (W + BA)ᵀ against
-x Wᵀ + (x Aᵀ) Bᵀ): tests/test_fast_decode.py checks its logits, and the sampler's tokens and log-probs, against the
+x Wᵀ + (x Aᵀ) Bᵀ): tests/model/test_merged.py checks its logits, and the sampler's tokens and log-probs, against the
 unmerged model.
 """
 

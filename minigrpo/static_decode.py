@@ -21,8 +21,8 @@ What changes here, and nothing else (the model's modules and weights are the sam
   decode step costs the weights' read, not the rows, so this is nearly free on a GPU.
 
 Its twin is the ordinary path: tests check that greedy tokens are equal and log-probs agree to 1e-5 in fp32
-(tests/test_static_decode.py), and that compiled, a whole two-turn rollout compiles a bounded number of graphs
-(tests/test_fast_decode.py).
+(tests/model/test_static_decode.py), and that compiled, a whole two-turn rollout compiles a bounded number of graphs
+(tests/model/test_merged.py).
 
 Shape letters: B rows being decoded, P prompts, S = max_len cache slots, H hidden size, V vocab.
 """

@@ -9,7 +9,7 @@ Two backends behind one class:
 chat() does not run the checkpoint's Jinja template: it renders the three Qwen templates
 in Python, so the library needs no jinja2 and the rules are readable here; tools, tool calls and
 tool results are rendered as the templates do (minigrpo.toolcalls, which also parses the calls).
-tests/test_tokenizer.py checks the output against transformers' apply_chat_template on the
+tests/model/test_tokenizer.py checks the output against transformers' apply_chat_template on the
 official templates. The template text is still read and kept (`.chat_template`), for reference.
 
 Which template a checkpoint gets (its `family`), first rule that applies:
@@ -359,7 +359,7 @@ def byte_tokenizer_json() -> str:
     """The tiny models' byte tokenizer as a `tokenizers` file, for transformers and for minigrpo alike: byte-level
     BPE without merges whose vocabulary maps each byte's GPT-2 character to the byte's value, then the five
     SPECIALS at 256..260 (the first three special, the <think> tags plain added tokens, as in Qwen). It encodes and
-    decodes every text as ByteCodec does (tests/test_export.py)."""
+    decodes every text as ByteCodec does (tests/run/test_export.py)."""
     chars = _bytes_to_unicode()
     hf = HFTokenizer(models.BPE(vocab={chars[b]: b for b in range(256)}, merges=[]))
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)

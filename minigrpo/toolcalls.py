@@ -17,7 +17,7 @@ Two call formats, one per template family:
       </tool_call>
 Every family wraps a tool's result as `<tool_response>` text inside a user turn; consecutive tool messages share
 that one turn. The rendering here is checked byte for byte against the official templates run by transformers
-(tests/test_toolcalls.py).
+(tests/model/test_toolcalls.py).
 
 parse_tool_calls never raises on what a policy wrote: a malformed call becomes an error string saying what is
 wrong, for the environment to show the policy as an observation and to count.

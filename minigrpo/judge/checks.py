@@ -1,6 +1,6 @@
 """Machine checks of the criteria-checklist judge (the `local` backend), and the sandbox that runs answer code.
 
-A check is a small dict (schema in the contract, examples in tests/test_judge_checks.py); `run_check(check, answer)`
+A check is a small dict (schema in the contract, examples in tests/judge/test_checks.py); `run_check(check, answer)`
 returns (True | False | None, reason). None means "could not be decided here" (a package the test needs is not
 installed; a "veto" writing check that found nothing), and the judge leaves that criterion out of the denominator.
 

@@ -36,7 +36,8 @@ and must treat every byte as hostile input). The copy is read-only by its mode b
 not stopped by them, so it must not write there.
 
 Weaker isolation levels (no bubblewrap, not root) keep the same interface and name what they lack in
-`Episode.weaknesses`; the tests of tests/test_episode.py skip, with that list as the reason, what a level cannot hold.
+`Episode.weaknesses`; the tests of tests/judge/sandbox/test_episode.py skip, with that list as the reason, what a
+level cannot hold.
 """
 
 import contextlib

@@ -1,0 +1,225 @@
+"""LoRA: identity at init, exact base under adapters_disabled, merge = unmerged, PEFT and transformers round trips.
+
+The transformers / peft checks build a tiny random model with transformers itself (save_pretrained), load it with
+pretrained.load_pretrained, and compare logits on the same weights.
+"""
+
+import json
+import os
+
+import pytest
+import torch
+
+from minigrpo.lora import (DEFAULT_TARGETS, LoRALinear, adapters_disabled, export_merged, inject_lora, load_adapter,
+                           fold_lora, lora_layers, merge_lora, save_adapter, strip_lora, unmerge_lora)
+from minigrpo.model import Qwen, QwenConfig
+from minigrpo.pretrained import load_pretrained
+from hf_oracle import hf_logits, ids
+
+KINDS = ["tiny", "tiny-qwen3.5"]
+
+
+def randomise_lora(model, seed=1, std=0.05):
+    """B is zero at init; give every A and B random values so that LoRA changes the output."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, m in lora_layers(model):
+            m.lora_B.weight.copy_(torch.randn(m.lora_B.weight.shape, generator=g) * std)
+            m.lora_A.weight.copy_(torch.randn(m.lora_A.weight.shape, generator=g) * std * 4)
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def hf_dir(request, tmp_path_factory):
+    """A tiny random checkpoint written by transformers, with the same config as our tiny model."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    raw = dict(QwenConfig.tiny(request.param).raw)
+    cfg = AutoConfig.for_model(raw.pop("model_type"), **raw)
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():  # non-trivial norms so that a wrong norm convention shows
+        for name, p in hf.named_parameters():
+            if p.ndim == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    d = tmp_path_factory.mktemp(request.param) / "hf"
+    hf.save_pretrained(d)
+    return str(d)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_identity_at_init_and_only_lora_trains(kind):
+    model = load_pretrained(kind)
+    x = ids()
+    base = model(x)
+    params = inject_lora(model, r=4, alpha=8)
+    assert torch.equal(model(x), base)  # B = 0: exactly the base model
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert {id(p) for p in trainable} == {id(p) for p in params}
+    assert all(p.dtype == torch.float32 for p in params)
+    wrapped = {path.rsplit(".", 1)[-1] for path, _ in lora_layers(model)}
+    expected = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    if kind == "tiny-qwen3.5":
+        expected |= {"in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"}
+    assert wrapped == expected and wrapped <= set(DEFAULT_TARGETS)
+    keys = model.state_dict().keys()
+    assert "model.layers.0.mlp.up_proj.base_layer.weight" in keys
+    assert "model.layers.0.mlp.up_proj.lora_A.weight" in keys and "model.layers.0.mlp.up_proj.lora_B.weight" in keys
+    with pytest.raises(ValueError, match="already has LoRA"):
+        inject_lora(model, r=4, alpha=8)
+
+
+def test_a_init_like_peft():
+    torch.manual_seed(0)
+    layer = LoRALinear(torch.nn.Linear(64, 32, bias=False), r=8, alpha=16)
+    bound = 1 / 64 ** 0.5  # kaiming_uniform_(a=sqrt(5)) on fan_in 64
+    assert layer.lora_A.weight.abs().max() <= bound and layer.lora_A.weight.abs().max() > 0.8 * bound
+    assert torch.count_nonzero(layer.lora_B.weight) == 0 and layer.scale == 2.0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_adapters_disabled_is_exact_base_after_training(kind):
+    model = load_pretrained(kind)
+    x = ids()
+    base = model(x)
+    params = inject_lora(model, r=4, alpha=8)
+    opt = torch.optim.AdamW(params, lr=1e-2)
+    for _ in range(2):
+        loss = model(x).float().logsumexp(-1).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    tuned = model(x)
+    assert (tuned - base).abs().max() > 1e-3  # training moved it
+    with adapters_disabled(model):
+        assert torch.equal(model(x), base)
+    assert torch.equal(model(x), tuned)  # and back
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_merge_equals_unmerged(kind):
+    model = load_pretrained(kind)
+    x = ids()
+    base = model(x)
+    inject_lora(model, r=4, alpha=8)
+    randomise_lora(model)
+    unmerged = model(x)
+    merge_lora(model)
+    assert (model(x) - unmerged).abs().max() <= 1e-5
+    with pytest.raises(RuntimeError, match="unmerge_lora"):
+        with adapters_disabled(model):
+            pass
+    unmerge_lora(model)
+    assert (model(x) - unmerged).abs().max() <= 1e-5
+    with adapters_disabled(model):
+        assert (model(x) - base).abs().max() <= 1e-5
+
+
+def test_strip_and_fold_leave_a_plain_model():
+    """strip_lora drops unmerged adapters (the base function comes back); fold_lora keeps their function in the
+    weights (the mdp pipeline's SFT weights that its DPO and GRPO adapters sit on)."""
+    x = ids()
+    for drop, keeps_adapter in ((strip_lora, False), (fold_lora, True)):
+        model = load_pretrained("tiny")
+        base = model(x)
+        inject_lora(model, r=4, alpha=8)
+        randomise_lora(model)
+        tuned = model(x)
+        assert not torch.allclose(tuned, base, atol=1e-4)
+        drop(model)
+        assert not lora_layers(model) and not hasattr(model, "lora_config")
+        assert (model(x) - (tuned if keeps_adapter else base)).abs().max() <= 1e-5
+
+
+def test_bf16_keeps_base_dtype_and_fp32_adapters():
+    model = load_pretrained("tiny", dtype=torch.bfloat16)
+    inject_lora(model, r=4, alpha=8)
+    randomise_lora(model)
+    layer = model.model.layers[0].self_attn.q_proj
+    assert layer.base_layer.weight.dtype == torch.bfloat16 and layer.lora_A.weight.dtype == torch.float32
+    assert model(ids()).dtype == torch.bfloat16
+
+
+def test_peft_round_trip(hf_dir, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    model = load_pretrained(hf_dir)
+    inject_lora(model, r=4, alpha=8)
+    randomise_lora(model)
+    save_adapter(model, tmp_path / "adapter", base_model_name_or_path=hf_dir)
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_alpha"] == 8
+    assert config["base_model_name_or_path"] == hf_dir
+
+    x = ids()
+    ours = model(x)
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    with torch.no_grad():
+        plain = hf(input_ids=x).logits
+    peft = PeftModel.from_pretrained(hf, tmp_path / "adapter")
+    with adapters_disabled(model):
+        assert (model(x) - plain).abs().max() <= 1e-5  # same base weights
+    assert (ours - plain).abs().max() > 1e-3  # the adapter matters
+    assert (hf_logits(peft, x) - ours).abs().max() <= 1e-5
+
+    # and back: our load_adapter on a fresh model reproduces the adapter
+    fresh = load_pretrained(hf_dir)
+    load_adapter(fresh, tmp_path / "adapter")
+    assert torch.equal(fresh(x), ours)
+
+
+def test_load_adapter_errors(tmp_path):
+    model = load_pretrained("tiny")
+    inject_lora(model, r=4, alpha=8)
+    save_adapter(model, tmp_path / "a")
+    with pytest.raises(FileNotFoundError, match="adapter_config.json"):
+        load_adapter(load_pretrained("tiny"), tmp_path / "missing")
+    other = load_pretrained("tiny")
+    inject_lora(other, r=2, alpha=8)
+    with pytest.raises(ValueError, match="r=4"):
+        load_adapter(other, tmp_path / "a")
+    wrong_size = load_pretrained("tiny-qwen3.5")  # different layers: keys differ
+    with pytest.raises(ValueError, match="differ"):
+        load_adapter(wrong_size, tmp_path / "a")
+    cfg = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
+    (tmp_path / "a" / "adapter_config.json").write_text(json.dumps(dict(cfg, use_dora=True)))
+    with pytest.raises(ValueError, match="use_dora"):
+        load_adapter(load_pretrained("tiny"), tmp_path / "a")
+
+
+def test_export_merged_loads_in_transformers(hf_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+    model = load_pretrained(hf_dir)
+    inject_lora(model, r=4, alpha=8)
+    randomise_lora(model)
+    x = ids()
+    ours = model(x)
+    tok_dir = tmp_path / "tok"
+    tok_dir.mkdir()
+    (tok_dir / "tokenizer_config.json").write_text("{}")
+    export_merged(model, str(tok_dir), str(tmp_path / "merged"))
+    assert os.path.exists(tmp_path / "merged" / "tokenizer_config.json")
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)
+    assert (hf_logits(hf, x) - ours).abs().max() <= 1e-5
+    assert not lora_layers(load_pretrained(str(tmp_path / "merged")))  # a plain checkpoint again
+    assert torch.equal(model(x), ours)  # exporting did not touch the model
+
+
+def test_export_keeps_qwen3_5_multimodal_layout(tmp_path):
+    """A Qwen3.5 checkpoint's config.json is the multimodal one: keys go under model.language_model. as there."""
+    from transformers import AutoModelForCausalLM
+    text = dict(QwenConfig.tiny("tiny-qwen3.5").raw)
+    raw = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+           "tie_word_embeddings": True, "text_config": text}
+    model = Qwen(QwenConfig.from_dict(raw))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.05)
+    inject_lora(model, r=4, alpha=8)
+    randomise_lora(model)
+    export_merged(model, None, str(tmp_path))
+    from safetensors import safe_open
+    with safe_open(tmp_path / "model.safetensors", "pt") as f:
+        assert "model.language_model.embed_tokens.weight" in f.keys()
+    x = ids()
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    assert (hf_logits(hf, x) - model(x)).abs().max() <= 1e-5

@@ -1,0 +1,32 @@
+"""What the tests that run train.py in a child process share: its environment, the logged metrics without their
+timings (which differ from run to run), the last checkpoint's weights, and the wait for a checkpoint before a
+signal is sent to the run."""
+import json
+import os
+import time
+
+from safetensors.torch import load_file
+
+from minigrpo.run.folder import is_timing
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}   # one thread: the same kernels as recorded
+
+
+def metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [{k: v for k, v in json.loads(ln).items() if not is_timing(k)} for ln in f]
+
+
+def final_weights(run_dir):
+    """(the weights, the checkpoint's name) of the run's last checkpoint."""
+    ckpts = sorted(os.listdir(os.path.join(run_dir, "checkpoints")), key=lambda d: int(d.split("-")[1]))
+    return load_file(os.path.join(run_dir, "checkpoints", ckpts[-1], "model.safetensors")), ckpts[-1]
+
+
+def wait_for_checkpoint(proc, path, what, timeout=300):
+    """Poll (every 20 ms) until the checkpoint folder `path` exists, then assert that the run is still going, so
+    that what the test does to it next (`what`: "interrupted", "killed") lands mid-run."""
+    deadline = time.time() + timeout
+    while not path.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, f"the run ended before it could be {what}"
