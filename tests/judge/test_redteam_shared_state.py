@@ -16,7 +16,6 @@ Groups:
 """
 
 import glob
-import json
 import os
 import random
 import sys
@@ -25,27 +24,8 @@ import time
 
 import pytest
 
-from minigrpo.judge import make_judge
-from minigrpo.judge.checks import run_check, sandbox_isolation
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-with open(os.path.join(ROOT, "minigrpo", "data", "soyuz_tasks.json")) as f:
-    TASKS = {t["id"]: t for t in json.load(f)}
-
-
-WEAK = sandbox_isolation()[1]
-needs_full_sandbox = pytest.mark.skipif(bool(WEAK), reason=f"weaker sandbox here: {WEAK}")
-
-
-@pytest.fixture(scope="module")
-def judge():
-    j = make_judge("local", workers=2)
-    yield j
-    j.close()
-
-
-def fenced(code):
-    return f"```python\n{code}\n```"
+from judging import TASKS, fenced, needs_full_sandbox
+from minigrpo.judge.checks import run_check
 
 
 def only(task_id, ids):
