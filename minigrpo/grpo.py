@@ -69,7 +69,7 @@ import torch
 import torch.nn.functional as F
 
 from minigrpo import losses
-from minigrpo.logprobs import entropy, token_logprobs  # noqa: F401  (DESIGN.md's public API: grpo.token_logprobs)
+from minigrpo.logprobs import entropy, token_logprobs  # noqa: F401  (grpo.token_logprobs: the log-probs the loss takes)
 
 # ----------------------------------------------------------------------------------------------------------------
 # advantages and reward shaping

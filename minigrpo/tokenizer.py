@@ -7,7 +7,7 @@ Two backends behind one class:
   specials <|endoftext|>=256, <|im_start|>=257, <|im_end|>=258, <think>=259, </think>=260.
 
 chat() does not run the checkpoint's Jinja template: it renders the three Qwen templates
-(QWEN.md §9) in Python, so the library needs no jinja2 and the rules are readable here.
+(docs/qwen.md, "Chat templates") in Python, so the library needs no jinja2 and the rules are readable here.
 tests/test_tokenizer.py checks the output against transformers' apply_chat_template on the
 official templates. The template text is still read and kept (`.chat_template`), for reference.
 
@@ -220,7 +220,7 @@ class Tokenizer:
                 raise ValueError(f"{name}: tokenizer has no {s} token; is this a Qwen tokenizer?")
         self.pad_id = ids["<|endoftext|>"]
         self.im_end_id = ids["<|im_end|>"]
-        self.eos_ids = [self.im_end_id, self.pad_id]  # stop on both, whatever the model (QWEN.md §9)
+        self.eos_ids = [self.im_end_id, self.pad_id]  # chat models end with <|im_end|>, base models <|endoftext|>
         if hf is None:
             self.vocab_size = 256 + len(SPECIALS)
         else:  # real number of ids; the embedding usually has padding rows beyond it

@@ -42,7 +42,7 @@ JUDGE = ["tests/test_judge_boundary.py", "tests/test_judge_suites.py", "tests/te
          "tests/test_judge_sandbox.py"]
 
 MUTANTS = [
-    # ---- the ones issue 17 names ------------------------------------------------------------------------------
+    # ---- the GRPO update's bugs ------------------------------------------------------------------------------
     ("ref_logprobs_with_adapters_on",
      "        with adapters_disabled(model):\n            return log_probs(model, b, args, vocab_size)",
      "        with torch.no_grad():\n            return log_probs(model, b, args, vocab_size)", TRAIN),
