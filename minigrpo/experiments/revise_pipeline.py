@@ -24,12 +24,9 @@ saved policy with this file's evaluate.
 The report (report.write_revise_report) holds the soyuz run's table shape, base vs trained per arm, averaged over the
 seeds and per seed, the differences with paired bootstrap intervals, and a PNG; everything lands in the run folder.
 
-Why a mixed base rather than a format-only one as the mdp quickstart's (measured at seed 0): from a format-only
-base (ExperimentConfig p_sorted = p_fixed = 0: a random order at turn 0, a repeat at turn 1) the soyuz arm with the
-revise preset does learn, held-out turn-0 0.18 -> 0.61 and final 0.18 -> 0.45 in 100 steps, but is still climbing,
-and its revisions still spoil good first answers (good->bad 0.44), when the CPU budget ends: too early a stage to
-see what the shaping does to two working turns. At lr 2e-3 the format-only base got to 0.26 and the mixed base
-collapsed onto one fixed answer for every prompt, hence lr 3e-4 in the preset.
+Why a mixed base rather than a format-only one as the mdp quickstart's: from a format-only base (ExperimentConfig
+p_sorted = p_fixed = 0) the soyuz arm learns too slowly for a CPU budget, still climbing when it ends, too early a
+stage to see what the shaping does to two working turns (the runs: docs/experiments.md).
 """
 import argparse
 import copy

@@ -14,7 +14,7 @@ its worker pool while the sampler generates the next chunk of tasks (the turn-1 
 that chunk's own verdicts), the critique's wording, the stop rule for a judge that is down, and which tasks a run
 with the local judge leaves out: a task marked "local": {"train": false, "why": ...} (a writing task whose machine
 checks pay a degenerate answer at least as well as an honest wrong one, measured by bench/writing_table.py and
-re-measured by tests/test_judge_writing.py) is left out of training and evaluation with `--judge local`, named once
+re-measured by the judge's writing tests) is left out of training and evaluation with `--judge local`, named once
 at start with its reason; an LLM judge (claude, cmd:, http) includes it.
 """
 import os
