@@ -416,13 +416,20 @@ def main(argv=None):
             shutil.rmtree(run_path)     # made by this process: its marker, no checkpoint, the judge's empty cache
         usage_error(str(e))
     except StopRun as e:      # a run-policy rule (a judge that is down, a full disk): its cause, what is kept
-        print(f"train.py: {e}; {RunFolder(args.runs_dir, args.run_name).stop_note()}", file=sys.stderr)
+        print(f"train.py: {e}; {stop_note(args, argv)}", file=sys.stderr)
         raise SystemExit(1) from None
     except KeyboardInterrupt:  # Ctrl-C: the steps after the last checkpoint are redone by the resume
         if int(os.environ.get("RANK", "0")) == 0:
-            print(f"\ntrain.py: stopped by Ctrl-C; {RunFolder(args.runs_dir, args.run_name).stop_note()}",
-                  file=sys.stderr)
+            print(f"\ntrain.py: stopped by Ctrl-C; {stop_note(args, argv)}", file=sys.stderr)
         raise SystemExit(130) from None
+
+
+def stop_note(args, argv):
+    """What a stopped run keeps and the command that continues it; a pipeline continues by the same command."""
+    run = RunFolder(args.runs_dir, args.run_name)
+    if args.task == "mdp" or args.experiment:
+        return run.rerun_note(sys.argv[1:] if argv is None else argv)
+    return run.stop_note()
 
 
 def usage_error(line):

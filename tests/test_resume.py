@@ -1,5 +1,5 @@
-"""Run folders and --resume (minigrpo/run/folder.py, minigrpo/run/resume.py, minigrpo/checkpoints.py load_latest): a folder
-that is not a run is refused untouched; a resume reads its settings from the run, refuses a flag that would change
+"""Run folders and --resume (minigrpo/run/folder.py, minigrpo/run/resume.py, minigrpo/checkpoints.py load_latest):
+a folder that is not a run is refused untouched; a resume reads its settings from the run, refuses a flag that would change
 what it trains, records the safe ones; a damaged checkpoint falls back to an older one; what a kill left is
 removed; a full disk, Ctrl-C and the run-policy stops each end with one true line. Each test checks the line and
 that nothing was lost or overwritten."""
@@ -105,6 +105,37 @@ def test_a_folder_that_is_not_a_run_is_refused_untouched(flags, tmp_path, capsys
     with pytest.raises(SystemExit, match="not a minigrpo run folder"):   # train() called from code checks too
         RunFolder(str(tmp_path), "m").claim(fresh=True)
     assert tree(model) == before
+
+
+@pytest.mark.parametrize("flags", [["--task", "mdp"], ["--task", "revise", "--experiment"]])
+def test_a_pipeline_into_a_folder_that_is_not_a_run_is_refused_untouched(flags, tmp_path, capsys):
+    """The mdp pipeline and the revise experiment hold their stages in one folder: it is checked as a run's is."""
+    model = tmp_path / "m"
+    model.mkdir(mode=0o755)
+    (model / "config.json").write_text('{"model_type": "qwen3", "hidden_size": 64}\n')
+    before = tree(model)
+    code, err = main_lines([*flags, "--model", "tiny", "--quiet", "--runs-dir", str(tmp_path), "--run-name", "m"],
+                           capsys)
+    assert code == 2 and len(err) == 1 and "is not a minigrpo run folder" in err[0], err
+    assert tree(model) == before
+
+
+def test_a_pipeline_folder_is_marked_and_one_from_before_the_marker_is_still_its_own(tmp_path):
+    RunFolder(str(tmp_path), "p").mark()
+    assert (tmp_path / "p" / MARKER).is_file() and not (tmp_path / "p" / "checkpoints").exists()
+    for name, settings in (("pipeline.json", {"model": "tiny", "seed": 0, "prompt": "full"}),
+                           ("experiment.json", {"args": {}, "config": {}})):
+        old = tmp_path / name.split(".")[0]
+        old.mkdir()
+        (old / "base").mkdir()                      # a finished stage
+        (old / name).write_text(json.dumps(settings))
+        assert RunFolder(str(tmp_path), old.name).is_run()
+        RunFolder(str(tmp_path), old.name).mark()   # a rerun takes it and marks it
+        assert (old / MARKER).is_file() and (old / "base").is_dir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "pipeline.json").write_text('{"model": "x"}')    # not a pipeline's settings
+    with pytest.raises(SystemExit, match="not a minigrpo run folder"):
+        RunFolder(str(tmp_path), "other").mark()
 
 
 def test_a_new_run_marks_its_folder_first_and_an_empty_folder_is_taken(tmp_path):
@@ -259,6 +290,36 @@ def test_disk_full_during_a_checkpoint_is_one_line_and_the_last_one_is_intact(ru
     assert tree(run / "checkpoints" / "step-4") == last
 
 
+def test_disk_full_on_a_log_line_is_one_line_and_the_run_resumes(run, capsys, monkeypatch):
+    """samples.jsonl on a full disk (/dev/full: the kernel's ENOSPC) after step 5: one line, the checkpoint of step
+    4 intact, and the resume that line gives continues the run with whole logs."""
+    import builtins
+    from minigrpo.run import folder as folder_mod
+    real_open = builtins.open
+
+    def full_disk(path, mode="r", *a, **kw):
+        if str(path).endswith("samples.jsonl") and mode == "a":
+            return real_open("/dev/full", mode, *a, **kw)
+        return real_open(path, mode, *a, **kw)
+
+    last = tree(run / "checkpoints" / "step-4")
+    monkeypatch.setattr(folder_mod, "open", full_disk, raising=False)
+    code, err = main_lines(resume(run, "--steps", "6"), capsys)
+    assert code == 1, err
+    free = shutil.disk_usage(run).free / 2 ** 20
+    prefix = f"train.py: stopping: {run / 'samples.jsonl'} could not be written (No space left on device; "
+    assert err[-1].startswith(prefix) and "Traceback" not in "\n".join(err), err[-3:]
+    assert abs(float(err[-1][len(prefix):].split(" MiB")[0]) - free) < 512
+    kept = run / "checkpoints" / "step-4"
+    assert err[-1].endswith(f" MiB free there): free some space; the last checkpoint, {kept}, "
+                            f"is intact; continue with: {RunFolder(str(run.parent), run.name).resume_command()}")
+    assert tree(run / "checkpoints" / "step-4") == last
+    monkeypatch.undo()
+    code, err = main_lines(resume(run, "--steps", "6"), capsys)
+    assert code is None, err
+    assert [m["step"] for m in metrics(run)] == list(range(1, 7))
+
+
 def test_a_file_size_limit_stops_the_checkpoint_with_one_line(run):
     """A real write failure: a per-file size limit (RLIMIT_FSIZE; Python ignores SIGXFSZ, so write fails with
     EFBIG) that the weights file passes no more, in a subprocess."""
@@ -305,6 +366,24 @@ def test_ctrl_c_stops_with_the_command_that_resumes(tmp_path):
     assert os.path.realpath(shutil.which(argv[0]) or argv[0]) == os.path.realpath(sys.executable)
     subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, env=ENV, check=True, capture_output=True, timeout=600)
     assert [m["step"] for m in metrics(tmp_path / "c")] == list(range(1, 9))
+
+
+@pytest.mark.parametrize("flags", [["--task", "mdp"], ["--task", "revise", "--experiment"]])
+def test_ctrl_c_in_a_pipeline_says_the_same_command_continues_it(flags, tmp_path, monkeypatch, capsys):
+    from minigrpo.experiments import mdp_pipeline, revise_pipeline
+
+    def interrupted(args, trainer):
+        RunFolder(args.runs_dir, args.run_name).mark()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mdp_pipeline, "run_pipeline", interrupted)
+    monkeypatch.setattr(revise_pipeline, "run_experiment", interrupted)
+    argv = [*flags, "--model", "tiny", "--quiet", "--runs-dir", str(tmp_path), "--run-name", "p"]
+    code, err = main_lines(argv, capsys)
+    assert code == 130
+    python = shlex.split(RunFolder(str(tmp_path), "p").resume_command())[0]
+    assert err[-1] == (f"train.py: stopped by Ctrl-C; the finished stages in {tmp_path / 'p'} are kept; continue "
+                       f"with the same command: {shlex.join([python, 'train.py', *argv])}")
 
 
 def test_ctrl_c_before_any_checkpoint_claims_none(tmp_path, monkeypatch, capsys):

@@ -48,13 +48,14 @@ import torch
 from safetensors.torch import save_file
 
 from minigrpo.checkpoints import full_weights
-from minigrpo.common import derive_seed, pick_device, pick_dtype
+from minigrpo.common import atomic_write, derive_seed, pick_device, pick_dtype
 from minigrpo.evals import report
 from minigrpo.experiments.stages import Stages, rng_kept
 from minigrpo.experiments.supervised import dpo_loop, sft_loop
 from minigrpo.lora import fold_lora, inject_lora, load_adapter, save_adapter, strip_lora
 from minigrpo.model import Qwen, QwenConfig
 from minigrpo.pretrained import load_pretrained
+from minigrpo.run.folder import RunFolder
 from minigrpo.sampler import sample
 from minigrpo.tasks.mdp import world as mdp
 from minigrpo.tasks.mdp.task import MDPTask, messages_for, parse_letter, relabel
@@ -63,7 +64,7 @@ from minigrpo.tokenizer import Tokenizer
 
 @dataclass
 class PipelineConfig:
-    prompt: str = "full"            # tasks/mdp.py prompt style: "full" (mdp.render) or "compact"
+    prompt: str = "full"            # tasks/mdp/task.py prompt style: "full" (mdp.render) or "compact"
     scratch: dict | None = None     # QwenConfig.tiny overrides of a from-scratch model; None = load --model
     train_per_cell: int = 80        # train records per (regime, library size) cell; 3 states each at most
     eval_per_cell: int = 16         # the mdp run: 16 -> 128 eval records
@@ -286,11 +287,11 @@ def run_pipeline(args, trainer, cfg: PipelineConfig | None = None) -> dict:
     dtype = pick_dtype(args.dtype, device)
     torch.manual_seed(args.seed)
     run_dir = os.path.join(args.runs_dir, args.run_name)
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "pipeline.json"), "w") as f:
-        # eval.py reads the prompt style and the tokenizer from here (a from-scratch model's folder has none)
-        json.dump({"model": args.model, "tokenizer": "tiny" if cfg.scratch is not None else args.model,
-                   "seed": args.seed, "device": str(device), **asdict(cfg)}, f, indent=2)
+    RunFolder(args.runs_dir, args.run_name).mark()     # a folder that is not a run's: one line, nothing written
+    # eval.py reads the prompt style and the tokenizer from here (a from-scratch model's folder has none)
+    atomic_write(os.path.join(run_dir, "pipeline.json"), json.dumps(
+        {"model": args.model, "tokenizer": "tiny" if cfg.scratch is not None else args.model, "seed": args.seed,
+         "device": str(device), **asdict(cfg)}, indent=2))
     opts = dict(train_per_cell=cfg.train_per_cell, eval_per_cell=cfg.eval_per_cell, seed=args.seed,
                 prompt=cfg.prompt)
     task, shuffled, scrambled = MDPTask(**opts), MDPTask(shuffle_rewards=True, **opts), MDPTask(scramble=True, **opts)

@@ -38,13 +38,14 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from minigrpo.common import derive_seed, pick_device
+from minigrpo.common import atomic_write, derive_seed, pick_device
 from minigrpo.evals import report
 from minigrpo.experiments.mdp_pipeline import TINY_MDP, Clock, save_model, scratch_model
 from minigrpo.experiments.stages import Stages, rng_kept
 from minigrpo.experiments.supervised import sft_loop
 from minigrpo.model import Qwen
 from minigrpo.pretrained import load_pretrained
+from minigrpo.run.folder import RunFolder
 from minigrpo.run.plots import read_metrics
 from minigrpo.sampler import sample
 from minigrpo.tasks.revise import RevisionTask, critique, grade, shuffled
@@ -182,9 +183,9 @@ def run_experiment(args, trainer, cfg: ExperimentConfig | None = None) -> dict:
     cfg = cfg or ExperimentConfig()
     device = pick_device(args.device)
     run_dir = os.path.join(args.runs_dir, args.run_name)
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "experiment.json"), "w") as f:
-        json.dump({"args": vars(args), "config": asdict(cfg)}, f, indent=2, default=str)
+    RunFolder(args.runs_dir, args.run_name).mark()     # a folder that is not a run's: one line, nothing written
+    atomic_write(os.path.join(run_dir, "experiment.json"),
+                 json.dumps({"args": vars(args), "config": asdict(cfg)}, indent=2, default=str))
     task, clock, results = RevisionTask(), Clock(), {}
     print(f"revise experiment: {cfg.seeds} seeds x {len(cfg.arms)} arms, {args.steps} GRPO steps each, "
           f"{len(task.examples(cfg.eval_split)[:cfg.eval_limit])} eval prompts x {cfg.eval_samples}; run={run_dir}",

@@ -152,9 +152,9 @@ def resolve_args(argv=None) -> argparse.Namespace:
     check_loss_flags(args)
     if args.run_name is None:
         args.run_name = f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}"
-    # before any work, nothing of it touched; a pipeline's folder holds its stages' run folders; under torchrun
-    # rank 0 alone, as it alone makes the folder (another rank could see it half made)
-    if args.task != "mdp" and not args.experiment and os.environ.get("RANK", "0") == "0":
+    # before any work, nothing of it touched (a pipeline's folder too); under torchrun rank 0 alone, as it alone
+    # makes the folder (another rank could see it half made)
+    if os.environ.get("RANK", "0") == "0":
         RunFolder(args.runs_dir, args.run_name).refuse_foreign()
     require_tracker(args.log_to)
     return args
@@ -181,7 +181,7 @@ def check_task_flags(args, given):
                          f"{args.model} (train another model on --task revise without --experiment)")
     for key in ("recovery_coef", "turn0_guard", "resume"):
         if args.experiment and key in given:
-            raise SystemExit(f"{_flag(key, given)}: --experiment sets it for each of its arms (minigrpo/tasks/"
+            raise SystemExit(f"{_flag(key, given)}: --experiment sets it for each of its arms (minigrpo/experiments/"
                              "revise_pipeline.py ARMS); drop it, or run one arm without --experiment")
 
 

@@ -49,15 +49,23 @@ class RunFolder:
 
     def is_run(self) -> bool:
         """The folder holds the marker, or is a run folder from before the marker (module docstring)."""
-        return os.path.isfile(self.file(MARKER)) or self._unmarked_run()
+        return os.path.isfile(self.file(MARKER)) or self._unmarked_run() or self._unmarked_pipeline()
+
+    def _json(self, name):
+        try:
+            with open(self.file(name)) as f:
+                d = json.load(f)
+        except (OSError, ValueError):
+            return {}
+        return d if isinstance(d, dict) else {}
 
     def _unmarked_run(self) -> bool:
-        try:
-            with open(self.file("config.json")) as f:
-                cfg = json.load(f)
-        except (OSError, ValueError):
-            return False
-        return isinstance(cfg, dict) and RUN_KEYS <= cfg.keys() and os.path.isdir(self.ckpt_dir)
+        return RUN_KEYS <= self._json("config.json").keys() and os.path.isdir(self.ckpt_dir)
+
+    def _unmarked_pipeline(self) -> bool:
+        """The folder of an mdp pipeline or a revise experiment from before the marker: its settings file."""
+        return {"model", "seed", "prompt"} <= self._json("pipeline.json").keys() or \
+            {"args", "config"} <= self._json("experiment.json").keys()
 
     def refuse_foreign(self):
         """One line, and nothing written, when the path exists and is not a run folder (nor an empty folder)."""
@@ -68,17 +76,23 @@ class RunFolder:
         raise SystemExit(f"{self.path} exists and is not a minigrpo run folder (no {MARKER} in it); train.py writes "
                          "only into new, empty or its own run folders: pass another --run-name or --runs-dir")
 
+    def mark(self):
+        """Refuse a folder that is not ours; make it (private) and mark it as a run folder. What a pipeline (the
+        mdp pipeline, the revise experiment) does before it writes its first file, on every rerun too."""
+        self.refuse_foreign()
+        os.makedirs(self.path, mode=0o700, exist_ok=True)
+        os.chmod(self.path, 0o700)     # samples, the judge's cache and checkpoints: nobody else's to read
+        if not os.path.isfile(self.file(MARKER)):   # first: a folder train.py made is never left unmarked
+            atomic_write(self.file(MARKER), "a minigrpo run folder: train.py writes only into folders holding this "
+                                            "file\n")
+
     def claim(self, fresh: bool):
         """Before any work: refuse a folder that is not ours, or (fresh) one that holds a run's logs, so that two
         runs never interleave their metrics; then make and mark the folder and remove what a kill left."""
         self.refuse_foreign()
         if fresh and os.path.exists(self.file("metrics.jsonl")):
             raise SystemExit(f"{self.path} already holds a run: pass --resume to continue it, or another --run-name")
-        os.makedirs(self.path, mode=0o700, exist_ok=True)
-        os.chmod(self.path, 0o700)     # samples, the judge's cache and checkpoints: nobody else's to read
-        if not os.path.isfile(self.file(MARKER)):   # first: a folder train.py made is never left unmarked
-            atomic_write(self.file(MARKER), "a minigrpo run folder: train.py writes only into folders holding this "
-                                            "file\n")
+        self.mark()
         os.makedirs(self.ckpt_dir, mode=0o700, exist_ok=True)
         self.remove_temporary()
 
@@ -150,9 +164,16 @@ class RunFolder:
         return os.path.join(self.path, name)
 
     def append(self, name: str, record: dict):
-        with open(self.file(name), "a") as f:
-            f.write(json.dumps(record, default=_jsonable) + "\n")
-            f.flush()
+        """One JSON line more; a line that cannot be written (a full disk) stops the run with one line. A line cut
+        short stays behind harmlessly: a resume keeps only the whole lines of the steps its checkpoint saw."""
+        try:
+            with open(self.file(name), "a") as f:
+                f.write(json.dumps(record, default=_jsonable) + "\n")
+                f.flush()
+        except OSError as e:
+            free = shutil.disk_usage(self.path).free / 2 ** 20
+            raise StopRun(f"stopping: {self.file(name)} could not be written ({e.strerror or e}; {free:.1f} MiB free "
+                          "there): free some space") from None
 
     def truncate_logs(self, step: int):
         """Keep only the lines of steps <= `step` (what the checkpoint being resumed had seen)."""
@@ -206,12 +227,22 @@ class RunFolder:
 
     def resume_command(self) -> str:
         """The command that continues this run (the same launcher, python or torchrun with the same ranks)."""
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        python = os.path.basename(sys.executable)
-        if shutil.which(python) is None or os.path.realpath(shutil.which(python)) != os.path.realpath(sys.executable):
-            python = sys.executable
-        launcher = [python] if world == 1 else ["torchrun", "--nproc_per_node", str(world)]
-        return shlex.join([*launcher, "train.py", "--resume", "--runs-dir", self.root, "--run-name", self.name])
+        return shlex.join([*_launcher(), "train.py", "--resume", "--runs-dir", self.root, "--run-name", self.name])
+
+    def rerun_note(self, argv) -> str:
+        """What a stopped pipeline (the mdp pipeline, the revise experiment) keeps, and how it continues: the same
+        command again, which skips the stages it finished."""
+        return (f"the finished stages in {self.path} are kept; continue with the same command: "
+                f"{shlex.join([*_launcher(), 'train.py', *argv])}")
+
+
+def _launcher() -> list:
+    """python as the user would type it (its name when PATH finds this very interpreter), or torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    python = os.path.basename(sys.executable)
+    if shutil.which(python) is None or os.path.realpath(shutil.which(python)) != os.path.realpath(sys.executable):
+        python = sys.executable
+    return [python] if world == 1 else ["torchrun", "--nproc_per_node", str(world)]
 
 
 def _jsonable(x):

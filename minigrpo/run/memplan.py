@@ -380,7 +380,7 @@ def prompt_tokens(task):
     """The longest prompt, in tokens, estimated without a tokenizer: UTF-8 bytes / 3 (Qwen's BPE averages 3.5-4.5
     bytes per token on English and code) + 16 for the chat template. soyuz: its bundled tasks; gsm8k: the system
     prompt and a 900-character question (GSM8K's longest are about that); mdp: the mdp run's "full" prompt, ~330
-    tokens with the template (tasks/mdp_pipeline.py), rounded up."""
+    tokens with the template (experiments/mdp_pipeline.py), rounded up."""
     if task == "soyuz":
         with open(os.path.join(DATA, "soyuz_tasks.json")) as f:
             longest = max(len(t["prompt"].encode()) for t in json.load(f))
@@ -394,7 +394,7 @@ def prompt_tokens(task):
 def run_shape(args):
     """(Shape, settings dict) of the run train.py would start, per process. soyuz samples one task's G answers per
     call (chunk 1), then its G revisions, whose prompts hold the answer and the critique: those are the longest
-    calls and sequences. mdp: the GRPO stage of its pipeline (tasks/mdp_pipeline.PIPELINES)."""
+    calls and sequences. mdp: the GRPO stage of its pipeline (experiments/mdp_pipeline.PIPELINES)."""
     if args.task == "mdp":
         from minigrpo.experiments.mdp_pipeline import pipeline_config
         c = pipeline_config(args.model)
