@@ -220,7 +220,7 @@ class Tokenizer:
                 raise ValueError(f"{name}: tokenizer has no {s} token; is this a Qwen tokenizer?")
         self.pad_id = ids["<|endoftext|>"]
         self.im_end_id = ids["<|im_end|>"]
-        self.eos_ids = [self.im_end_id, self.pad_id]  # chat models end with <|im_end|>, base models <|endoftext|>
+        self.eos_ids = [self.im_end_id, self.pad_id]  # stop on both, whatever the model
         if hf is None:
             self.vocab_size = 256 + len(SPECIALS)
         else:  # real number of ids; the embedding usually has padding rows beyond it

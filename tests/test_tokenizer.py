@@ -13,8 +13,8 @@ The fixture templates in tests/data/chat_templates/ (no network here, so copied 
   Indras-Mirror/llama.cpp-turboq-mtp fork @ 5f739af, with its one local edit undone (the fork
   keeps reasoning on every assistant turn: `... > ns.last_query_index or reasoning_content`);
   the restored line `{%- if loop.index0 > ns.last_query_index %}` is what the Qwen/Qwen3.5-27B
-  tokenizer_config.json copy and the Qwen3.5-0.8B GGUF metadata copy both carry. [partly unverified:
-  no official file was at hand]. The 0.8B copy makes thinking opt-in (`enable_thinking is true`); that
+  tokenizer_config.json copy and the Qwen3.5-0.8B GGUF metadata copy both carry (partly unverified).
+  The 0.8B copy makes thinking opt-in (`enable_thinking is true`); that
   variant is derived below by text substitution.
 """
 
@@ -131,7 +131,7 @@ def test_chat_matches_transformers(folders, family):
 
 
 def test_expected_prompts_spelled_out(folders):
-    # the templates' documented examples (docs/qwen.md), written out, so a wrong fixture cannot agree with us
+    # the expected prompts written out, so a wrong fixture cannot silently agree with us
     msgs = [{"role": "user", "content": "Hi"}]
     q2, q3, q35 = (Tokenizer.from_pretrained(folders[f]) for f in ("qwen2", "qwen3", "qwen3_5"))
     assert q2.render(msgs) == ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
