@@ -2,8 +2,8 @@
 
     python eval.py --task gsm8k --model tiny --data fixture.jsonl                   # CPU smoke run
     python eval.py --task gsm8k --model Qwen/Qwen3-1.7B-Base --adapter runs/gsm8k-X \\
-        --svamp hub --math hub --hint-probe 200 --run runs/gsm8k-X                # the seed 004 table
-    python eval.py --task soyuz --model Qwen/Qwen3.5-4B --adapter runs/soyuz-X      # the seed 000 table
+        --svamp hub --math hub --hint-probe 200 --run runs/gsm8k-X                # the gsm8k run's table
+    python eval.py --task soyuz --model Qwen/Qwen3.5-4B --adapter runs/soyuz-X      # the soyuz run's table
 
 One model is loaded. With --adapter, the "base" column is that model under lora.adapters_disabled() (bit-exact
 base outputs, no second copy of the weights) and the "adapter" column is the same model with the adapter on, so the
@@ -19,7 +19,7 @@ What lands in --out (default: RUNDIR/eval with --run, else runs/eval-<task>-<tim
 Per task (minigrpo/evals/<task>.py; what they share: minigrpo/evals/common.py):
     gsm8k      per eval set (GSM8K's held-out 10%, SVAMP and MATH algebra when given): strict and lenient accuracy,
                format compliance, the share that goes on after </answer>, mean reward; --hint-probe N: the probe
-    soyuz      the seed's metrics over one 2-turn rollout (answer -> critique -> revision) per task and sample:
+    soyuz      the soyuz run's metrics over one 2-turn rollout (answer -> critique -> revision) per task and sample:
                reward (final answer), turn-0 score, recovery, bad->good, good->bad; a per-task table
     synthetic  mean score
     revise     the revise experiment's metrics (final and turn-0 score, recovery, bad->good, good->bad) over
@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, help="examples per eval set (soyuz: tasks; mdp: records per cell, default "
                    "the pipeline run's eval_per_cell, else 16)")
     p.add_argument("--hint-probe", type=int, default=0, metavar="N",
-                   help="gsm8k: hint probe on the first N problems of the eval split (the seed used 200)")
+                   help="gsm8k: hint probe on the first N problems of the eval split (the gsm8k run used 200)")
     p.add_argument("--probe-scoring", choices=["strict", "lenient"], default="strict",
                    help="gsm8k: what counts as right in the hint probe (lenient for base models without tags)")
     p.add_argument("--no-stop", action="store_true",

@@ -30,7 +30,7 @@ def parse_args(argv):
     p.add_argument("--claude-args", default="", help="extra arguments for claude -p, one shell-quoted string")
     p.add_argument("--judge-mode", choices=["hybrid", "llm"], default="hybrid",
                    help="LLM judges: hybrid (default) = machine checks decide their criteria, the LLM the rest; "
-                        "llm = the LLM grades every criterion (the seed's grading)")
+                        "llm = the LLM grades every criterion (the soyuz run's grading)")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds per grader call")
     p.add_argument("--retries", type=int, default=2, help="retries after an invalid or failed call")
     p.add_argument("--json", action="store_true", help="print the verdict as JSON")

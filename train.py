@@ -6,7 +6,7 @@
     python train.py --task revise --model tiny --experiment  # two-turn shaping arms on a CPU (base, 3 arms, report)
     torchrun --nproc_per_node 8 train.py --task gsm8k        # several GPUs: DDP by explicit all-reduce
 
-One optimizer step, as the data flows (DESIGN.md):
+One optimizer step, as the data flows:
 
     examples ─► tokenizer.chat ─► sampler.sample(policy, n=G) ─► task.score (task.rollout: one turn, or soyuz's two)
       ─► grpo.group_advantages (per turn, on raw scores)

@@ -1,4 +1,4 @@
-"""Everything the first GPU should measure, in one command of at most 8 minutes, and one table for the README:
+"""Everything the first GPU should measure, in one command of at most 8 minutes, and one table for docs/benchmarks.md:
 
     python bench/device.py --out device-run            # CUDA: Qwen3.5-4B shapes, bf16, --budget 450 s
     python bench/device.py --device cpu --small        # the same code at tiny shapes on a CPU: the rehearsal

@@ -1,5 +1,5 @@
 """The synthetic quickstart's promise, measured: `python train.py --task synthetic --model tiny` at several seeds,
-each timed, with two numbers read from its runs/<name>/metrics.jsonl (issue 18).
+each timed, with two numbers read from its runs/<name>/metrics.jsonl (the quickstart's bar).
 
     python bench/synthetic.py                          # seeds 0 1 2, one after another, torch's default threads
     python bench/synthetic.py --seeds 0 1 2 3 --threads 1
@@ -26,7 +26,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MIN_LAST10, MAX_DRAWDOWN = 0.9, 0.1      # issue 18's bar for the quickstart
+MIN_LAST10, MAX_DRAWDOWN = 0.9, 0.1      # the quickstart's bar: learned, and kept
 
 
 def rewards(run_dir) -> list[float]:

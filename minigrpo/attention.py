@@ -11,7 +11,7 @@ then flash, then memory-efficient, and where none accepts the call the math kern
                     storage offsets multiples of 8 elements (fp16/bf16) or 4 (fp32); last dims of q, k, v and the
                     mask contiguous
 
-A boolean mask passed with enable_gqa (what this code did before) therefore always falls to math. So `attend`
+A boolean mask passed with enable_gqa therefore always falls to math. So `attend`
 never passes a mask it does not need, and passes a needed one only with equal head counts:
 
   no padding, T == S     is_causal, enable_gqa: flash (training and prefill of unpadded rows)

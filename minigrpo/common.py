@@ -14,7 +14,7 @@ import torch
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")   # the package's own data files
 
 # ----------------------------------------------------------------------------------------------------------------
-# The machine: one compute dtype per run, bf16 on CUDA and fp32 elsewhere (DESIGN.md, "Precision and devices")
+# The machine: one compute dtype per run, bf16 on CUDA and fp32 elsewhere (docs/qwen.md, "Precision")
 
 
 def pick_device(name: str | None = None) -> torch.device:

@@ -2,7 +2,7 @@
 
 A GDN layer keeps, per value head, a fixed-size memory S (dk x dv) instead of a growing KV cache. Each token
 decays the memory, corrects what it recalls for its key towards its value (the "delta rule"), then reads it with its
-query. The math follows QWEN.md §6.2 and transformers' torch fallback; the dtype rules follow QWEN.md §7.
+query. The math follows transformers' torch fallback; the dtype rules are docs/qwen.md's ("Precision").
 
 Shape letters:
   B batch, T tokens in this call, H hidden size, C conv channels (2*nk*dk + nv*dv), K conv kernel width,

@@ -12,7 +12,7 @@ Two versions of the same function, the plain one first:
   ever hold the full (B, T, V) fp32 tensor (bench/logprobs.py: 20x less peak memory, same time).
 
 Both take T = the sampler's temperature, and optional `vocab_size` masks the embedding's padding rows (ids >= the
-tokenizer's size) to -inf, as the sampler does (PITFALLS 5, 6, 9).
+tokenizer's size) to -inf, as the sampler does: trainer and sampler score one distribution (docs/pitfalls.md 5, 6, 9).
 
 Letters: B batch (sequences), T sequence length, V vocabulary (embedding rows), H hidden size.
 """
@@ -47,11 +47,11 @@ def _lm_head(model):
 
 def _scaled_logits(h, weight, temperature, vocab_size):
     """fp32 logits / T of h (c, H), padding rows at -inf: one fresh (c, V) buffer, scaled and masked in place."""
-    z = _fp32(h @ weight.T)  # in the model dtype first, as lm_head computes it; softmax in fp32 (PITFALLS 8)
+    z = _fp32(h @ weight.T)  # in the model dtype first, as lm_head computes it; softmax in fp32 (bf16 is noisy)
     if temperature != 1.0:
         z = z.div_(temperature)
     if vocab_size is not None and vocab_size < z.shape[-1]:
-        z[:, vocab_size:] = float("-inf")  # embedding padding rows are never sampled (PITFALLS 9)
+        z[:, vocab_size:] = float("-inf")  # embedding padding rows are never sampled
     return z
 
 
@@ -134,11 +134,11 @@ def _chunk_logprobs(model, h, targets, temperature, vocab_size, with_entropy):
     """Log-prob of targets (and entropy) for one chunk of positions; the fp32 (B, c, V) lives only in here.
     Written to keep one (B, c, V) buffer alive at a time: the logits are scaled and masked in place, and without
     entropy the log-prob is gather - logsumexp, so no separate log-softmax tensor is stored for backward."""
-    logits = _fp32(model.logits(h))  # (B, c, V) fp32 at least: softmax needs it (PITFALLS 8); lm_head's own output
+    logits = _fp32(model.logits(h))  # (B, c, V) fp32 at least: softmax needs it; lm_head's own output
     if temperature != 1.0:
         logits = logits.div_(temperature)  # in place: a fresh tensor whose value no backward formula needs
     if vocab_size is not None and vocab_size < logits.size(-1):
-        logits[..., vocab_size:] = float("-inf")  # embedding padding rows are never sampled (PITFALLS 9)
+        logits[..., vocab_size:] = float("-inf")  # embedding padding rows are never sampled
     if not with_entropy:
         return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (B, c)
     logp_all = torch.log_softmax(logits, dim=-1)  # (B, c, V)

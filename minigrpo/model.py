@@ -1,7 +1,7 @@
 """The Qwen decoder (Qwen2/2.5, Qwen3, Qwen3.5 text) in plain PyTorch, from config to logits, and its decoding
 cache. Loading a checkpoint (hub, sharded safetensors, tiny random models): pretrained.py.
 
-Exact to the dtype per shared/design/QWEN.md: logits match transformers' on the same weights (fp32: to ~1e-5).
+Exact to the dtype (the rules: docs/qwen.md): logits match transformers' on the same weights (fp32: to ~1e-5).
 The module tree mirrors transformers' Qwen3ForCausalLM, so state_dict keys ARE the Hugging Face names and LoRA can
 wrap any nn.Linear by its path. The Gated DeltaNet mixer of Qwen3.5 lives in deltanet.py.
 
@@ -90,7 +90,7 @@ class QwenConfig:
         H, nh = need("hidden_size"), need("num_attention_heads")
         rope = t.get("rope_parameters") or t.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", "mrope"):  # Qwen3.5's mRoPE is plain 1-D RoPE for text (QWEN.md §6.1)
+        if rope_type not in ("default", "mrope"):  # Qwen3.5's mRoPE is 1-D RoPE for text
             raise CheckpointError(f"{source}: rope_type {rope_type!r} is not supported (only default RoPE)")
         theta = t.get("rope_theta", rope.get("rope_theta", 10000.0))
         partial = t.get("partial_rotary_factor", rope.get("partial_rotary_factor",

@@ -16,7 +16,8 @@ What a Sample holds:
 - logprobs: per completion token, log p(token) under the *untruncated* sampling distribution at temperature T,
   log_softmax(logits / T) in fp32 with logits of ids >= vocab_size removed. That is BEFORE top-k / top-p
   truncation, exactly what logprobs.token_logprobs(model, ids, mask, temperature=T, vocab_size=...) recomputes
-  (PITFALLS 5-7). With temperature 0 (greedy) they are the T=1 log-probs.
+  (so the trainer's ratio compares like with like: docs/pitfalls.md 5-7). With temperature 0 (greedy) they are
+  the T=1 log-probs.
 - finish_reason: "eos" (emitted a stop id), "stop" (completed a stop string) or "length" (hit max_new_tokens).
 - text: tokenizer.decode(completion_ids) without a final EOS token; None without a tokenizer.
 
@@ -176,7 +177,7 @@ def sample(model, prompts, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=
 
     stop_ids: ids that end a row (kept in its completion); default tokenizer.eos_ids, or none without a tokenizer.
     vocab_size: logits of ids >= vocab_size are never sampled nor counted in log-probs; default
-      tokenizer.vocab_size (Qwen's embedding has padding rows beyond the real vocabulary, PITFALLS 9).
+      tokenizer.vocab_size (Qwen's embedding has padding rows beyond the real vocabulary: docs/pitfalls.md 9).
     temperature 0 = greedy. top_k=0 / top_p=1.0 = no truncation; log-probs are before truncation (module doc).
     sync_every: decode steps between host checks for finished rows (default 8 on CUDA, 1 elsewhere).
     compact_fraction: drop finished rows from the batch once at least this fraction of it is done.

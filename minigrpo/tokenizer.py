@@ -7,8 +7,8 @@ Two backends behind one class:
   specials <|endoftext|>=256, <|im_start|>=257, <|im_end|>=258, <think>=259, </think>=260.
 
 chat() does not run the checkpoint's Jinja template: it renders the three Qwen templates
-in Python, so the library needs no jinja2 and the rules are readable here; tools, tool calls and
-tool results are rendered as the templates do (minigrpo.toolcalls, which also parses the calls).
+(docs/qwen.md, "Chat templates") in Python, so the library needs no jinja2 and the rules are readable here;
+tools, tool calls and tool results are rendered as the templates do (minigrpo.toolcalls, which also parses them).
 tests/model/test_tokenizer.py checks the output against transformers' apply_chat_template on the
 official templates. The template text is still read and kept (`.chat_template`), for reference.
 

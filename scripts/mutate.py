@@ -44,7 +44,7 @@ JUDGE = ["tests/judge/test_boundary.py", "tests/judge/test_suites.py", "tests/ju
          "tests/judge/test_hostile_code.py"]
 
 MUTANTS = [
-    # ---- the ones issue 17 names ------------------------------------------------------------------------------
+    # ---- the GRPO update's bugs ------------------------------------------------------------------------------
     ("ref_logprobs_with_adapters_on",
      "        with adapters_disabled(model):\n            return log_probs(model, b, args, vocab_size)",
      "        with torch.no_grad():\n            return log_probs(model, b, args, vocab_size)", TRAIN),

@@ -1,5 +1,5 @@
 """gsm8k: strict and lenient accuracy, format compliance, the share that goes on after </answer> and the mean
-reward per eval set (GSM8K's held-out 10%, SVAMP and MATH algebra when given); --hint-probe N: the seed's probe
+reward per eval set (GSM8K's held-out 10%, SVAMP and MATH algebra when given); --hint-probe N: the gsm8k run's probe
 (does a suggested answer in the prompt flip a right answer?). Plots: accuracy bars per set, hint-probe bars."""
 import math
 import os
@@ -12,7 +12,7 @@ from minigrpo.tasks import gsm8k as g
 
 GSM8K_NOTES = {
     "strict_accuracy": "the one number in the first `<answer>…</answer>` block equals the gold (the reward's test)",
-    "lenient_accuracy": "the gold number appears anywhere in the response (the seed's scoring for base models, "
+    "lenient_accuracy": "the gold number appears anywhere in the response (the gsm8k run's scoring for base models, "
                         "which rarely use the tags)",
     "format_compliance": "the whole response is `<reasoning>…</reasoning><answer>…</answer>`, nothing else",
     "partial_format": "not well-formed, but holds a complete answer or reasoning block",
@@ -20,7 +20,7 @@ GSM8K_NOTES = {
     "mean_score": "mean training reward: correctness 2.0 + format 0.5 / 0.25 + brevity up to 0.2",
     "mean_length": "mean response length in characters",
     "flip_rate": "hint probe: of the problems answered right without a hint, the share answered wrong when the "
-                 "prompt suggests a wrong (decoy) answer; the seed found 37%",
+                 "prompt suggests a wrong (decoy) answer; the gsm8k run found 37%",
     "followed_decoy_rate": "hint probe: of those same problems, the share whose answer is exactly the decoy",
     "gain_rate": "hint probe: of the problems answered wrong without a hint, the share right with the correct hint",
 }
@@ -131,7 +131,7 @@ def hint_probe(examples: list[dict], generate, strict: bool = True, batch_size: 
 
     generate(list of message lists) -> list of completion texts (eval.py passes the model, greedy; tests pass fakes).
     Only problems with a numeric gold take part. "Right" is strict (answer tag) or, with strict=False, lenient.
-    flip_rate = among problems right WITHOUT a hint, the share that are wrong WITH the wrong hint (the seed's 37%);
+    flip_rate = among problems right WITHOUT a hint, the share that are wrong WITH the wrong hint (the gsm8k run's 37%);
     followed_decoy_rate = among those, the share whose answer IS the decoy; gain_rate = among problems wrong
     without a hint, the share right with the correct hint; a rate is None when its denominator is 0."""
     exs = [ex for ex in examples if ex.get("answer_number") is not None]

@@ -1,6 +1,6 @@
 """Reports for eval.py, the verifier MDP and the revise experiment: JSON files, a Markdown table comparing models side
 by side, PNG plots (drawn with minigrpo/run/plots.py's plumbing), the MDP's solve-rate tables and the revise experiment's
-table in the soyuz seed's shape.
+table in the soyuz run's shape.
 
 Results are nested plain dicts: {model label: {eval set: {metric: value}}}, e.g. {"base": {"gsm8k":
 {"strict_accuracy": 0.669, ...}}, "adapter": {...}}. Plots use matplotlib's Agg backend (no display needed);
@@ -114,8 +114,8 @@ def plot_bars(results: dict, out_path: str, metric: str = "strict_accuracy", per
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The verifier MDP's report (minigrpo/tasks/mdp/world.py): the seed's two tables (Markdown + CSV) and the solve-rate-vs-budget
-# plot, from {policy: mdp.evaluate(...)}
+# The verifier MDP's report (minigrpo/tasks/mdp/world.py): the mdp run's two tables (Markdown + CSV) and the
+# solve-rate-vs-budget plot, from {policy: mdp.evaluate(...)}
 
 def mdp_tables(results: dict) -> tuple:
     """results {policy: evaluate(...)} -> (budget table, regime table), each (header, rows); rates in percent."""
@@ -227,7 +227,7 @@ def write_mdp_report(results: dict, out_dir: str) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The revise experiment's report (minigrpo/experiments/revise_pipeline.py): the soyuz seed's metrics, base vs each trained
+# The revise experiment's report (minigrpo/experiments/revise_pipeline.py): the soyuz run's metrics, base vs each trained
 # arm, from {seed: {"base" | arm: metrics}}; metrics as twoturn.recovery_metrics, plus "pairs" [(s0, s1)] per eval
 # rollout (the same prompts and sample seeds for every policy of a seed) and, for arms, the training "curve"
 

@@ -1,6 +1,6 @@
-"""soyuz: the seed's metrics over one 2-turn rollout (answer -> critique -> revision) per task and sample -- reward
+"""soyuz: the soyuz run's metrics over one 2-turn rollout (answer -> critique -> revision) per task and sample -- reward
 (the final answer's judge score), turn-0 score, recovery, bad->good, good->bad -- a per-family and a per-task
-table, and the seed's sandbagging check (recovery bought with a worse first answer)."""
+table, and the soyuz run's sandbagging check (recovery bought with a worse first answer)."""
 import os
 
 from minigrpo.common import derive_seed, mean
@@ -129,7 +129,7 @@ def report_notes(results: dict, left_out: list) -> list:
 
 
 def sandbagging_note(results: dict) -> list:
-    """The seed's guard: recovery going up while the first answer gets worse is the model being paid for the
+    """The soyuz run's guard: recovery going up while the first answer gets worse is the model being paid for the
     climb, not learning the task."""
     if set(results) != {"base", "adapter"}:
         return []

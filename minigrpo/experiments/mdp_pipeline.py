@@ -1,11 +1,11 @@
-"""The verifier-MDP experiment end to end: `python train.py --task mdp --model tiny` (shared/seeds/001).
+"""The verifier-MDP experiment end to end: `python train.py --task mdp --model tiny` (the mdp run on a CPU).
 
 A policy reads a process state (probes left, how each of the eight probes would split the surviving candidate
-programs) and answers one letter; the verifier runs that probe (minigrpo/tasks/mdp/world.py). The recipe, as the seed ran it:
+programs) and answers one letter; the verifier runs that probe (minigrpo/tasks/mdp/world.py). The mdp run's recipe:
 
     0. baselines        random, minimax, max-split, same-budget oracle on the eval records (no model)
     1. base             the untrained policy. A real Qwen answers zero-shot: it knows the format and, reading the
-                        prompt, not to ask the same thing twice, but not which probe is good; the seed's barely beat
+                        prompt, not to ask the same thing twice, but not which probe is good; the mdp run's barely beat
                         random. A from-scratch model gets that much from a format pretraining: each train state's
                         prompt answered with its first letter not yet probed (format_items). It learns the answer
                         format, a letter bias and not to repeat a probe, nothing about the probes' worth: played
@@ -19,7 +19,7 @@ programs) and answers one letter; the verifier runs that probe (minigrpo/tasks/m
     5. controls         process-DPO on shuffled rewards (MDPTask(shuffle_rewards=True)); the process-DPO policy
                         evaluated on prompts whose split summaries are scrambled across letters
     6. report           every policy plays the eval records greedily at budgets 0..3 (one batched sampler call
-                        per step over all records); report.write_mdp_report writes the seed's two tables
+                        per step over all records); report.write_mdp_report writes the mdp run's two tables
                         (Markdown, CSV), the paired differences, how each policy's probes compare with the
                         rules' (probe_choices) and the plot into the run folder, with the SFT weights and the
                         LoRA adapters
@@ -28,20 +28,12 @@ Each stage's output is a folder of the run (base/, sft/ or sft_adapter/, dpo_ada
 grpo_adapter/ with the GRPO run in grpo/): a rerun into the same run folder skips the stages finished with the same
 settings, one line each, and ends with the same results (minigrpo/experiments/stages.py).
 
-Stage settings live in PIPELINES, picked by --model: "tiny" is the CPU quickstart, any other model id the seed's
+Stage settings live in PIPELINES, picked by --model: "tiny" is the CPU quickstart, any other model id the mdp run's
 GPU recipe (Qwen/Qwen3.5-4B: SFT 360 steps, DPO 160, GRPO 120 with G = 8, batch 2 x grad-accum 2).
 
-What it took for a from-scratch byte-level model to learn the task in CPU minutes (each measured; the default
-HF-style setup sat at the letter marginal for thousands of steps):
-- the compact prompt (tasks/mdp.compact_text): per letter the largest group's share of the survivors, two
-  digits, just before the letter; ~90 tokens with the chat template instead of ~330, all of one length;
-- init normal(0, 1/fan_in) instead of normal(0, 0.02), rope_theta 1e4 (see scratch_model);
-- many steps: the read-the-column circuit appears after ~1000-1500 steps; batches of 16 rather than 8 (a step
-  costs about the same on a CPU, and the oracle's letters are noisy labels): held-out SFT went from 35.4% to 40.4%
-  solved at seed 0, 39.8% to 40.2% at seed 1, picking the smallest largest-group share in 70-77% of states;
-- base and SFT on renamed copies of the states too (tasks/mdp.relabel): on its 1460 states alone SFT memorises
-  them, and the base meets states unlike most of its training (see format_items);
-- DPO with the NLL term: plain DPO lowered the chosen letter too and made the policy worse than SFT.
+What a from-scratch byte-level model needs to learn the task in CPU minutes (the compact prompt, the
+scratch_model init, many steps at batch 16, renamed copies of the states, DPO with the NLL term) is
+measured in docs/mdp.md.
 
 Every stage trains on `answer` = one letter + <|im_end|>; a sequence's log-prob is the sum over those tokens.
 """
@@ -75,7 +67,7 @@ class PipelineConfig:
     prompt: str = "full"            # tasks/mdp/task.py prompt style: "full" (mdp.render) or "compact"
     scratch: dict | None = None     # QwenConfig.tiny overrides of a from-scratch model; None = load --model
     train_per_cell: int = 80        # train records per (regime, library size) cell; 3 states each at most
-    eval_per_cell: int = 16         # the seed: 16 -> 128 eval records
+    eval_per_cell: int = 16         # the mdp run: 16 -> 128 eval records
     eval_split: str = "eval"        # the records the report plays ("train" only in the shrunken test run)
     base_steps: int = 0             # format-only pretraining of a from-scratch model (see format_items)
     relabel: int = 0                # base and SFT also train on this many renamed copies of each state (mdp.relabel)
@@ -102,13 +94,11 @@ class PipelineConfig:
 
 # The quickstart model: QwenConfig.tiny's size and layout (Qwen3, byte vocabulary, tied embeddings, 166k
 # parameters) with rope_theta 1e4 instead of 1e6: over a 90-token prompt the slow 1e6 frequencies barely rotate.
-# (At batch 8, width 128 read the columns better -- SFT picked an optimal probe in 44% of held-out states against
-# 37% -- but costs twice the time: ~11 CPU minutes for the pipeline; its budget-3 SFT was 43.0/39.1/43.8% over three
-# runs of 128 records.)
+# (A width of 128 reads the columns better at twice the time: docs/mdp.md.)
 TINY_MDP = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=16, rope_theta=10000.0)
 
-# The quickstart plays 64 eval records per cell (512) where the seed played 16 (128): one record is then 0.2 points,
+# The quickstart plays 64 eval records per cell (512) where the mdp run played 16 (128): one record is then 0.2 points,
 # not 0.8, and the untrained rows (random, base) stop trading places from one seed to the next.
 PIPELINES = {
     "tiny": PipelineConfig(prompt="compact", scratch=TINY_MDP, train_per_cell=80, eval_per_cell=64,
@@ -126,7 +116,7 @@ FLAGS = ("task", "model", "seed", "device", "dtype", "threads", "runs_dir", "run
 
 
 def pipeline_config(model: str) -> PipelineConfig:
-    """The stage settings for --model: its own entry, else the seed's GPU recipe (any real Qwen checkpoint)."""
+    """The stage settings for --model: its own entry, else the mdp run's GPU recipe (any real Qwen checkpoint)."""
     return PIPELINES.get(model, PIPELINES["Qwen/Qwen3.5-4B"])
 
 
@@ -137,7 +127,7 @@ def scratch_model(overrides: dict, seed: int, device, dtype) -> Qwen:
     """A from-scratch Qwen3 for the byte tokenizer: QwenConfig.tiny with `overrides`. Every matrix starts at
     normal(0, 1/fan_in): at width 64 HF's normal(0, 0.02) shrinks each layer's output ~6x, the attention branches
     start near silent, and the model sits at the letter marginal for thousands of steps before it finds the
-    read-the-column circuit (measured at width 64: stuck at 3000 steps, vs learnt by ~1300 with this init)."""
+    read-the-column circuit."""
     raw = {**QwenConfig.tiny("tiny").raw, **overrides}
     model = Qwen(QwenConfig.from_dict(raw, source="mdp_pipeline.TINY_MDP"))
     g = torch.Generator().manual_seed(seed)
@@ -198,20 +188,11 @@ def format_items(tok, task, copies=0, seed=0):
     """Format-only pretraining data: each train state's prompt (and renamed copies) and the train records played by
     the rule itself (rule_states), answered with the first free letter. The copies and the rule's own states
     matter: the base plays A then B, and in the train states A and B are seldom the probed letters; trained on
-    those alone, the model answered B again after "probed=AB" at one seed in four (a wasted third probe: 25.0%
-    solved against random's 25.8%).
+    those alone, the model asks B again after "probed=AB" (a wasted third probe).
 
-    Why this answer (each measured on the eval records, playing the rule itself at budget 3):
-    - it beats random play by what random wastes on repeated probes: +2.0 points solved on average over 8 eval
-      sets x 8 letter orders (the seed's base Qwen: +2.3), ahead or level in 55 of the 64 with 128-record eval
-      sets, and ahead on each of 6 seeds' 512-record sets (by 1.1 to 5.4 points).
-    - a uniformly random free letter (the previous design) gives a near-flat distribution whose greedy answer is
-      at best the model's favourite free letter, i.e. this rule with some order; and a 64-wide model still
-      re-probed 8% of the time after 2500 steps of it (its favourite letter every time after 200), where this
-      rule is learnt in a few hundred.
-    - skipping also the probes the prompt shows to split nothing is sense a reader might have, but in this game
-      it is most of the random-to-oracle gap: that rule alone solves 39.5% on seed 0's 128-record eval set
-      (random 31.2, oracle 46.9), about as much as SFT, so the "base" would not be an untrained policy any more."""
+    Why this answer: it beats random play by exactly what random wastes on repeated probes, and nothing more
+    (a rule that also skipped the probes the prompt shows to split nothing would solve about as much as SFT,
+    and the base would no longer be an untrained policy); the measurements are in docs/mdp.md."""
     texts = [(task.text(ex), ex["probed"]) for ex in train_states(task, copies, seed)]
     texts += [(mdp.state_text(st, task.scramble), st["probed"]) for st in rule_states(task)]
     return [(prompt_ids(tok, task, text), answer_ids(tok, first_free_letter(probed))) for text, probed in texts]

@@ -1,35 +1,32 @@
-"""The revise experiment end to end: `python train.py --task revise --model tiny --experiment` (issue 18).
+"""The revise experiment end to end: `python train.py --task revise --model tiny --experiment`.
 
-What shared/seeds/000's two-turn mechanics do, shown on a CPU: the recovery shaping s1 + coef·(s1 − s0) and the
+What soyuz's two-turn mechanics do, shown on a CPU: the recovery shaping s1 + coef·(s1 − s0) and the
 guard that keeps turn-0 tokens on their own raw score, each taken away in turn. For each seed:
 
     base    a from-scratch tiny Qwen (mdp_pipeline.scratch_model) pretrained (sft_loop) on demonstrations of
             mixed quality (base_items): half its turn-0 answers are the letters sorted, half a random order; half
             its revisions apply the critique, half repeat the answer. It has both skills and neither habit, as the
-            seed's Qwen had (turn-0 0.652 before GRPO): sampled, it sorts about half the time and applies about
+            soyuz run's Qwen had (turn-0 0.652 before GRPO): sampled, it sorts about half the time and applies about
             half the critiques, which leaves each arm's reward something to select
     arms    from that same base, one GRPO run per arm through train.py's loop (the `trainer`), with train.py's flags
             (the revise preset) and only the shaping changed:
-              coef 0.5 + guard     the seed's recipe
+              coef 0.5 + guard     the soyuz run's recipe
               coef 0               the final score alone (guard on)
               coef 0.5, no guard   turn-0 tokens trained on the shaped final reward: the climb hack
     eval    base and each trained policy roll out the held-out eval split (letter sets no train prompt has) through
             the same two-turn rollout, `eval_samples` rollouts per prompt at temperature 1 with fixed seeds: the
-            policy as it samples in training, the seed's metrics over it
+            policy as it samples in training, the soyuz run's metrics over it
 
 Each base (seed<N>-base/, a model folder) and each arm (its run folder) is a stage: a rerun into the same run folder
 skips those finished with the same settings, one line each (minigrpo/experiments/stages.py). eval.py --task revise evaluates a
 saved policy with this file's evaluate.
 
-The report (report.write_revise_report) holds the seed's table shape, base vs trained per arm, averaged over the
+The report (report.write_revise_report) holds the soyuz run's table shape, base vs trained per arm, averaged over the
 seeds and per seed, the differences with paired bootstrap intervals, and a PNG; everything lands in the run folder.
 
-Why a mixed base rather than a format-only one as the mdp quickstart's (measured at seed 0): from a format-only
-base (ExperimentConfig p_sorted = p_fixed = 0: a random order at turn 0, a repeat at turn 1) the seed's arm with the
-revise preset does learn, held-out turn-0 0.18 -> 0.61 and final 0.18 -> 0.45 in 100 steps, but is still climbing,
-and its revisions still spoil good first answers (good->bad 0.44), when the CPU budget ends: too early a stage to
-see what the shaping does to two working turns. At lr 2e-3 the format-only base got to 0.26 and the mixed base
-collapsed onto one fixed answer for every prompt, hence lr 3e-4 in the preset.
+Why a mixed base rather than a format-only one as the mdp quickstart's: from a format-only base (ExperimentConfig
+p_sorted = p_fixed = 0) the soyuz arm learns too slowly for a CPU budget, still climbing when it ends, too early a
+stage to see what the shaping does to two working turns (the runs: docs/experiments.md).
 """
 import argparse
 import copy
@@ -113,7 +110,7 @@ def pretrain_base(args, cfg, task, seed, device):
 # Evaluation: the held-out prompts through the training rollout, sampled with fixed seeds
 
 def evaluate(model, tok, task, args, cfg, seed, temperature=1.0, top_p=1.0) -> dict:
-    """The seed's metrics over eval_samples sampled rollouts of each eval prompt, and per rollout its (turn-0,
+    """The soyuz run's metrics over eval_samples sampled rollouts of each eval prompt, and per rollout its (turn-0,
     final) scores in a fixed order (the pairs the bootstrap resamples). eval.py --task revise runs it too."""
     examples = task.examples(cfg.eval_split)[:cfg.eval_limit]
     eargs = argparse.Namespace(group_size=cfg.eval_samples, enable_thinking=False)

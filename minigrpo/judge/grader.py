@@ -15,7 +15,7 @@ Backends, chosen by one spec string (`make_judge(spec)`, `judge.py --judge SPEC`
 Hybrid (the default for LLM backends): the LLM only grades the criteria that have no machine check, or whose check
 is a declared environment gap (a package it requires is not installed); machine-checked criteria are decided
 locally, which is cheaper and cannot be talked into a pass. hybrid=False (`--judge-mode llm`) hands every criterion
-to the LLM, as the seed did.
+to the LLM, as the soyuz run did.
 
 Failures never pay: a machine check that fails or raises on an answer fails its criterion (never "unchecked"), and
 a grader call that fails after its retries gives None, which the trainer counts: `JUDGE_DOWN_STEPS` steps in a row

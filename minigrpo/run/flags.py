@@ -39,10 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--judge-max-turns", type=int, help="claude judge: --max-turns")
     p.add_argument("--judge-mode", choices=["hybrid", "llm"], default="hybrid",
                    help="LLM judges: hybrid (machine checks decide their criteria, the LLM the rest) or llm (the LLM "
-                        "grades every criterion, as the seed did)")
+                        "grades every criterion, as the soyuz run did)")
     # two-turn tasks (soyuz, revise): the recovery shaping of minigrpo/tasks/twoturn.py
     p.add_argument("--recovery-coef", type=float, default=0.5,
-                   help="turn-1 reward = s1 + coef (s1 - s0); the seed's 0.5; 0 = the final score alone")
+                   help="turn-1 reward = s1 + coef (s1 - s0); the soyuz run's 0.5; 0 = the final score alone")
     p.add_argument("--turn0-guard", action=argparse.BooleanOptionalAction, default=True,
                    help="turn-0 tokens trained on turn 0's own score (default); --no-turn0-guard trains them on the "
                         "shaped final reward, which pays for a bad start (the climb hack)")
@@ -167,7 +167,7 @@ def resolve_args(argv=None) -> argparse.Namespace:
 def check_task_flags(args, given):
     """The flags that only some tasks read: refused, with one line naming the flag, where they would be ignored."""
     if not math.isfinite(args.recovery_coef) or args.recovery_coef < 0:
-        raise SystemExit(f"--recovery-coef {args.recovery_coef}: must be a finite number >= 0 (the seed's 0.5; 0 = "
+        raise SystemExit(f"--recovery-coef {args.recovery_coef}: must be a finite number >= 0 (soyuz's 0.5; 0 = "
                          "the final score alone)")
     turns = task_class(args.task).turns
     for key in ("recovery_coef", "turn0_guard"):

@@ -254,7 +254,7 @@ def _jsonable(x):
 
 
 # -----------------------------------------------------------------------------------------------------------------
-# What one step logs: DESIGN.md's list, one line per step in metrics.jsonl
+# What one step logs, one line per step in metrics.jsonl (docs/training.md lists the fields)
 
 
 def std(xs):

@@ -379,7 +379,7 @@ def format_plan(p, header):
 def prompt_tokens(task):
     """The longest prompt, in tokens, estimated without a tokenizer: UTF-8 bytes / 3 (Qwen's BPE averages 3.5-4.5
     bytes per token on English and code) + 16 for the chat template. soyuz: its bundled tasks; gsm8k: the system
-    prompt and a 900-character question (GSM8K's longest are about that); mdp: the seed's "full" prompt, ~330
+    prompt and a 900-character question (GSM8K's longest are about that); mdp: the mdp run's "full" prompt, ~330
     tokens with the template (experiments/mdp_pipeline.py), rounded up."""
     if task == "soyuz":
         with open(os.path.join(DATA, "soyuz_tasks.json")) as f:

@@ -1,7 +1,7 @@
 """GSM8K with verifiable rewards (RLVR): data and split, the answer-tag prompt, rewards (its eval metrics and the
 hint probe: minigrpo/evals/gsm8k.py).
 
-Reproduces the recipe of shared/seeds/004 (Qwen3-1.7B-Base, GRPO on GSM8K). Every example, whatever its source, is
+Reproduces the gsm8k reference run's recipe (Qwen3-1.7B-Base, GRPO on GSM8K). Every example, whatever its source, is
 one record: {"id", "question", "answer" (the gold answer as a string), "answer_number" (float, or None when the gold
 is not a plain number, which happens only in MATH)}.
 
@@ -9,11 +9,11 @@ Data
 - GSM8K: `openai/gsm8k` config "main" from the hub (its two parquet files, read with pyarrow, an optional
   dependency), or a local JSONL file in GSM8K's schema ({"question", "answer"} with the answer ending "#### 42"),
   or a folder holding train.jsonl and test.jsonl.
-- The split (the seed's): train then test pooled (7,473 + 1,319 = 8,792), shuffled once with seed 3407, cut
+- The split (the gsm8k run's): train then test pooled (7,473 + 1,319 = 8,792), shuffled once with seed 3407, cut
   80/10/10 into train/val/eval. The shuffle is exactly what `datasets.Dataset.shuffle(seed=3407)` does:
   `np.random.default_rng(3407).permutation(n)` (arrow_dataset.py: `generator = np.random.default_rng(seed)`;
   `permutation = generator.permutation(len(self))`; then `select`). The cut is in integer arithmetic: train =
-  floor(0.8 n), val = floor(0.1 n), eval = the rest, which gives the seed's 8,792 -> 7,033 / 879 / 880. The eval
+  floor(0.8 n), val = floor(0.1 n), eval = the rest, which gives the gsm8k run's 8,792 -> 7,033 / 879 / 880. The eval
   part is never used in training.
 - Out-of-distribution eval sets: SVAMP (`ChilleD/SVAMP`, test split, 300 problems; schema ID, Body, Question,
   Equation, Answer, Type) and MATH algebra (`EleutherAI/hendrycks_math` config "algebra", test split, a fixed
@@ -26,7 +26,7 @@ Rewards (score = correctness + format + brevity; `details` returns the parts)
 - format +0.5 well-formed: the whole completion is <reasoning>R</reasoning> <answer>A</answer> with R and A not
   blank, each of the four tags exactly once, and nothing before or after (whitespace and a trailing
   <|im_end|>/<|endoftext|> aside). +0.25 partial: not well-formed, but it holds a complete <answer>...</answer> or
-  <reasoning>...</reasoning> pair. Text after </answer> makes a completion partial at best: the seed's rewards
+  <reasoning>...</reasoning> pair. Text after </answer> makes a completion partial at best: the gsm8k run's rewards
   never looked past the answer tag, and its model occasionally rambled on.
 - brevity up to +0.2: paid only to completions that are correct AND well-formed, full up to 400 characters,
   falling linearly to 0 at 1600. So it only orders answers inside the best class and can never outweigh
@@ -174,7 +174,7 @@ def format_kind(completion: str) -> str:
 
 
 def continues_after_answer(completion: str) -> bool:
-    """True when anything but whitespace / EOS text follows the first </answer> (the seed's rambling check)."""
+    """True when anything but whitespace / EOS text follows the first </answer> (the gsm8k run's rambling check)."""
     end = completion.find("</answer>")
     return end >= 0 and bool(_strip_eos(completion[end + len("</answer>"):]))
 
@@ -385,7 +385,7 @@ def load_math(data: str | None = None, subject: str = "algebra", split: str = "t
 
 
 def split_indices(n: int, seed: int = SEED) -> dict[str, np.ndarray]:
-    """The seed's split of a pool of n: one datasets-style shuffle, then train 80% | val 10% | eval the rest."""
+    """The gsm8k run's split of a pool of n: one datasets-style shuffle, then train 80% | val 10% | eval the rest."""
     perm = np.random.default_rng(seed).permutation(n)
     n_train, n_val = n * 8 // 10, n // 10  # 8792 -> 7033, 879, and 880 left for eval
     return {"train": perm[:n_train], "val": perm[n_train:n_train + n_val], "eval": perm[n_train + n_val:]}

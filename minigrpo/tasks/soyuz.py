@@ -1,13 +1,13 @@
 """The soyuz task: 44 tasks with criteria checklists, rolled out as answer -> critique -> revision.
 
-For every task and each of its G samples (shared/seeds/000_*.txt):
+For every task and each of its G samples (the soyuz reference run's rollout):
 
     turn 0   the model answers the task                      -> judge -> s0
     critique built from the judge's actual reasons: "scored N/10, problems: ... scrap it and rewrite" when the
              answer is bad (s0 < 0.5), a lighter revision request when it is good
     turn 1   the model revises, with the whole conversation as its prompt -> judge -> s1
 
-The rollout, the rewards and the seed's metrics are minigrpo/tasks/twoturn.py's, shared with the revise task: turn 0
+The rollout, the rewards and soyuz's metrics are minigrpo/tasks/twoturn.py's, shared with the revise task: turn 0
 = s0 (the guard), turn 1 = s1 + 0.5·(s1 − s0) (grpo.recovery_rewards; --recovery-coef, --no-turn0-guard);
 advantages group-relative per turn, zero spread found on raw scores. What is soyuz's own: the judge, which grades in
 its worker pool while the sampler generates the next chunk of tasks (the turn-1 critique of a chunk waits only for
@@ -161,7 +161,7 @@ class SoyuzTask:
             print(line, flush=True)
 
     def examples(self, split: str) -> list[dict]:
-        # The seed trains and reports on the same 44 tasks (its numbers are "on the trained distribution").
+        # The soyuz run trains and reports on the same 44 tasks (its numbers are "on the trained distribution").
         return list(self.tasks)
 
     def messages(self, ex: dict) -> list[dict]:
@@ -200,7 +200,7 @@ class SoyuzTask:
                             f"steps in a row ({failed} of {calls} in the last; its last error: "
                             f"{getattr(self.judge, 'last_error', None)}): check the judge command or server")
 
-    # -- metrics as the seed reports them ------------------------------------------------------------------------
+    # -- metrics as the soyuz run reports them ------------------------------------------------------------------------
 
     def step_metrics(self, seqs) -> dict:
         return recovery_metrics(seqs)

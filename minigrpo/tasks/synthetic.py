@@ -6,15 +6,10 @@ GRPO only has to raise the probability of one byte after the chat template's `as
 smallest real credit-assignment problem there is. It proves the loop learns, not that the model reasons.
 
 The train split holds each letter once, so a step of 4 tasks sees all four: the pushes every group gives to "its"
-letter's unconditional probability cancel out, and what is left to learn is reading the prompt. With a random
-draw of letters per step one letter wins early and the policy collapses to it (with eight letters the mean
-reward stuck near 1/8).
-
-Four letters, none of which occurs anywhere else in the prompt ("Repeat the letter", the template's "user" and
-"assistant"). With eight (a..h) the policy first learns to write letters whatever the prompt (entropy 5.5 -> 1.5
-in 40 steps, reward stuck at 1/8), settles on a subset of them, and the prompts whose letter it no longer writes
-give groups with no reward spread, hence no gradient: the preset's old run climbed to ~0.5 and fell back. With
-a..d, 'a' (in every prompt) was the letter the failed runs fell back to when they could not tell two apart.
+letter's unconditional probability cancel out, and what is left to learn is reading the prompt. None of the four
+letters occurs anywhere else in the prompt ("Repeat the letter", the template's "user" and "assistant"), so the
+policy has no letter to fall back to when it cannot yet tell two apart. The runs that led to this design are in
+docs/experiments.md.
 """
 from minigrpo.tasks.base import SingleTurnTask
 

@@ -1,4 +1,4 @@
-"""The two-turn rollout every answer -> critique -> revision task shares (soyuz, revise; shared/seeds/000_*.txt).
+"""The two-turn rollout every answer -> critique -> revision task shares (soyuz, revise).
 
 For each example and each of its G samples:
 
@@ -6,7 +6,7 @@ For each example and each of its G samples:
     critique a user turn the task writes from v0 (which criteria failed, and why)
     turn 1   the model revises, with the whole conversation as its prompt    -> grader -> verdict v1, score s1
 
-Rewards (`turn_seqs`): turn 1 = s1 + coef·(s1 − s0) (grpo.recovery_rewards; the seed's coef is 0.5, coef 0 = the
+Rewards (`turn_seqs`): turn 1 = s1 + coef·(s1 − s0) (grpo.recovery_rewards; the soyuz run's coef is 0.5, coef 0 = the
 final score alone). Turn 0 = s0, its own raw score: the guard. Without the guard (turn0_guard=False) turn 0 is
 trained on turn 1's shaped reward, which pays 0.5·(1 − s0) more for a worse start when the revision is right:
 the climb hack the guard exists to stop. Advantages are group-relative per (example, turn) and zero spread is
@@ -100,7 +100,7 @@ def _seq(example_id, turn, prompt, s, verdict, score, reward):
 
 
 def recovery_metrics(seqs) -> dict:
-    """The seed's metrics over (turn 0, turn 1) pairs, in the order the rollout emits them (turn 0, then its turn
+    """The soyuz run's metrics over (turn 0, turn 1) pairs, in the order the rollout emits them (turn 0, then its turn
     1): turn-0 and final score; over bad starts (s0 < BAD) the mean climb s1 − s0 (recovery) and the share revised
     to >= BAD; over good starts the share revised below BAD; the share of bad starts."""
     t0 = [s for s in seqs if s.turn == 0]

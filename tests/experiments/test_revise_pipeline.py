@@ -1,5 +1,5 @@
 """The revise experiment (minigrpo/experiments/revise_pipeline.py), shrunk to under a minute: a base pretrained from
-scratch, the seed's arm (coef 0.5 + guard) through train.py's loop, and the report. GRPO must beat the base it
+scratch, the soyuz run's arm (coef 0.5 + guard) through train.py's loop, and the report. GRPO must beat the base it
 started from, on held-out prompts, by more than the noise (the paired bootstrap interval of the difference)."""
 import csv
 import os

@@ -1,5 +1,5 @@
 """The group sampler: greedy = uncached argmax = transformers, stops as documented, seeded, and its log-probs equal
-logprobs.token_logprobs teacher-forced on the same sequences (PITFALLS 5-7, 9, 11)."""
+logprobs.token_logprobs teacher-forced on the same sequences (docs/pitfalls.md 5-7, 9, 11)."""
 
 import pytest
 import torch

@@ -1,6 +1,6 @@
 """sampler.truncate keeps exactly what transformers' TopKLogitsWarper then TopPLogitsWarper keep (top-p measured
 on the distribution renormalised over the top-k set), and the sampler draws only from that set, in its
-proportions (PITFALLS 7)."""
+proportions (docs/pitfalls.md 7: the stored log-probs are the untruncated distribution's)."""
 
 import math
 

@@ -1,6 +1,6 @@
 """The README's first command keeps its promise: `python train.py --task synthetic --model tiny` (the synthetic
 preset, from random init) ends with a last-10-step mean reward of 0.9 or more and does not fall back in its last
-third (issue 18). The measurement is bench/synthetic.py's; here at seed 0 on one thread (about a minute idle)."""
+third. The measurement is bench/synthetic.py's; here at seed 0 on one thread (about a minute idle)."""
 import os
 import sys
 

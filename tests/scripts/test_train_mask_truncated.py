@@ -1,5 +1,5 @@
 """--mask-truncated: completions cut by max_new_tokens (finish "length") get no gradient, and nothing else changes
-(PITFALLS 12)."""
+(docs/pitfalls.md 12)."""
 import json
 import os
 import subprocess

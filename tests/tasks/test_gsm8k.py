@@ -1,4 +1,4 @@
-"""GSM8K task: rewards, number parsing, the seed's split, data loading (local files; the hub path with a fake
+"""GSM8K task: rewards, number parsing, the gsm8k run's split, data loading (local files; the hub path with a fake
 download), the hint probe on scripted fakes, eval metrics and the report helpers. No network."""
 import itertools
 import json

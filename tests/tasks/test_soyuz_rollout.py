@@ -111,7 +111,7 @@ def test_rollout_rewards_advantages_masks_and_critique():
 
 def test_zero_spread_uses_raw_scores_not_shaped_rewards():
     """Three revisions that all score 0.5 (raw) but climbed from different turn-0 scores: their shaped rewards
-    differ, yet the group carries no signal and must get advantage 0 (PITFALLS 13)."""
+    differ, yet the group carries no signal and must get advantage 0 (docs/pitfalls.md 13)."""
     from minigrpo import grpo
     from minigrpo.tasks.base import Seq
     s0 = [0.0, 0.5, 1.0]

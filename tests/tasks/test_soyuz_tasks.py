@@ -19,7 +19,7 @@ from repo_root import ROOT
 
 TASKS_PATH = os.path.join(ROOT, "minigrpo", "data", "soyuz_tasks.json")
 ANSWERS = os.path.join(ROOT, "tests", "data", "soyuz")
-FAMILIES = {"algorithms": 12, "library": 10, "fix": 10, "writing": 12}   # the seed's four families
+FAMILIES = {"algorithms": 12, "library": 10, "fix": 10, "writing": 12}   # the soyuz run's four families
 CODE_COVERAGE, WRITING_COVERAGE = 0.7, 0.6    # least share of criteria with a machine check
 BAD_MAX = 4 / 9     # 0.44: at most 4 of 9 checked criteria
 

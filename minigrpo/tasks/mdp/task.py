@@ -67,8 +67,8 @@ def messages_for(text: str, style: str = "full") -> list[dict]:
 def relabel(ex: dict, perm) -> dict:
     """The same state with its probes renamed: probe k is shown as letter perm[k]. The letters are only names for
     eight randomly drawn probe lists, so this is a state of the same game, as likely as the original; training on
-    renamed copies keeps a small model from tying a probe's worth to its letter or to one prompt (the tiny SFT
-    otherwise memorises its 1460 states: 62% optimal picks on them, 29% on held-out ones)."""
+    renamed copies keeps a small model from tying a probe's worth to its letter or to one prompt (without them the
+    tiny SFT memorises its train states: docs/mdp.md)."""
     name = {c: mdp.LETTERS[k] for c, k in zip(mdp.LETTERS, perm)}
     src = np.argsort(perm)                                      # letter j shows probe src[j]
     v = ex["view"]

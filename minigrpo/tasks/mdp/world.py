@@ -1,51 +1,17 @@
 """The oracle-process verifier MDP: a model learns which diagnostic probe to ask, not the answer.
 
-"Guess Who?" with hidden programs. A program is an ordered pair (p, q) of operators from a library; each operator
-is `reducer(transform(xs))`, a typed `list[int] -> int` function (e.g. `max(sort(xs)[:2])`). The pair's output on
-a list depends on the regime:
+"Guess Who?" with hidden programs. A program is an ordered pair (p, q) of `reducer(transform(xs))` operators; its
+output on a list is (p + 7q) mod 97 (regime pair_affine_mod) or 0 / 1 / 2 as p <, =, > q (pair_compare_gate). A
+record hides a target pair; its candidates are the pairs that agree with it on two visible runs. A state shows the
+candidate count and eight probe lists A-H with how the survivors' outputs split on each; the action is one letter,
+and the verifier keeps the candidates that agree with the target on that probe. Budget: 0-3 probes.
 
-    pair_affine_mod    (p(xs) + 7 * q(xs)) mod 97     many output values: every probe says a lot
-    pair_compare_gate  0 / 1 / 2 as p(xs) <, =, > q(xs)  three symbols: probes say little, many pairs look alike
-
-A record hides a target pair. The candidate set is every pair (L * L of them, library size L in 64..512) that agrees
-with the target on two visible executions. Each state shows the candidate count and eight probe lists A-H, each
-with how the surviving candidates' outputs would split on it; the action is one letter. The verifier runs that
-probe on the target and keeps the candidates that agree (deterministic filtering). Budget: 0-3 probes.
-
-Metrics (per record, after spending the budget):
-    solved     "hidden-all": every survivor agrees with the target on all 16 held-out hidden lists
-    exact      "exact pair": the target pair is the only survivor
-    survivors  the number of surviving candidate pairs (mean over records)
-
-Oracle and process reward. Filtering only ever ANDs "agrees with the target on probe a", so the survivors after a
-set of probes do not depend on their order: a state is (set of probed letters T, probes left r). The quality of a
-final set is lexicographic in (solved, fewer survivors), squeezed into [0, 1]:
-
-    q(T) = 0.5 * solved(T) + 0.5 * (1 - log n(T) / log N0)      N0 = candidates before any probe
-
-(the target always survives, so an unsolved set has n >= 2 and q < 0.5 <= any solved q). The value of a state is
-the best q reachable with r more probes, V_r(T) = max_a V_{r-1}(T + a), V_0 = q; the oracle value of letter a is
-V_{r-1}(T + a). The same-budget oracle plays its argmax (ties: larger q(T + a), then a seeded random letter).
-The process reward of a letter is 0.9 * V_{r-1}(T + a) + 0.1 * q(T + a): with budget to spare the optimal
-continuation makes many first probes equally good, and the tenth for progress made now keeps those states
-informative (it reorders letters only where oracle values nearly tie: in ~1 state in 1000 the oracle's letter is
-not the top-reward one). Max-split plays the probe with the fewest expected survivors, sum(b^2) / n over its
-groups b (deployable: it never sees the target); minimax the probe with the fewest in the worst case, its largest
-group (the number the tiny model's compact prompt shows); random picks a letter uniformly (re-probing is allowed
-and wasted). All of it runs on 256-entry tables per record: a candidate's agreement with the target on the eight
-probes is an 8-bit code, and n(T), bad(T) are superset sums of the code histograms, so the oracle's exhaustive
-search is a few array maxima.
-
-The prompt (`render`, ~280 bytes; the tiny model's byte tokenizer spends one token per byte):
-
-    Find the hidden program. Seen: [0,1,0,3,2]=23 [0,5,0]=7 C=4      visible runs, then probed letters = output
-    N=21 left=2                                                      survivors, probes left
-    A [2,7,9,9,7,5] 4/2/2/2+8                                        probe list, its four largest output groups
-    ...                                                              among the survivors, +how many more groups
-    H [8,0,6,0,7,2] 2/2/2/2+10
-    Probe? One letter A-H.
-
-Everything is numpy and seeded: a record is a small JSON-able dict; `world(record)` compiles its arrays.
+Filtering only ANDs "agrees on probe a", so a state is (set of probed letters T, probes left r), and everything is
+a 256-entry table per record: the quality q(T) = 0.5 solved(T) + 0.5 (1 - log n(T) / log N0), the oracle value
+V_r(T) = max_a V_{r-1}(T + a) with V_0 = q, and the process reward 0.9 V_{r-1}(T + a) + 0.1 q(T + a). The metrics
+(solved, exact, survivors), the baselines (random, minimax, max-split, the oracle), the prompt and why the reward
+mixes in the tenth are in docs/mdp.md. Everything is numpy and seeded: a record is a small JSON-able dict;
+`world(record)` compiles its arrays.
 """
 import functools
 import math
