@@ -22,7 +22,7 @@ def cmd_baselines(args):
     t0 = time.time()
     records = mdp.build_records(args.split, args.per_cell, args.seed)
     results = mdp.baselines(records)
-    if args.planner:   # the ceiling without the target (minigrpo/tasks/mdp/planner.py), between the heuristics and the oracle
+    if args.planner:   # the ceiling without the target (tasks/mdp/planner.py): between heuristics and oracle
         oracle = results.pop("oracle")
         results.update(planner=mdp.evaluate(planner_policy, records), oracle=oracle)
     tables = (*report.mdp_tables(results), report.mdp_choice_table(results))

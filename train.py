@@ -43,7 +43,7 @@ from minigrpo.run.folder import ProgressBar, RunFolder, Tracker, epoch_summary, 
 from minigrpo.run.resume import resume_or_start, trainer_state
 from minigrpo.sampler import sample
 from minigrpo.tasks import task_from_args
-from minigrpo.tasks.base import DataState, next_examples  # noqa: F401 (DataState: train.DataState)
+from minigrpo.tasks.base import next_examples
 from minigrpo.update import (all_reduce_and_clip, collate, log_probs, micro_batches, reference_logprobs,
                              step_normalizer)
 
@@ -126,18 +126,18 @@ def sample_step(model, tok, task, args, train_set, data, step, dist_info):
     all_seqs, my_seqs, kept, drawn = [], [], [], 0
     for _ in range(args.max_draws if args.dynamic_sampling else 1):
         examples = next_examples(train_set, args.tasks_per_step, data, args.seed)
-        everyone, mine = rollout_step(model, tok, task, args, examples, step, dist_info, first=drawn)
+        drawn_all, drawn_mine = rollout_step(model, tok, task, args, examples, step, dist_info, first=drawn)
         drawn += len(examples)
         if not args.dynamic_sampling:
-            return everyone, mine, {}
+            return drawn_all, drawn_mine, {}
         groups = {}
-        for s in everyone:
+        for s in drawn_all:
             groups.setdefault((s.example_id, s.turn), []).append(s)
         spread = {k[0] for k, g in groups.items() if grpo.has_spread([s.reward for s in g], [s.score for s in g])}
-        new = [i for i in dict.fromkeys(s.example_id for s in everyone) if i in spread and i not in kept]
+        new = [i for i in dict.fromkeys(s.example_id for s in drawn_all) if i in spread and i not in kept]
         kept += new[:args.tasks_per_step - len(kept)]
-        all_seqs += [s for s in everyone if s.example_id in kept]     # in the order drawn, rank-major per draw
-        my_seqs += [s for s in mine if s.example_id in kept]
+        all_seqs += [s for s in drawn_all if s.example_id in kept]    # in the order drawn, rank-major per draw
+        my_seqs += [s for s in drawn_mine if s.example_id in kept]
         if len(kept) == args.tasks_per_step:
             break
     return all_seqs, my_seqs, {"dynamic_drawn": drawn, "dynamic_kept": len(kept), "dynamic_dropped": drawn - len(kept)}

@@ -125,7 +125,6 @@ def build_ours(folder, args, dtype):
     from minigrpo import grpo
     from minigrpo.logprobs import token_logprobs
     from minigrpo.lora import adapters_disabled, inject_lora, lora_layers
-    from minigrpo.model import Qwen
     model = load_pretrained(folder, dtype=dtype, device=args.device)
     params = inject_lora(model, r=args.lora_r, alpha=2 * args.lora_r, targets=targets(args))
     init_lora_([(p, m.lora_A.weight, m.lora_B.weight) for p, m in lora_layers(model)])

@@ -5,7 +5,8 @@
                                                         the tokenizer's files beside them: a model folder
     runs/<name>/checkpoints/step-N/trainer_state.pt     optimizer, scheduler, every RNG, step, data position
 
-Either kind loads elsewhere: eval.py --adapter / --model, pretrained.load_pretrained, and `python -m minigrpo.run.export`.
+Either kind loads elsewhere: eval.py --adapter / --model, pretrained.load_pretrained, and
+`python -m minigrpo.run.export`.
 
 A checkpoint is built in a temporary folder and renamed into place (rename is atomic on POSIX), so a crash, a
 judge failure or SIGKILL never leaves a half-written one: a step-N folder either exists complete or not at all.

@@ -33,9 +33,9 @@ def adamw(params, lr: float, total_steps: int, warmup: float = 0, schedule: str 
 
 
 def adamw_pipeline(params, lr, steps, warmup):
-    """The mdp pipeline's SFT and DPO stages (minigrpo/experiments/supervised.py): AdamW (beta2 0.99, no weight decay), linear
-    warmup over n = int(warmup * steps) steps, the last of them at the peak, then cosine from the peak to zero.
-    Not lr_factor: the peak is held for one step more. One formula for both would move the mdp quickstart's
+    """The mdp pipeline's SFT and DPO stages (minigrpo/experiments/supervised.py): AdamW (beta2 0.99, no weight
+    decay), linear warmup over n = int(warmup * steps) steps, the last of them at the peak, then cosine from the peak
+    to zero. Not lr_factor: the peak is held for one step more. One formula for both would move the mdp quickstart's
     numbers, so the two stay side by side until a change that may move them."""
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
     n_warm = max(1, int(warmup * steps))

@@ -14,7 +14,6 @@ from minigrpo import checkpoints
 from minigrpo.common import UsageError, derive_seed, first_line, mean, pick_device, pick_dtype
 from minigrpo.evals import report
 from minigrpo.lora import adapters_disabled, fold_lora, load_adapter
-from minigrpo.model import Qwen
 from minigrpo.pretrained import load_pretrained
 from minigrpo.run import plots
 from minigrpo.sampler import sample

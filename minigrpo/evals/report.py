@@ -1,6 +1,6 @@
-"""Reports for eval.py, the verifier MDP and the revise experiment: JSON files, a Markdown table comparing models side
-by side, PNG plots (drawn with minigrpo/run/plots.py's plumbing), the MDP's solve-rate tables and the revise experiment's
-table in the soyuz run's shape.
+"""Reports for eval.py, the verifier MDP and the revise experiment: JSON files, a Markdown table comparing models
+side by side, PNG plots (drawn with minigrpo/run/plots.py's plumbing), the MDP's solve-rate tables and the revise
+experiment's table in the soyuz run's shape.
 
 Results are nested plain dicts: {model label: {eval set: {metric: value}}}, e.g. {"base": {"gsm8k":
 {"strict_accuracy": 0.669, ...}}, "adapter": {...}}. Plots use matplotlib's Agg backend (no display needed);
@@ -227,9 +227,9 @@ def write_mdp_report(results: dict, out_dir: str) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The revise experiment's report (minigrpo/experiments/revise_pipeline.py): the soyuz run's metrics, base vs each trained
-# arm, from {seed: {"base" | arm: metrics}}; metrics as twoturn.recovery_metrics, plus "pairs" [(s0, s1)] per eval
-# rollout (the same prompts and sample seeds for every policy of a seed) and, for arms, the training "curve"
+# The revise experiment's report (minigrpo/experiments/revise_pipeline.py): the soyuz run's metrics, base vs each
+# trained arm, from {seed: {"base" | arm: metrics}}; metrics as twoturn.recovery_metrics, plus "pairs" [(s0, s1)] per
+# eval rollout (the same prompts and sample seeds for every policy of a seed) and, for arms, the training "curve"
 
 REVISE_METRICS = (("reward (final score)", "final_score"), ("turn-0 score", "turn0_score"), ("recovery", "recovery"),
                   ("bad->good", "bad_to_good"), ("good->bad", "good_to_bad"), ("bad-start share", "bad_start_share"))

@@ -1,1 +1,2 @@
-"""The multi-stage experiments that drive train(): the verifier-MDP pipeline (SFT, DPO, GRPO), the revise experiment, and the supervised trainers they use."""
+"""The multi-stage experiments that drive train(): the verifier-MDP pipeline (SFT, DPO, GRPO), the revise
+experiment, and the supervised trainers they use."""

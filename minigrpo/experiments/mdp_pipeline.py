@@ -302,7 +302,7 @@ def run_pipeline(args, trainer, cfg: PipelineConfig | None = None) -> dict:
     base = task.baselines(cfg.eval_split)
     clock.lap("data+baselines")
 
-    # each stage's output is its folder; a rerun skips the stages finished with these settings (minigrpo/experiments/stages.py)
+    # each stage's output is its folder; a rerun skips the stages finished with these settings (stages.py)
     stages = Stages({"model": args.model, "seed": args.seed, "dtype": args.dtype, **asdict(cfg)}, "mdp pipeline")
     at = lambda name: os.path.join(run_dir, name)
     model, tok = build_model(args, cfg, device, dtype)

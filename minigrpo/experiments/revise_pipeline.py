@@ -18,8 +18,8 @@ guard that keeps turn-0 tokens on their own raw score, each taken away in turn. 
             policy as it samples in training, the soyuz run's metrics over it
 
 Each base (seed<N>-base/, a model folder) and each arm (its run folder) is a stage: a rerun into the same run folder
-skips those finished with the same settings, one line each (minigrpo/experiments/stages.py). eval.py --task revise evaluates a
-saved policy with this file's evaluate.
+skips those finished with the same settings, one line each (minigrpo/experiments/stages.py). eval.py --task revise
+evaluates a saved policy with this file's evaluate.
 
 The report (report.write_revise_report) holds the soyuz run's table shape, base vs trained per arm, averaged over the
 seeds and per seed, the differences with paired bootstrap intervals, and a PNG; everything lands in the run folder.
@@ -43,7 +43,6 @@ from minigrpo.evals import report
 from minigrpo.experiments.mdp_pipeline import TINY_MDP, Clock, save_model, scratch_model
 from minigrpo.experiments.stages import Stages, rng_kept
 from minigrpo.experiments.supervised import sft_loop
-from minigrpo.model import Qwen
 from minigrpo.pretrained import load_pretrained
 from minigrpo.run.folder import RunFolder
 from minigrpo.run.plots import read_metrics

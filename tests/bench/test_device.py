@@ -168,7 +168,6 @@ def test_rollout_call_picks_the_path_from_args(tmp_path):
 def test_profiler_counts_and_the_attention_kernel_on_the_cpu():
     import torch
 
-    from minigrpo.model import Qwen
     model = load_pretrained("tiny").eval()
     ids = torch.randint(0, 256, (2, 16))
     with torch.no_grad():

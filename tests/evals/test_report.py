@@ -92,7 +92,6 @@ def test_eval_py_reports_adapter_minus_base(tmp_path):
 
     import eval as ev
     from minigrpo.lora import inject_lora, save_adapter
-    from minigrpo.model import Qwen
     model = load_pretrained("tiny")
     for p in inject_lora(model, r=2, alpha=4):
         torch.nn.init.normal_(p, std=0.5, generator=torch.Generator().manual_seed(0))

@@ -13,7 +13,6 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from minigrpo.model import Qwen
 from minigrpo.pretrained import load_pretrained
 
 pytest.importorskip("huggingface_hub")

@@ -4,7 +4,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from minigrpo.lora import ADAPTER_WEIGHTS, inject_lora, load_adapter, save_adapter
-from minigrpo.model import Qwen
 from minigrpo.pretrained import load_pretrained
 
 

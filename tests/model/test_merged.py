@@ -10,7 +10,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import train
 from minigrpo import merged, static_decode
 from minigrpo.lora import adapters_disabled, inject_lora, lora_layers
-from minigrpo.model import Qwen
 from minigrpo.pretrained import load_pretrained
 from minigrpo.run.folder import gap_quantiles
 from minigrpo.sampler import prefill, sample

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from minigrpo.model import CheckpointError, Qwen
+from minigrpo.model import CheckpointError
 from minigrpo.pretrained import load_pretrained
 
 

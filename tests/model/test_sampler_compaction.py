@@ -4,7 +4,6 @@ import torch
 
 from minigrpo.common import derive_seed
 
-from minigrpo.model import Qwen
 from minigrpo.pretrained import load_pretrained
 from minigrpo.sampler import sample
 

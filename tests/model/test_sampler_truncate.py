@@ -8,7 +8,6 @@ import pytest
 import torch
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
-from minigrpo.model import Qwen
 from minigrpo.pretrained import load_pretrained
 from minigrpo.sampler import choose, sample, sample_keys, truncate, uniforms
 

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from minigrpo import static_decode
-from minigrpo.model import Qwen
 from minigrpo.pretrained import load_pretrained
 from minigrpo.sampler import sample
 from minigrpo.tokenizer import Tokenizer

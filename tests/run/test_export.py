@@ -11,7 +11,6 @@ import torch
 from hf_oracle import hf_logits, ids
 
 import eval as eval_py
-from minigrpo.model import Qwen
 from minigrpo.pretrained import load_pretrained
 from minigrpo.run import export
 from minigrpo.tokenizer import Tokenizer

@@ -237,7 +237,6 @@ def test_every_checkpoint_damaged_is_one_line_and_nothing_is_cut(run):
 def test_a_trainer_state_that_is_not_one_counts_as_damaged(run, capsys):
     """A readable file that is not a trainer state (another pickle) is damaged too, and the model is not touched
     by it: the state is read before the weights."""
-    from minigrpo.model import Qwen
     ckpt = run / "checkpoints"
     torch.save({"step": 4}, ckpt / "step-4" / "trainer_state.pt")
     model = load_pretrained("tiny", dtype=torch.float32, device="cpu")

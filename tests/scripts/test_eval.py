@@ -14,7 +14,6 @@ import eval as ev
 from minigrpo import evals
 from minigrpo.evals.common import resolve_adapter
 from minigrpo.lora import inject_lora, lora_layers, save_adapter
-from minigrpo.model import Qwen
 from minigrpo.pretrained import load_pretrained
 import mdp_runs
 

@@ -34,6 +34,7 @@ import pytest
 import torch
 
 from minigrpo.pretrained import load_pretrained
+from minigrpo.tasks.base import DataState
 
 from repo_root import ROOT
 from train_runs import ENV, final_weights, metrics
@@ -145,7 +146,6 @@ def test_resume_loads_the_trainer_state_onto_the_rank_device(tmp_path, monkeypat
     import train
     from minigrpo import checkpoints
     from minigrpo.dist import Dist
-    from minigrpo.model import Qwen
     from minigrpo.optim import adamw
     from minigrpo.run.folder import RunFolder
     model = load_pretrained("tiny", dtype=torch.float32, device="cpu")
@@ -156,7 +156,7 @@ def test_resume_loads_the_trainer_state_onto_the_rank_device(tmp_path, monkeypat
     run = RunFolder(str(tmp_path), "r")
     run.claim(fresh=True)
     run.create({"resume": False, "lora_r": 0})
-    checkpoints.save(run.ckpt_dir, 1, model, train.trainer_state(1, train.DataState(), opt, sched, 0), lora=False)
+    checkpoints.save(run.ckpt_dir, 1, model, train.trainer_state(1, DataState(), opt, sched, 0), lora=False)
     state = checkpoints.load(checkpoints.latest(run.ckpt_dir), model, lora=False, map_location="meta")
     moments = [t for s in state["optimizer"]["state"].values() for t in s.values() if t.dim()]
     assert moments and all(t.device.type == "meta" for t in moments)

@@ -15,8 +15,8 @@ from safetensors.torch import save_file
 
 import train
 from minigrpo import common
-from minigrpo.model import Qwen
 from minigrpo.pretrained import load_pretrained
+from minigrpo.tasks.base import DataState, next_examples
 
 from repo_root import ROOT
 
@@ -200,7 +200,7 @@ def test_a_gsm8k_folder_without_its_files_is_one_line(tmp_path, capsys):
 def test_an_empty_train_split_never_reaches_the_loop():
     """next_examples on an empty split: a clear error, not a loop that never ends."""
     with deadline(10), pytest.raises(ValueError, match="empty"):
-        train.next_examples([], 4, train.DataState(), 0)
+        next_examples([], 4, DataState(), 0)
 
 
 @pytest.mark.parametrize("content,named", [

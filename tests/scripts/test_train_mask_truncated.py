@@ -12,7 +12,6 @@ import train
 from minigrpo import grpo
 from minigrpo.logprobs import token_logprobs
 from minigrpo.lora import inject_lora
-from minigrpo.model import Qwen
 from minigrpo.pretrained import load_pretrained
 from minigrpo.tasks.base import Seq
 

@@ -47,7 +47,6 @@ import shutil
 import stat
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass, field
 
 from minigrpo.judge.sandbox import Limits, Sandbox, remove_tree

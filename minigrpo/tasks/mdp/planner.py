@@ -1,6 +1,6 @@
 """The verifier MDP's ceiling for target-blind play: Bayes-optimal play without the target.
 
-The oracle (minigrpo/tasks/mdp/world.py) knows the target; max-split and minimax do not, but look one probe ahead and only at
+The oracle (world.py) knows the target; max-split and minimax do not, but look one probe ahead and only at
 group sizes. The planner knows everything but the target -- every candidate pair and its outputs on the probe and
 the hidden lists -- and takes the target to be uniform over the surviving pairs (a record's target is two different
 operators, so pairs (p, p) are candidates but never the target). It plays the letter with the highest probability

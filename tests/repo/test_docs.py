@@ -10,9 +10,7 @@ import re
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-while not os.path.isfile(os.path.join(ROOT, "train.py")) and ROOT != os.path.dirname(ROOT):
-    ROOT = os.path.dirname(ROOT)   # the checkout, also when this file moves into a folder under tests/
+from repo_root import ROOT
 SCRIPTS = ("train.py", "eval.py", "judge.py", "mdp.py")
 README_LIMIT = 15_000
 PATH_ROOTS = ("minigrpo", "tests", "bench", "scripts", "docs", ".ci")
