@@ -153,7 +153,7 @@ def test_soyuz_rollout_compiles_one_graph_per_length_bucket(monkeypatch, capsys)
     dynamo graphs and guards as inductor, without code generation: inductor on a shared 2-core CPU takes minutes
     for this many graphs). The count is one per (rows, length bucket) used, within torch's default recompile limit
     (8); the old per-call cache (a 128-token bucket per call) needed more graphs than that for these calls."""
-    from tests.test_soyuz_rollout import ScriptedJudge
+    from tests.tasks.test_soyuz_rollout import ScriptedJudge
     from minigrpo.tasks.soyuz import SoyuzTask
     from torch._dynamo.utils import counters
     real_step = static_decode.compiled_step
