@@ -26,13 +26,7 @@ import pytest
 
 from judging import TASKS, fenced, needs_full_sandbox
 from minigrpo.judge.checks import run_check
-
-
-def only(task_id, ids):
-    task = dict(TASKS[task_id])
-    task["criteria"] = [c for c in task["criteria"] if c["id"] in ids]
-    assert [c["id"] for c in task["criteria"]] == list(ids)
-    return task
+from redteam import only
 
 
 def grade(judge, task_id, code, ids):
