@@ -76,15 +76,21 @@ def train(args, policy=None, task=None) -> dict:
               f"run={run.path}", file=sys.stderr)
     bar = ProgressBar(n_steps, step, args.task, enabled=dist_info.main and not args.quiet)
     tracker = Tracker(args.log_to if dist_info.main else None, run, vars(args), step)    # --log-to
+    t_checkpoint = 0.0
     while step < n_steps:
         stop_if_ctrl_c()                                       # one Python swallowed in a callback stops here
         epoch = data.epoch                                     # the epoch this step's examples come from
+        # seconds by phase since the last metrics row: the checkpoint saved after it (written before this row, so
+        # that a row is never missing under a checkpoint), the sampler, the rest of the rollout (waiting on the
+        # judge), then policy_update's reference, policy and optimizer
+        times = {"checkpoint": t_checkpoint, "generate": 0.0}
         t0 = time.perf_counter()
-        all_seqs, my_seqs, drawn = sample_step(model, tok, task, args, train_set, data, step, dist_info)
+        all_seqs, my_seqs, drawn = sample_step(model, tok, task, args, train_set, data, step, dist_info, times)
         t_sample = time.perf_counter() - t0
+        times.update(sample=t_sample, judge=t_sample - times["generate"])
         overlong_shaping(all_seqs, args)                       # --overlong-buffer's length penalty, on the reward
         adv_stats = assign_advantages(all_seqs, args)          # identical on every rank; sets each Seq's advantage
-        t1, times = time.perf_counter(), {"sample": t_sample}
+        t1 = time.perf_counter()
         loss_stats, grad_norm = policy_update(model, reference, params, opt, sched, my_seqs, args, dist_info, tok,
                                               device, times)
         t_train = time.perf_counter() - t1
@@ -102,8 +108,10 @@ def train(args, policy=None, task=None) -> dict:
             tracker.log(m)
             for rec in sample_records(step, all_seqs, tok):
                 run.append("samples.jsonl", rec)
+        t2 = time.perf_counter()
         if checkpoint_due(step, n_steps, args):
             save(run, step, model, tok, params, args, dist_info, trainer_state(step, data, opt, sched, nonfinite))
+        t_checkpoint = time.perf_counter() - t2
         bar.update(m)
     bar.close()
     tracker.close()
@@ -118,15 +126,16 @@ def train(args, policy=None, task=None) -> dict:
 # Rollouts. A Seq (minigrpo/tasks) is one trained completion: its prompt (never trained), its own tokens, the
 # sampler's log-probs of them, the raw task score and the (possibly shaped) reward its advantage comes from.
 
-def sample_step(model, tok, task, args, train_set, data, step, dist_info):
+def sample_step(model, tok, task, args, train_set, data, step, dist_info, times=None):
     """The step's rollouts: (all_seqs, my_seqs, metrics). --tasks-per-step examples; with --dynamic-sampling
     (DAPO) only examples with a group whose raw scores spread (grpo.has_spread) are kept, and more are drawn,
     --tasks-per-step at a time and at most --max-draws times, until --tasks-per-step are kept (fewer if the draws
-    run out). Every draw advances the data order and has seeds of its own, so a resume repeats the step."""
+    run out). Every draw advances the data order and has seeds of its own, so a resume repeats the step. `times` (a
+    dict) gets the seconds spent in the sampler as "generate"."""
     all_seqs, my_seqs, kept, drawn = [], [], [], 0
     for _ in range(args.max_draws if args.dynamic_sampling else 1):
         examples = next_examples(train_set, args.tasks_per_step, data, args.seed)
-        drawn_all, drawn_mine = rollout_step(model, tok, task, args, examples, step, dist_info, first=drawn)
+        drawn_all, drawn_mine = rollout_step(model, tok, task, args, examples, step, dist_info, drawn, times)
         drawn += len(examples)
         if not args.dynamic_sampling:
             return drawn_all, drawn_mine, {}
@@ -143,7 +152,7 @@ def sample_step(model, tok, task, args, train_set, data, step, dist_info):
     return all_seqs, my_seqs, {"dynamic_drawn": drawn, "dynamic_kept": len(kept), "dynamic_dropped": drawn - len(kept)}
 
 
-def rollout_step(model, tok, task, args, examples, step, dist_info, first=0):
+def rollout_step(model, tok, task, args, examples, step, dist_info, first=0, times=None):
     """This rank's share of the step's examples rolled out, then exchanged: (all_seqs, my_seqs) = (every rank's
     Seqs, rank-major, the same list on every rank; this rank's, the ones it trains on). `first`: the global index
     of examples[0] in the step (a later draw of dynamic sampling), so that every prompt of a step has its own seed."""
@@ -151,17 +160,21 @@ def rollout_step(model, tok, task, args, examples, step, dist_info, first=0):
     # fewer tasks than ranks (gsm8k's one a step on 8 GPUs): a rank with none samples nothing, and then joins
     # every collective of the step with empty contributions (no Seqs, a zero normaliser, zero gradients)
     my_seqs = rollout(model, tok, task, args, [examples[i] for i in index], step,
-                      [first + i for i in index]) if index else []
+                      [first + i for i in index], times) if index else []
     parts = all_gather_objects(my_seqs, dist_info)              # rank-major; parts[rank] is ours
     return [s for part in parts for s in part], parts[dist_info.rank]
 
 
-def rollout(model, tok, task, args, examples, step, index):
-    """Rollouts of `examples` (their positions in this step's global batch are `index`)."""
+def rollout(model, tok, task, args, examples, step, index, times=None):
+    """Rollouts of `examples` (their positions in this step's global batch are `index`); the seconds spent in the
+    sampler are added to times["generate"] (the rest of a rollout is the task's: mostly waiting on its judge)."""
     seeds = [sample_seed(args, step, i) for i in index]
-    rows = decode_rows(task, args, len(examples))
-    return task.rollout(lambda prompts, ss, n: generate(model, tok, args, prompts, ss, n, task.stop_strings, rows),
-                        tok, examples, seeds, args)
+    rows, clock = decode_rows(task, args, len(examples)), PhaseClock(times)
+
+    def sampler(prompts, ss, n):
+        with clock("generate"):
+            return generate(model, tok, args, prompts, ss, n, task.stop_strings, rows)
+    return task.rollout(sampler, tok, examples, seeds, args)
 
 
 def sample_seed(args, step, index):

@@ -189,19 +189,31 @@ class Answer:
             now, cpu = time.monotonic(), self.cpu_seconds()
             if cpu != last_cpu or not self.waiting:
                 last_cpu, last_progress = cpu, now
-            if cpu > self.cpu_s:
-                self.failure = self.failure or f"timed out: used its {self.cpu_s:g}s of CPU"
-            elif self.cpu_budget is not None and cpu > self.cpu_budget:
-                self.failure = self.failure or self.over_budget
-            elif now - self.t0 > WALL_FACTOR * self.cpu_s:
-                self.failure = self.failure or f"timed out after {WALL_FACTOR * self.cpu_s:g}s (wall clock)"
-            elif now - last_progress > STALL_S:
+            reason = self._over_limit(cpu, now)
+            if reason is None and now - last_progress > STALL_S:
                 self.stalled = True
-                self.failure = self.failure or f"stalled: no progress for {STALL_S:g}s (it sleeps or blocks)"
-            else:
-                continue
-            self.close()
-            return
+                reason = f"stalled: no progress for {STALL_S:g}s (it sleeps or blocks)"
+            if reason is not None:
+                self.failure = self.failure or reason
+                self.close()
+                return
+
+    def _over_limit(self, cpu, now):
+        """The limit the sandbox has run past (CPU, a budget inside it, wall clock), or None."""
+        if cpu > self.cpu_s:
+            return f"timed out: used its {self.cpu_s:g}s of CPU"
+        if self.cpu_budget is not None and cpu > self.cpu_budget:
+            return self.over_budget
+        if now - self.t0 > WALL_FACTOR * self.cpu_s:
+            return f"timed out after {WALL_FACTOR * self.cpu_s:g}s (wall clock)"
+        return None
+
+    def _gone(self):
+        """Why the channel closed under a request. The broker's watchdog and the kernel's CPU rlimit end a sandbox
+        that ran past its limits too, and on a loaded host they can act before this process's watch has looked:
+        that is a time-out (read from outside: the sandbox's CPU and the wall clock), not the answer's exit."""
+        return self._over_limit(self.cpu_seconds(), time.monotonic()) or \
+            "the answer's process exited or was killed (an exit is never a pass)"
 
     def _proxy(self, hid, kind, info):
         if kind == "class" and "exception" in info:
@@ -231,7 +243,7 @@ class Answer:
         try:
             result = self.endpoint.request(op, **fields)
         except wire.PeerGone:
-            self.failure = self.failure or "the answer's process exited or was killed (an exit is never a pass)"
+            self.failure = self.failure or self._gone()
             raise CaseFatal(self.failure) from None
         except wire.ProtocolError as e:
             self.failure = self.failure or f"the answer's reply is not plain data ({e})"

@@ -39,9 +39,12 @@ PANELS = [
                                                         ("sampler_logp_diff_p95", "p95"),
                                                         ("sampler_logp_diff_max", "max")]),
     ("ratio tail", "share of tokens", [("ratio_outside", "ratio outside [0.9, 1.1]")]),
-    ("time by phase", "seconds per step", [("time_sample", "sampling (+ judge)"), ("time_reference", "reference"),
+    ("time by phase", "seconds per step", [("time_generate", "generation (sampler)"),
+                                           ("time_judge", "judge wait (rest of the rollout)"),
+                                           ("time_reference", "reference"),
                                            ("time_policy", "policy forward + backward"),
-                                           ("time_optimizer", "all-reduce + clip + AdamW")]),
+                                           ("time_optimizer", "all-reduce + clip + AdamW"),
+                                           ("time_checkpoint", "checkpoint (after the step before)")]),
 ]
 
 

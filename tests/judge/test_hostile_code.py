@@ -82,3 +82,25 @@ def test_network_is_cut():
     finally:
         listener.close()
     assert result.passed is True
+
+
+def test_a_sandbox_ended_for_its_cpu_outside_the_watch_is_a_time_out(monkeypatch):
+    """The broker's watchdog or the kernel's CPU rlimit can end a spinning answer before the driver's own watch
+    looks (a loaded host): the reason is still the time-out, read from the sandbox's CPU, not 'exited'."""
+    from minigrpo.judge import driver_answer
+    monkeypatch.setattr(driver_answer, "WATCH_EVERY", 3600.0)      # the driver's watch never gets to look
+    answer_read, judge_write = os.pipe()
+    judge_read, answer_write = os.pipe()
+    cpu = {"s": 0.0}
+
+    class Broker:
+        def ask(self, op, **fields):
+            return ({"id": "s0"}, [answer_read, answer_write]) if op == "start" else ({"cpu": cpu["s"]}, [])
+
+    answer = driver_answer.Answer(Broker(), 0, cpu_s=3.0)
+    os.close(judge_write)           # the sandbox is gone: killed at its CPU limit, as its cgroup shows
+    os.close(judge_read)
+    cpu["s"] = 4.2
+    with pytest.raises(driver_answer.CaseFatal, match="timed out: used its 3s of CPU"):
+        answer.request("call", name="add", args=[], kwargs=[])
+    answer.closed.set()

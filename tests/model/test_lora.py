@@ -60,6 +60,10 @@ def test_identity_at_init_and_only_lora_trains(kind):
     if kind == "tiny-qwen3.5":
         expected |= {"in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"}
     assert wrapped == expected and wrapped <= set(DEFAULT_TARGETS)
+    # every linear layer but the output head carries an adapter (LoRA on all layers, the MLP's included)
+    bare = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+            and not n.endswith((".base_layer", ".lora_A", ".lora_B"))]
+    assert bare == ["lm_head"]
     keys = model.state_dict().keys()
     assert "model.layers.0.mlp.up_proj.base_layer.weight" in keys
     assert "model.layers.0.mlp.up_proj.lora_A.weight" in keys and "model.layers.0.mlp.up_proj.lora_B.weight" in keys

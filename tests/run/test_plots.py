@@ -24,7 +24,8 @@ def soyuz_like_rows(n=24):
                      "truncated": 0.05, "zero_spread": 0.25, "turn0_score": t0, "final_score": t0 + 0.05,
                      "recovery": None if step % 5 == 0 else 0.3, "sampler_logp_diff": 1e-3,
                      "sampler_logp_diff_p95": 4e-3, "sampler_logp_diff_max": 2e-2, "ratio_outside": 0.01,
-                     "time_sample": 30.0, "time_reference": 2.0, "time_policy": 8.0, "time_optimizer": 0.2})
+                     "time_generate": 25.0, "time_judge": 5.0, "time_checkpoint": 0.5, "time_reference": 2.0,
+                     "time_policy": 8.0, "time_optimizer": 0.2})
     del rows[3]["entropy"]
     rows[4]["grad_norm"], rows[6]["grad_norm"] = None, math.nan
     return rows

@@ -13,7 +13,7 @@ G = 4
 
 def fake_rollouts(spread, calls):
     """rollout_step's stand-in: G Seqs per example, scores that spread only for the ids in `spread`."""
-    def rollout_step(model, tok, task, args, examples, step, dist_info, first=0):
+    def rollout_step(model, tok, task, args, examples, step, dist_info, first=0, times=None):
         calls.append((first, [ex["id"] for ex in examples]))
         seqs = [Seq(ex["id"], 0, [1], [2], [0.0], "eos", "x", float(ex["id"] in spread and k % 2), None)
                 for ex in examples for k in range(G)]
