@@ -1,30 +1,8 @@
-"""Helpers the terminal task set's tests share (tests/tasks/test_terminal*.py): the Reply the Env answers with, and
-a transcript played through a TerminalEnv as the policy's turns.
+"""Helpers the terminal task set's tests share (tests/tasks/test_terminal*.py): a transcript played through a
+TerminalEnv as the policy's turns."""
 
-The Env imports Reply from the multi-turn rollout loop's module, minigrpo/tasks/episodes.py. Where that module is
-not in this checkout, a copy of its Reply (the loop's interface: messages, done, score, info) stands in for it
-here, and only here."""
-
-import importlib.util
-import sys
-import types
-from dataclasses import dataclass, field
-
+from minigrpo.tasks.terminal.task import TerminalTask  # noqa: F401  (the tests take it from here)
 from minigrpo.toolcalls import calls_json, calls_xml
-
-if importlib.util.find_spec("minigrpo.tasks.episodes") is None:
-    @dataclass
-    class Reply:
-        messages: list
-        done: bool = False
-        score: float | None = None
-        info: dict = field(default_factory=dict)
-
-    _loop = types.ModuleType("minigrpo.tasks.episodes")
-    _loop.Reply = Reply
-    sys.modules["minigrpo.tasks.episodes"] = _loop
-
-from minigrpo.tasks.terminal.task import TerminalTask  # noqa: E402  (after Reply's module is there)
 
 
 def turn(*commands, family="qwen3", text=""):
