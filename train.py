@@ -213,13 +213,21 @@ def assign_advantages(all_seqs, args):
     """Group-relative advantages per (example, turn) group, on each Seq's reward, over every rank's Seqs (a group's
     samples may come from several ranks). Zero spread is judged on the raw
     score, so shaping alone never creates a gradient inside a group whose answers all scored the same. An example
-    drawn twice in one step (across an epoch boundary) forms one larger group: same prompt, same baseline."""
-    keys = [(s.example_id, s.turn) for s in all_seqs]
+    drawn twice in one step (across an epoch boundary) forms one larger group: same prompt, same baseline.
+    The Seqs of an episode with a trajectory reward (Seq.episode set: an agent's turns) are one unit: the episode
+    counts once in its example's group, however many turns it took, and each of its turns gets its advantage."""
+    unit_of = [i if s.episode is None else s.episode for i, s in enumerate(all_seqs)]
+    first = {}
+    for i, u in enumerate(unit_of):
+        first.setdefault(u, i)
+    units = [all_seqs[i] for i in first.values()]          # a unit's first Seq carries the unit's reward
+    keys = [(s.example_id, s.turn if s.episode is None else "episode") for s in units]
     ids = {k: i for i, k in enumerate(dict.fromkeys(keys))}
-    adv, stats = grpo.group_advantages([s.reward for s in all_seqs], group_ids=[ids[k] for k in keys],
-                                       scale=args.adv_scale, raw_scores=[s.score for s in all_seqs])
-    for s, a in zip(all_seqs, adv.tolist()):
-        s.advantage = a
+    adv, stats = grpo.group_advantages([s.reward for s in units], group_ids=[ids[k] for k in keys],
+                                       scale=args.adv_scale, raw_scores=[s.score for s in units])
+    by_unit = dict(zip(first, adv.tolist()))
+    for s, u in zip(all_seqs, unit_of):
+        s.advantage = by_unit[u]
     return stats
 
 

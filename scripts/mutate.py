@@ -37,10 +37,12 @@ GRPO = ["tests/core/test_grpo.py", "tests/core/test_losses.py", "tests/scripts/t
 LOGPROBS = ["tests/core/test_logprobs.py", "tests/model/test_logprobs_qwen.py", *GRPO]
 SAMPLER = ["tests/model/test_sampler.py", "tests/model/test_sampler_*.py", *GOLDEN]
 LORA = ["tests/model/test_lora.py", "tests/model/test_lora_*.py", *GOLDEN]
-TRAIN = [*GOLDEN, "tests/scripts/test_train_mask_truncated.py", "tests/tasks/test_soyuz_rollout.py"]
+TRAIN = [*GOLDEN, "tests/scripts/test_train_mask_truncated.py", "tests/tasks/test_soyuz_rollout.py",
+         "tests/tasks/test_episodes.py"]
 LOSSES = ["tests/core/test_losses.py", "tests/scripts/test_train_loss_flags.py",
           "tests/core/test_grpo.py::test_micro_batch_invariance"]
-SOYUZ = ["tests/tasks/test_soyuz_rollout.py", "tests/tasks/test_revise.py", "tests/core/test_grpo.py"]
+SOYUZ = ["tests/tasks/test_soyuz_rollout.py", "tests/tasks/test_revise.py", "tests/tasks/test_episodes.py",
+         "tests/core/test_grpo.py"]
 JUDGE = ["tests/judge/test_boundary.py", "tests/judge/test_suites.py", "tests/judge/test_attacks.py",
          "tests/judge/test_hostile_code.py"]
 

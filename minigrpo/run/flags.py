@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--judge-workers", type=int, default=8)
     p.add_argument("--judge-model", help="model name for the claude / http judge")
     p.add_argument("--judge-max-turns", type=int, help="claude judge: --max-turns")
+    p.add_argument("--judge-retries", type=int, default=2,
+                   help="LLM judges: retries of a failed call, with exponential backoff (2 s, 4 s, ...)")
+    p.add_argument("--judge-timeout", type=float, default=180.0, help="LLM judges: seconds one call may take")
     p.add_argument("--judge-mode", choices=["hybrid", "llm"], default="hybrid",
                    help="LLM judges: hybrid (machine checks decide their criteria, the LLM the rest) or llm (the LLM "
                         "grades every criterion, as the soyuz run did)")
@@ -228,7 +231,8 @@ RANGES = [  # (flags, test, what the value must be); None (a flag not given that
       "steps", "threads", "judge_max_turns", "max_draws"), _count, "must be at least 1"),
     (("temperature",), lambda v: v > 0, "must be > 0: training samples its groups (at 0 every sample of a group is "
                                         "the same answer, and the trainer's log-probs divide by it)"),
-    (("lr",), lambda v: v > 0, "must be > 0"),
+    (("lr", "judge_timeout"), lambda v: v > 0, "must be > 0"),
+    (("judge_retries",), lambda v: v >= 0, "must be >= 0 (0 = no retry)"),
     (("top_p",), lambda v: 0 < v <= 1, "must be in (0, 1] (1 = off)"),
     (("top_k",), lambda v: v >= 0, "must be >= 0 (0 = off)"),
     (("lora_r",), lambda v: v >= 0, "must be >= 0 (0 = full fine-tuning: every weight trains)"),
@@ -246,7 +250,8 @@ RANGES = [  # (flags, test, what the value must be); None (a flag not given that
 ]
 DATA_TASKS = {"gsm8k": "a GSM8K JSONL file, a folder holding train.jsonl and test.jsonl, or 'hub'",
               "soyuz": "a tasks JSON file in the schema of minigrpo/data/soyuz_tasks.json"}
-JUDGE_FLAGS = ("judge", "judge_workers", "judge_model", "judge_max_turns", "judge_mode")
+JUDGE_FLAGS = ("judge", "judge_workers", "judge_model", "judge_max_turns", "judge_mode", "judge_retries",
+               "judge_timeout")
 LORA_FLAGS = ("lora_alpha", "lora_dropout", "lora_targets")
 
 
@@ -271,6 +276,7 @@ def check_args(args, given):
             raise SystemExit(f"{_named(key, given[key])}: only --task soyuz has a judge, not --task {args.task}")
     llm = args.judge not in (None, "local")
     for key, used, by in (("judge_mode", llm, "an LLM judge"), ("judge_model", llm, "an LLM judge"),
+                          ("judge_retries", llm, "an LLM judge"), ("judge_timeout", llm, "an LLM judge"),
                           ("judge_max_turns", args.judge == "claude", "--judge claude")):
         if key in given and not used:
             raise SystemExit(f"{_named(key, given[key])}: only {by} reads it, not --judge {args.judge}")

@@ -14,8 +14,10 @@ A task is any object with these members (duck-typed; there is no base class to i
     from_args(args) (classmethod)    # the task as train.py's flags configure it
 
 Single-turn tasks take `rollout`, `details`, `step_metrics` and `from_args` from minigrpo/tasks/base.py's
-SingleTurnTask (beside Seq, the record of one trained completion); the two-turn tasks
-(soyuz, revise: answer -> critique -> revision) share minigrpo/tasks/twoturn.py's rollout, rewards and metrics.
+SingleTurnTask (beside Seq, the record of one trained completion). A task with more than one policy turn rolls out
+through minigrpo/tasks/episodes.py's loop (an environment per episode answers each turn or ends the episode); the
+two-turn tasks (soyuz, revise: answer -> critique -> revision) are its two-turn case, with minigrpo/tasks/twoturn.py's
+environment, rewards and metrics.
 """
 
 from minigrpo.common import UsageError, first_line

@@ -25,12 +25,14 @@ class Seq:
     reward: float | None = None     # what the advantage is computed from (shaped for turn > 0)
     advantage: float = 0.0
     info: dict = field(default_factory=dict)
+    episode: tuple | None = None    # an episode whose turns share one advantage (a trajectory reward): its id;
+    #                                 None: this Seq is its own unit in its (example, turn) group
 
     @classmethod
-    def of(cls, sample, example_id, turn, prompt_ids, score, reward, info=None):
+    def of(cls, sample, example_id, turn, prompt_ids, score, reward, info=None, episode=None):
         """The Seq of a sampler.Sample of example `example_id`'s prompt at `turn`."""
         return cls(example_id, turn, prompt_ids, list(sample.completion_ids), list(sample.logprobs),
-                   sample.finish_reason, sample.text, score, reward, info=info or {})
+                   sample.finish_reason, sample.text, score, reward, info=info or {}, episode=episode)
 
 
 class SingleTurnTask:

@@ -20,7 +20,7 @@ import numpy as np
 
 from minigrpo.common import derive_seed
 from minigrpo.judge import CriterionResult, Verdict
-from minigrpo.tasks import twoturn
+from minigrpo.tasks import episodes, twoturn
 
 ALPHABET = "abcdefghij"
 LENGTHS = (4, 5, 6)
@@ -81,7 +81,7 @@ class RevisionTask:
         return cls(coef=args.recovery_coef, turn0_guard=args.turn0_guard)
 
     def __init__(self, coef: float = 0.5, turn0_guard: bool = True, seed: int = 0):
-        self.coef, self.turn0_guard = coef, turn0_guard     # the shaping (twoturn.turn_seqs)
+        self.coef, self.turn0_guard = coef, turn0_guard     # the shaping (twoturn.TwoTurn.turn_rewards)
         self.sets = split_sets(seed)                         # fixed by `seed` alone: every run sees one eval set
 
     def examples(self, split: str) -> list[dict]:
@@ -98,7 +98,7 @@ class RevisionTask:
 
     # the two-turn rollout (twoturn.py), with a grader that answers at once
     def submit(self, ex: dict, answer: str):
-        return twoturn.graded(grade(ex, answer))
+        return episodes.answered(grade(ex, answer))
 
     def critique_for(self, ex: dict, verdict) -> str:
         return critique(ex, verdict)

@@ -138,6 +138,7 @@ class SoyuzTask:
     def from_args(cls, args):
         """train.py's judge and shaping flags; the judge's verdict cache lives in the run folder."""
         opts = dict(judge=args.judge, workers=args.judge_workers, hybrid=args.judge_mode == "hybrid",
+                    retries=args.judge_retries, timeout=args.judge_timeout,
                     cache_path=os.path.join(args.runs_dir, args.run_name, "judge_cache.sqlite"),
                     coef=args.recovery_coef, turn0_guard=args.turn0_guard)
         if args.data:
@@ -152,7 +153,7 @@ class SoyuzTask:
                  coef: float = 0.5, turn0_guard: bool = True, chunk: int = 1, judge_obj=None, **judge_opts):
         # the local judge leaves out the tasks its machine checks cannot grade (self.left_out: one line each)
         self.tasks, self.left_out = tasks_for_judge(load_tasks(data or DATA), judge)
-        self.coef, self.turn0_guard = coef, turn0_guard     # the shaping (twoturn.turn_seqs)
+        self.coef, self.turn0_guard = coef, turn0_guard     # the shaping (twoturn.TwoTurn.turn_rewards)
         self.chunk = chunk        # tasks per sampler call: small chunks let judging overlap generation
         self.judge = judge_obj or make_judge(judge, workers=workers, cache_path=cache_path,
                                                 **judge_opts)

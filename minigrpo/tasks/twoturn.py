@@ -1,4 +1,5 @@
-"""The two-turn rollout every answer -> critique -> revision task shares (soyuz, revise).
+"""The two-turn rollout every answer -> critique -> revision task shares (soyuz, revise): the two-turn case of the
+multi-turn loop (minigrpo/tasks/episodes.py), with the grader and the critique as the environment.
 
 For each example and each of its G samples:
 
@@ -6,8 +7,8 @@ For each example and each of its G samples:
     critique a user turn the task writes from v0 (which criteria failed, and why)
     turn 1   the model revises, with the whole conversation as its prompt    -> grader -> verdict v1, score s1
 
-Rewards (`turn_seqs`): turn 1 = s1 + coef·(s1 − s0) (grpo.recovery_rewards; the soyuz run's coef is 0.5, coef 0 = the
-final score alone). Turn 0 = s0, its own raw score: the guard. Without the guard (turn0_guard=False) turn 0 is
+Rewards (`TwoTurn.turn_rewards`): turn 1 = s1 + coef·(s1 − s0) (grpo.recovery_rewards; the soyuz run's coef is
+0.5, coef 0 = the final score alone). Turn 0 = s0, its own raw score: the guard. Without the guard (turn0_guard=False) turn 0 is
 trained on turn 1's shaped reward, which pays 0.5·(1 − s0) more for a worse start when the revision is right:
 the climb hack the guard exists to stop. Advantages are group-relative per (example, turn) and zero spread is
 judged on raw scores (train.py assign_advantages); each turn's own tokens get its turn's advantage; the critique and
@@ -18,85 +19,67 @@ What a task hands this module (duck-typed, as everything in minigrpo/tasks):
     messages(ex) -> list[dict]          turn 0's chat messages
     submit(ex, answer) -> Future        the grader's verdict (judge.Verdict: .score, .results, .reason; or None
                                         when grading failed); soyuz's judge grades in a worker pool, revise grades
-                                        at once and hands back a finished Future (`graded`)
+                                        at once and hands back a finished Future (episodes.answered)
     critique_for(ex, verdict) -> str    the user's second message
     coef: float, turn0_guard: bool      the shaping coefficient and the guard (train.py --recovery-coef,
                                         --no-turn0-guard)
     chunk: int | None                   examples per sampler call (None: all at once)
 
-The loop, chunk by chunk: generate turn 0 of chunk k and submit its answers; while the grader works, generate turn
-0 of chunk k+1; then write chunk k's critiques from its verdicts and generate its revisions, whose verdicts are
-collected only at the very end. With a grader that answers at once this is plain turn 0, then turn 1, per chunk.
+The loop's chunks let judging overlap generation: turn 0 of chunk k+1 is sampled while chunk k's answers are graded
+(episodes.py). With a grader that answers at once it is plain turn 0, then turn 1, per chunk.
 """
-from collections import deque
-from concurrent.futures import Future
-
 from minigrpo import grpo
-from minigrpo.common import derive_seed, mean
-from minigrpo.tasks.base import Seq
+from minigrpo.common import mean
+from minigrpo.tasks import episodes
+from minigrpo.tasks.episodes import Reply
 
 BAD = 0.5  # below this a turn-0 answer counts as bad (a harsh critique in soyuz; a "bad start" for recovery)
-
-
-def graded(verdict) -> Future:
-    """A verdict as a finished Future: what `submit` returns for a grader that needs no pool."""
-    fut = Future()
-    fut.set_result(verdict)
-    return fut
 
 
 def rollout(task, generate, tok, examples, seeds, args) -> list:
     """`generate(prompts, seeds, n)` -> per prompt a list of n samples. Returns the Seqs of both turns, each
     rollout's turn 0 followed by its turn 1, example-major."""
-    size = task.chunk or len(examples)
-    chunks = [range(i, min(i + size, len(examples))) for i in range(0, len(examples), size)]
-    judging, revised = deque(), []
-
-    def answer(idx):     # turn 0 of one chunk; verdicts arrive later
-        prompts = [tok.chat(task.messages(examples[i]), enable_thinking=args.enable_thinking) for i in idx]
-        groups = generate(prompts, [seeds[i] for i in idx], args.group_size)
-        return [(i, p, s, task.submit(examples[i], s.text)) for i, p, g in zip(idx, prompts, groups) for s in g]
-
-    def revise(items):   # turn 1 of one chunk, once its turn-0 verdicts are in
-        firsts = [(i, p, s, fut.result()) for i, p, s, fut in items]
-        convs = [task.messages(examples[i]) + [{"role": "assistant", "content": s.text},
-                                               {"role": "user", "content": task.critique_for(examples[i], v)}]
-                 for i, _, s, v in firsts]
-        prompts = [tok.chat(c, enable_thinking=args.enable_thinking) for c in convs]
-        # each revision is its own prompt; its seed differs from every turn-0 seed of the step
-        revs = generate(prompts, [derive_seed(seeds[i], "revision", k) for k, (i, *_) in enumerate(firsts)], 1)
-        return [(first, p1, r[0], task.submit(examples[first[0]], r[0].text))
-                for first, p1, r in zip(firsts, prompts, revs)]
-
-    for idx in chunks:
-        judging.append(answer(idx))
-        while len(judging) > 1 or (judging and all(f.done() for *_, f in judging[0])):
-            revised += revise(judging.popleft())
-    while judging:
-        revised += revise(judging.popleft())
-    out = []
-    for (i, prompt0, s0, v0), prompt1, s1, fut in revised:
-        out += turn_seqs(examples[i]["id"], (prompt0, s0, v0), (prompt1, s1, fut.result()), task.coef,
-                         task.turn0_guard)
-    return out
+    return episodes.rollout(TwoTurn(task), generate, tok, examples, seeds, args)
 
 
-def turn_seqs(example_id, first, second, coef, guard=True) -> list:
-    """The two Seqs of one rollout; `first` and `second` are (prompt ids, sample, verdict) of turns 0 and 1."""
-    score0, score1 = (_score(v) for _, _, v in (first, second))
-    shaped = grpo.recovery_rewards(score0, score1, coef=coef)
-    reward0 = score0 if guard else shaped      # the guard: turn 0 is paid its own raw score, never the climb
-    return [_seq(example_id, 0, *first, score0, reward0), _seq(example_id, 1, *second, score1, shaped)]
+class TwoTurn:
+    """A two-turn task as the multi-turn loop sees it: two turns, each its own advantage group, the shaping."""
+    max_turns, per_turn_advantage, tools = 2, True, None
+
+    def __init__(self, task):
+        self.task, self.chunk = task, getattr(task, "chunk", None)
+
+    def env(self, ex):
+        return Critique(self.task, ex)
+
+    def turn_rewards(self, replies) -> list:
+        """(score, reward) of turns 0 and 1: turn 1 is paid s1 + coef·(s1 − s0) (grpo.recovery_rewards); turn 0 its
+        own raw score s0 (the guard), or without the guard the same shaped reward (the climb hack)."""
+        score0, score1 = replies[0].score, replies[1].score
+        shaped = grpo.recovery_rewards(score0, score1, coef=self.task.coef)
+        return [(score0, score0 if self.task.turn0_guard else shaped), (score1, shaped)]
 
 
-def _score(verdict):
-    return None if verdict is None else verdict.score
+class Critique:
+    """One episode's environment: the grader's verdict on each turn, and after turn 0 the critique written from it."""
 
+    def __init__(self, task, ex):
+        self.task, self.ex = task, ex
 
-def _seq(example_id, turn, prompt, s, verdict, score, reward):
-    info = {"judge": None if verdict is None else verdict.reason,
-            "failed": [] if verdict is None else [r.id for r in verdict.results if r.passed is False]}
-    return Seq.of(s, example_id, turn, prompt, score, reward, info=info)
+    def messages(self):
+        return self.task.messages(self.ex)
+
+    def step(self, text, last):
+        return episodes.then(self.task.submit(self.ex, text), lambda verdict: self.reply(verdict, last))
+
+    def reply(self, verdict, last) -> Reply:
+        info = {"judge": None if verdict is None else verdict.reason,
+                "failed": [] if verdict is None else [r.id for r in verdict.results if r.passed is False]}
+        said = [] if last else [{"role": "user", "content": self.task.critique_for(self.ex, verdict)}]
+        return Reply(said, done=last, score=None if verdict is None else verdict.score, info=info)
+
+    def close(self):
+        pass
 
 
 def recovery_metrics(seqs) -> dict:

@@ -94,6 +94,9 @@ def test_a_bad_flag_is_one_line_before_any_work(extra, flag, tmp_path, capsys, m
     (["--task", "soyuz", "--judge-model", "m"], "--judge-model m"),           # the local judge has no model
     (["--task", "soyuz", "--judge", "http://x", "--judge-max-turns", "2"], "--judge-max-turns 2"),
     (["--task", "soyuz", "--judge-mode", "llm"], "--judge-mode llm"),
+    (["--task", "soyuz", "--judge-retries", "0"], "--judge-retries 0"),        # the local judge does not retry
+    (["--task", "soyuz", "--judge", "cmd:x", "--judge-retries", "-1"], "--judge-retries -1"),
+    (["--task", "soyuz", "--judge", "cmd:x", "--judge-timeout", "0"], "--judge-timeout 0"),
 ])
 def test_task_specific_flags_are_refused_where_unread(argv, flag, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)                       # missing.jsonl is relative: it must not exist

@@ -188,6 +188,10 @@ def test_flags_reach_the_task(task, tmp_path):
     assert (t.coef, t.turn0_guard) == (0.25, False)
     t = task_from_args(resolve_args(["--task", task, *run]))
     assert (t.coef, t.turn0_guard) == (0.5, True)
+    if task == "soyuz":                             # an LLM judge's patience
+        t = task_from_args(resolve_args(["--task", task, "--judge", "cmd:true", "--judge-retries", "5",
+                                         "--judge-timeout", "7", *run]))
+        assert (t.judge.retries, t.judge.timeout) == (5, 7.0)
 
 
 @pytest.mark.parametrize("argv, flag", [

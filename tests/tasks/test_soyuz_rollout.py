@@ -216,7 +216,7 @@ def test_a_judge_that_is_down_stops_the_run(tmp_path):
     # of training on through "reward None"
     cmd = [sys.executable, "train.py", "--task", "soyuz", "--model", "tiny", "--steps", "10", "--tasks-per-step", "1",
            "--group-size", "2", "--max-new-tokens", "8", "--runs-dir", str(tmp_path), "--run-name", "s", "--quiet",
-           "--judge", "cmd:/bin/false", "--judge-workers", "2"]
+           "--judge", "cmd:/bin/false", "--judge-workers", "2", "--judge-retries", "0"]
     out = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 1, out.stderr[-2000:]

@@ -1,0 +1,134 @@
+"""The multi-turn rollout loop (minigrpo/tasks/episodes.py) on a scripted environment: episodes that end at
+different turns, the turn cap, environment messages as prompt, one sampler call per turn, every environment closed,
+and train.py's advantages with one unit per episode."""
+from argparse import Namespace
+
+import pytest
+
+import train
+from minigrpo.sampler import Sample
+from minigrpo.tasks import episodes
+from minigrpo.tasks.base import Seq
+from minigrpo.tasks.episodes import Reply
+from minigrpo.tokenizer import Tokenizer
+
+TOK = Tokenizer.from_pretrained("tiny")
+
+
+class Counter:
+    """The scripted environment: the policy writes "call" to use the tool and anything else to answer; the episode's
+    score is the number of tool calls made before the answer, over 2 (capped at 1)."""
+
+    def __init__(self, task, ex):
+        self.task, self.ex, self.calls, self.closed = task, ex, 0, False
+        task.envs.append(self)
+
+    def messages(self):
+        return [{"role": "user", "content": f"count for {self.ex['id']}"}]
+
+    def step(self, text, last):
+        if text.startswith("call") and not last:
+            self.calls += 1
+            return Reply([{"role": "tool", "content": f"result {self.calls}"}], info={"tool_calls": 1})
+        return Reply(done=True, score=min(self.calls / 2, 1.0), info={"ended_by": "cap" if last else "answer"})
+
+    def close(self):
+        self.closed = True
+
+
+class CounterTask:
+    max_turns, tools = 4, [{"type": "function", "function": {"name": "count", "parameters": {}}}]
+
+    def __init__(self, chunk=None):
+        self.chunk, self.envs = chunk, []
+
+    def env(self, ex):
+        return Counter(self, ex)
+
+
+def scripted(plans, calls):
+    """generate(): the k-th episode of a chunk follows plans[k % len(plans)]: the text of each of its turns."""
+    def generate(prompts, seeds, n):
+        calls.append((len(prompts), n, [TOK.decode(p) for p in prompts]))
+        out = []
+        for p, seed in zip(prompts, seeds):
+            turn = TOK.decode(p).count("<|im_start|>assistant") - 1        # earlier policy turns in the prompt
+            group = []
+            for j in range(n):
+                k = j if n > 1 else seed_k[seed]
+                text = plans[k % len(plans)][turn]
+                group.append(Sample(0, TOK.encode(text) + [TOK.im_end_id], [-0.1] * (len(text) + 1), "eos", text))
+            out.append(group)
+        return out
+    seed_k = {episodes.turn_seed(s, t, k): k for s in range(10) for t in range(1, 5) for k in range(8)}
+    return generate
+
+
+ARGS = Namespace(group_size=3, enable_thinking=False, adv_scale="group")
+PLANS = [["answer"], ["call", "answer"], ["call", "call", "call", "call"]]     # ends at turns 1, 2 and the cap
+
+
+def test_episodes_end_at_their_own_turn_and_the_cap_ends_the_rest():
+    calls, task = [], CounterTask()
+    seqs = episodes.rollout(task, scripted(PLANS, calls), TOK, [{"id": "a"}, {"id": "b"}], [0, 1], ARGS)
+    turns = [[s.turn for s in seqs if s.episode == ep] for ep in dict.fromkeys(s.episode for s in seqs)]
+    assert turns == [[0], [0, 1], [0, 1, 2, 3]] * 2
+    assert [s.example_id for s in seqs] == ["a"] * 7 + ["b"] * 7                 # example-major, turns in order
+    # one sampler call per turn: turn 0 draws the G of each prompt at once, then only live episodes
+    assert [(rows, n) for rows, n, _ in calls] == [(2, 3), (4, 1), (2, 1), (2, 1)]
+    # every turn of an episode is paid its final score; the capped one was told `last` and ended
+    assert [s.reward for s in seqs[:7]] == [0.0, 0.5, 0.5, 1.0, 1.0, 1.0, 1.0]
+    assert seqs[6].info == {"ended_by": "cap"} and seqs[1].info == {"tool_calls": 1}
+    assert all(env.closed for env in task.envs) and len(task.envs) == 6
+
+
+def test_the_environment_speaks_in_the_prompt_never_in_the_trained_tokens():
+    calls, task = [], CounterTask()
+    seqs = episodes.rollout(task, scripted(PLANS, calls), TOK, [{"id": "a"}], [0], ARGS)
+    last = [s for s in seqs if s.turn == 3][0]
+    prompt = TOK.decode(last.prompt_ids)
+    assert prompt.count("result 1") == 1 and "result 3" in prompt and "count for a" in prompt
+    assert '"name": "count"' in prompt                                          # the tools, in the system turn
+    assert "result" not in last.text and TOK.decode(last.completion_ids).startswith("call")
+
+
+def test_every_environment_is_closed_when_a_step_fails():
+    task = CounterTask()
+
+    def broken(prompts, seeds, n):
+        if n == 1:
+            raise RuntimeError("the sampler failed")
+        return scripted(PLANS, [])(prompts, seeds, n)
+    with pytest.raises(RuntimeError):
+        episodes.rollout(task, broken, TOK, [{"id": "a"}], [0], ARGS)
+    assert task.envs and all(env.closed for env in task.envs)
+
+
+def test_chunks_sample_the_same_episodes():
+    one, two = [], []
+    whole = episodes.rollout(CounterTask(), scripted(PLANS, one), TOK, [{"id": "a"}, {"id": "b"}], [0, 1], ARGS)
+    chunked = episodes.rollout(CounterTask(chunk=1), scripted(PLANS, two), TOK, [{"id": "a"}, {"id": "b"}], [0, 1],
+                               ARGS)
+    assert [(s.example_id, s.turn, s.text, s.reward) for s in whole] == \
+        [(s.example_id, s.turn, s.text, s.reward) for s in chunked]
+    assert len(two) > len(one)                                     # per chunk: more, smaller sampler calls
+
+
+def seq(example, turn, reward, episode):
+    return Seq(example, turn, [1], [2], [0.0], "eos", "x", reward, reward, episode=episode)
+
+
+def test_an_episode_is_one_unit_of_its_group_however_many_turns_it_took():
+    # two episodes of one prompt: A took 3 turns and scored 1, B answered at once and scored 0
+    seqs = [seq("e", 0, 1.0, "A"), seq("e", 1, 1.0, "A"), seq("e", 2, 1.0, "A"), seq("e", 0, 0.0, "B")]
+    train.assign_advantages(seqs, Namespace(adv_scale="group"))
+    a, b = seqs[0].advantage, seqs[3].advantage
+    assert a == pytest.approx(-b) and a > 0                       # mean 0.5 over 2 episodes, not 0.75 over 4 Seqs
+    assert [s.advantage for s in seqs[:3]] == [a] * 3
+
+
+def test_per_turn_units_are_unchanged():
+    seqs = [seq("e", 0, 1.0, None), seq("e", 0, 0.0, None), seq("e", 1, 1.0, None), seq("e", 1, 1.0, None)]
+    train.assign_advantages(seqs, Namespace(adv_scale="group"))
+    assert seqs[0].advantage == pytest.approx(-seqs[1].advantage) and seqs[0].advantage > 0
+    assert seqs[2].advantage == seqs[3].advantage == 0.0          # turn 1's group has no spread
