@@ -61,7 +61,7 @@ class ExperimentConfig:
     batch: int = 16
     grad_accum: int = 1
     warmup: float = 0.05
-    grpo_steps: int = 40
+    grpo_steps: int = 100
     grpo_lr: float = 3e-4
     group_size: int = 8             # episodes per key
     tasks_per_step: int = 8         # keys per GRPO step

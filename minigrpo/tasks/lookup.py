@@ -30,6 +30,8 @@ import json
 import numpy as np
 
 from minigrpo.common import derive_seed, mean
+from minigrpo.tasks import episodes
+from minigrpo.tasks.episodes import Reply
 from minigrpo.toolcalls import calls_json, calls_xml, parse_tool_calls
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -89,26 +91,25 @@ class LookupEnv:
     def step(self, text: str, last: bool):
         if self.done:
             raise RuntimeError("lookup env: step() after the episode ended")
-        from minigrpo.tasks.episodes import Reply       # the loop's record of a turn (a wing module, on use)
         self.turns += 1
         calls, errors = parse_tool_calls(text, TOOLS, "qwen3_5" if self.family == "qwen3_5" else "qwen3")
         if not calls and not errors:                    # no call: the final answer
             return self.end(Reply([], done=True, score=float(text.strip() == self.ex["value"])), True)
-        replies = []
+        replies, made = [], 0
         for call in calls:
             args = call["arguments"]
             if set(args) != {"key"} or not isinstance(args["key"], str):
                 errors.append(f"lookup takes one argument, a string 'key'; got {json.dumps(args)[:40]}")
                 continue
-            self.calls += 1
+            made += 1
             self.right_calls += args["key"] == self.ex["key"]
             found = self.table.get(args["key"])
             replies.append(found if found is not None else f"no such key {args['key'][:ECHO]!r}")
-        self.errors += len(errors)
+        self.calls, self.errors = self.calls + made, self.errors + len(errors)
         replies += [f"error: {e}" for e in errors]
         messages = [{"role": "tool", "content": neutral(r)} for r in replies]
         reply = Reply(messages, done=last, score=0.0 if last else None)   # the cap, a call pending: no answer, 0
-        return self.end(reply, False, len(calls), len(errors))
+        return self.end(reply, False, made, len(errors))
 
     def end(self, reply, answered: bool, calls: int = 0, errors: int = 0):
         """`reply` with this turn's info: its calls and malformed calls, and the episode's totals so far (the
@@ -126,6 +127,8 @@ class LookupEnv:
 class LookupTask:
     name = "lookup"
     stop_strings: list[str] = []
+    chunk = None                    # every episode of a step in one sampler call per turn: the tool answers at once
+    per_turn_advantage = False      # an episode is one unit of its key's group: every turn shares its advantage
 
     def __init__(self, seed: int = 0, max_turns: int = 3, show_tools: bool = False):
         self.tables = split_tables(seed)               # fixed by `seed` alone: every run sees one eval set
@@ -141,7 +144,6 @@ class LookupTask:
         return LookupEnv(ex, self.tables[ex["split"]], family)
 
     def rollout(self, generate, tok, examples, seeds, args):
-        from minigrpo.tasks import episodes
         return episodes.rollout(self, generate, tok, examples, seeds, args)
 
     def step_metrics(self, seqs) -> dict:
