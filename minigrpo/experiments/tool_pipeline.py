@@ -5,10 +5,11 @@ The task is minigrpo/tasks/lookup.py: "what is qx?", whose three-digit answer on
 
     base    a from-scratch tiny Qwen (mdp_pipeline.scratch_model) pretrained (sft_loop) on transcripts of the
             "pretrain" split, whose keys and values no other split has (pretrain_transcripts). They teach the
-            FORMAT: a share p_call of them call lookup with the asked key and then answer the tool's value; the
-            others answer at once with a value drawn at random (a guess, which on the eval keys always fails).
-            So the base can call and copy, but calls only about half the time, and its copies of keys it never
-            saw are unreliable: it knows how to call, not when, and not always what
+            FORMAT: a share p_call of them call lookup and then answer the tool's value, a share p_right of those
+            calls with the asked key and the rest with another key (whose value the answer copies, wrongly); the
+            others answer at once with a value drawn at random (a guess, which on the eval keys always fails). So
+            the base can call and copy, but calls only about half the time and then a quarter of the time with the
+            wrong key: it knows how to call, not when, and not always what
     GRPO    a copy of the base trained through train.py's loop (the `trainer`) on the "train" split, the reward
             being the episode's score (1 for the right final answer), every policy turn of an episode trained on
             its episode's group-relative advantage; tool results are prompt, never trained
@@ -55,8 +56,8 @@ class ExperimentConfig:
     scratch: dict = field(default_factory=lambda: dict(TINY_MDP))   # the mdp quickstart's tiny model
     transcripts: int = 4000         # pretraining transcripts (random pairs of pretrain keys and values)
     p_call: float = 0.5             # share of them that call the tool; the rest guess
-    p_right: float = 1.0            # share of the calls made with the asked key; the rest ask another key
-    base_steps: int = 600           # sft_loop steps of `batch` turns
+    p_right: float = 0.75           # share of the calls made with the asked key; the rest ask another key
+    base_steps: int = 1200          # sft_loop steps of `batch` turns
     base_lr: float = 3e-3
     batch: int = 16
     grad_accum: int = 1
@@ -130,7 +131,7 @@ class Recorded:
     def __getattr__(self, name):
         return getattr(self.task, name)
 
-    def env(self, ex, family="qwen3"):
+    def env(self, ex, family=None):
         self.envs.append(self.task.env(ex, family))
         return self.envs[-1]
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from minigrpo.experiments import tool_pipeline as P
+from minigrpo.sampler import Sample
 from minigrpo.tasks.lookup import LookupTask, call_text, question
 from minigrpo.tokenizer import Tokenizer
 from train import train
@@ -44,6 +45,35 @@ def test_the_mix_calls_with_the_asked_key_or_another_and_guesses():
     items = P.pretrain_items(TOK, TASK, convs)
     assert len(items) == len(convs) + len(calls)          # one item per assistant turn
     assert P.pretrain_transcripts(TASK, cfg, seed=0) == convs != P.pretrain_transcripts(TASK, cfg, seed=1)
+
+
+def test_a_pretraining_item_is_the_turn_the_loop_samples():
+    """The prompt of each pretraining turn is what the multi-turn loop renders before that turn: the loop's own
+    (prompt, completion) of a policy that plays the same transcript."""
+    ex = TASK.examples("eval")[0]
+    conv = [{"role": "user", "content": question(ex["key"])},
+            {"role": "assistant", "content": call_text(ex["key"])}, {"role": "tool", "content": ex["value"]},
+            {"role": "assistant", "content": ex["value"]}]
+
+    def generate(prompts, seeds, n):
+        turn = [TOK.decode(p).count("<|im_start|>assistant") - 1 for p in prompts]
+        texts = [conv[1 if t == 0 else 3]["content"] for t in turn]
+        return [[Sample(0, TOK.encode(x) + [TOK.im_end_id], [0.0] * (len(x) + 1), "eos", x)] * n for x in texts]
+    seqs = TASK.rollout(generate, TOK, [ex], [0], argparse.Namespace(group_size=2, enable_thinking=False))
+    assert [s.score for s in seqs] == [1.0] * 4
+    assert [(s.prompt_ids, s.completion_ids) for s in seqs[:2]] == P.pretrain_items(TOK, TASK, [conv])
+
+
+def test_an_episodes_outcome_is_read_from_its_environment():
+    ex, other = TASK.examples("eval")[:2]
+    right, guess, wrong = (TASK.env(ex) for _ in range(3))
+    for env, texts in ((right, [call_text(ex["key"]), ex["value"]]), (guess, [other["value"]]),
+                       (wrong, ["<tool_call>\nnope\n</tool_call>", call_text(other["key"]), other["value"]])):
+        for t in texts:
+            env.step(t, last=False)
+    assert P.outcome(right) == {"success": 1.0, "called": 1.0, "right_key": 1.0, "tool_errors": 0.0, "turns": 2.0}
+    assert P.outcome(guess) == {"success": 0.0, "called": 0.0, "right_key": 0.0, "tool_errors": 0.0, "turns": 1.0}
+    assert P.outcome(wrong) == {"success": 0.0, "called": 1.0, "right_key": 0.0, "tool_errors": 1.0, "turns": 3.0}
 
 
 def episodes_of(success):
