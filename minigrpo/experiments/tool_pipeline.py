@@ -131,7 +131,7 @@ class Recorded:
     def __getattr__(self, name):
         return getattr(self.task, name)
 
-    def env(self, ex, family=None):
+    def env(self, ex, family="qwen3"):
         self.envs.append(self.task.env(ex, family))
         return self.envs[-1]
 

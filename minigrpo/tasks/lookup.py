@@ -22,9 +22,8 @@ format instead. A real Qwen should see it: LookupTask(show_tools=True).
 
 Tool results go back into the prompt, so what the environment shows is neutralised (`neutral`): a key the policy
 made up cannot spell a control token or a tool tag there. The environment follows the multi-turn loop's interface
-(minigrpo/tasks/episodes.py): task.env(example) -> an episode with messages(), step(text, last) -> Reply,
-close(); it parses calls in the task's `family` format (Qwen3's JSON, the tiny model's; "qwen3_5" for Qwen3.5's
-XML). The CPU demonstration that GRPO teaches a tiny model to use the tool: minigrpo/experiments/tool_pipeline.py.
+(minigrpo/tasks/episodes.py): task.env(example, family) -> an episode with messages(), step(text, last) -> Reply,
+close(); it parses calls in the format of the tokenizer's `family` (Qwen3's JSON, the tiny model's; Qwen3.5's XML). The CPU demonstration that GRPO teaches a tiny model to use the tool: minigrpo/experiments/tool_pipeline.py.
 """
 import itertools
 import json
@@ -132,9 +131,8 @@ class LookupTask:
     chunk = None                    # every episode of a step in one sampler call per turn: the tool answers at once
     per_turn_advantage = False      # an episode is one unit of its key's group: every turn shares its advantage
 
-    def __init__(self, seed: int = 0, max_turns: int = 3, show_tools: bool = False, family: str = "qwen3"):
+    def __init__(self, seed: int = 0, max_turns: int = 3, show_tools: bool = False):
         self.tables = split_tables(seed)               # fixed by `seed` alone: every run sees one eval set
-        self.family = family                           # the call format the policy writes and env() parses
         self.max_turns = max_turns                     # call, perhaps a second call, answer
         self.tools = TOOLS if show_tools else None     # rendered into the system turn by the loop (module doc)
 
@@ -143,8 +141,8 @@ class LookupTask:
             raise ValueError(f"lookup task split {split!r}: expected train, val, eval or pretrain")
         return [{"id": f"{split}-{k}", "split": split, "key": k, "value": v} for k, v in self.tables[split].items()]
 
-    def env(self, ex: dict, family: str | None = None) -> LookupEnv:
-        return LookupEnv(ex, self.tables[ex["split"]], family or self.family)
+    def env(self, ex: dict, family: str = "qwen3") -> LookupEnv:
+        return LookupEnv(ex, self.tables[ex["split"]], family)
 
     def rollout(self, generate, tok, examples, seeds, args):
         return episodes.rollout(self, generate, tok, examples, seeds, args)

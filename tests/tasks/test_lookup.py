@@ -19,7 +19,7 @@ OTHER = TASK.examples("eval")[1]
 
 def play(texts, ex=EX, family="qwen3", cap=None):
     """Each text as one policy turn of a fresh episode; the last is stepped with last=True when it is the cap."""
-    env = LookupTask(family=family).env(ex) if family != "qwen3" else TASK.env(ex)
+    env = TASK.env(ex, family)
     replies = [env.step(t, last=cap is not None and i == cap - 1) for i, t in enumerate(texts)]
     return env, replies
 
@@ -38,7 +38,7 @@ def test_the_right_call_then_its_value_scores_1(family):
     _, (wrong,) = play([call_text(EX["key"], other)], family=family)
     assert wrong.info["tool_errors"] == 1 and not wrong.done
     with pytest.raises(ValueError, match="family 'llama'"):
-        LookupTask(family="llama").env(EX)
+        TASK.env(EX, "llama")
 
 
 def test_a_wrong_key_is_answered_with_its_own_value_and_the_copy_scores_0():
