@@ -9,8 +9,10 @@ each policy turn its environment answers (a critique, a tool's result) or ends t
 
 What a task hands this module (duck-typed, as everything in minigrpo/tasks):
 
-    env(ex) -> Env                  one episode's environment: messages() (the first prompt's chat messages),
-                                    step(text, last) -> Reply | Future[Reply], close() (always called)
+    env(ex, family) -> Env          one episode's environment: messages() (the first prompt's chat messages),
+                                    step(text, last) -> Reply | Future[Reply], close() (always called); family:
+                                    the tokenizer's template family, which says how tool calls are written
+                                    (minigrpo.toolcalls.parse_tool_calls)
     max_turns: int                  the turn cap (the two-turn tasks: 2)
     tools: list | None              JSON schemas of the tools, rendered in the system turn (None: no tools)
     turn_rewards(replies) -> list   per policy turn, (raw score, reward); default `trajectory_rewards`
@@ -126,7 +128,7 @@ def rollout(task, generate, tok, examples, seeds, args) -> list:
         eps = []
         for i in idx:
             for _ in range(G):
-                eps.append(Episode(i, task.env(examples[i]), seeds[i], len(eps)))
+                eps.append(Episode(i, task.env(examples[i], tok.family), seeds[i], len(eps)))
                 opened.append(eps[-1])
         prompts = [chat(eps[n * G].conversation) for n in range(len(idx))]
         groups = generate(prompts, [seeds[i] for i in idx], G)

@@ -49,7 +49,7 @@ class TwoTurn:
     def __init__(self, task):
         self.task, self.chunk = task, getattr(task, "chunk", None)
 
-    def env(self, ex):
+    def env(self, ex, family=None):
         return Critique(self.task, ex)
 
     def turn_rewards(self, replies) -> list:

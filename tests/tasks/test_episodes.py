@@ -42,7 +42,8 @@ class CounterTask:
     def __init__(self, chunk=None):
         self.chunk, self.envs = chunk, []
 
-    def env(self, ex):
+    def env(self, ex, family):
+        assert family == TOK.family
         return Counter(self, ex)
 
 

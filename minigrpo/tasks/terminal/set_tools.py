@@ -1,0 +1,195 @@
+"""Terminal exercises on tools: checksums, openssl, an encoded archive, and git in a scratch repository. A git
+repository is the agent's data but also git's configuration (hooks, fsmonitor, aliases...): the verifier reads it
+with git in verify.probe's sandbox, from a copy that holds only the repository's objects, refs and work tree
+under a configuration of the verifier's own."""
+
+import base64
+import gzip
+import hashlib
+import hmac
+import re
+import secrets
+
+from minigrpo.tasks.terminal.exercise import Exercise, Transcript as T
+from minigrpo.tasks.terminal.verify import MAX_ANSWER, last_digest, names_only, probe
+
+EXERCISES = []
+
+
+def _add(**kw):
+    EXERCISES.append(Exercise(**kw))
+
+
+def _sha(data):
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
+
+
+# --- which download fails its checksum -----------------------------------------------------------------------------
+
+_DOWNLOADS = {"downloads/alpha.tar": "alpha release\n" * 40, "downloads/beta.tar": "beta release\n" * 35,
+              "downloads/gamma.tar": "gamma release\n" * 30, "downloads/delta.tar": "delta release\n" * 25}
+_BROKEN = "downloads/gamma.tar"
+_SUMS = "".join(f"{_sha(c if p != _BROKEN else c + 'original tail')}  {p.split('/')[1]}\n"
+                for p, c in _DOWNLOADS.items())     # gamma.tar's line is the sum of other bytes
+_add(id="checksum-mismatch", category="checksums", needs=("sha256sum",),
+     instruction="Exactly one file in downloads/ does not match its checksum in downloads/SHA256SUMS. Which one? "
+                 "Finish your answer with its file name.",
+     files={**_DOWNLOADS, "downloads/SHA256SUMS": _SUMS},
+     verify=lambda f, a: names_only(a, "gamma.tar", [p.split("/")[1] for p in _DOWNLOADS]),
+     reference=T(("cd downloads && sha256sum -c SHA256SUMS",), "gamma.tar does not match: gamma.tar FAILED."),
+     wrong=T(("cd downloads && ls -S | head -1",), "The corrupted file is alpha.tar."))
+
+# --- a manifest sha256sum -c accepts --------------------------------------------------------------------------------
+
+_RELEASE = {"release/app.bin": "\x7fELF fake binary\n", "release/notes.txt": "v1.2\n", "release/logo.svg": "<svg/>\n",
+            "release/config.json": "{}\n"}
+
+
+def _manifest(f, a):
+    unchanged = all(f.text(p) == c for p, c in _RELEASE.items()) and f.files("release") == sorted(_RELEASE)
+    want = [f"{_sha(c)}  {p}" for p, c in sorted(_RELEASE.items())]
+    got = f.lines("release.sha256")
+    return 1.0 if unchanged and got is not None and [g.rstrip() for g in got] == want else 0.0
+
+
+_add(id="checksum-manifest", category="checksums", needs=("sha256sum",),
+     instruction="Write release.sha256: the SHA-256 checksums of every file in release/, in the format sha256sum "
+                 "prints (`HASH  release/NAME`), one line per file, sorted by name, so that `sha256sum -c "
+                 "release.sha256` passes from this folder.",
+     files=_RELEASE, verify=_manifest,
+     reference=T(("sha256sum release/* > release.sha256", "sha256sum -c release.sha256"),),
+     wrong=T(("cd release && sha256sum * > ../release.sha256",),))
+
+# --- openssl: decrypt with the right key derivation ----------------------------------------------------------------
+
+_SECRET = "The vault code is 7731-ALPHA.\nKeep it safe.\n"
+_add(id="openssl-decrypt", category="openssl", needs=("openssl",),
+     instruction="secret.enc was encrypted with `openssl enc -aes-256-cbc -pbkdf2`, with the password in pass.txt. "
+                 "Decrypt it into secret.txt.",
+     files={"plain.tmp": _SECRET, "pass.txt": "correct horse battery\n"},
+     setup="openssl enc -aes-256-cbc -pbkdf2 -salt -pass file:pass.txt -in plain.tmp -out secret.enc && rm plain.tmp",
+     verify=lambda f, a: 1.0 if f.text("secret.txt") == _SECRET else 0.0,
+     reference=T(("openssl enc -d -aes-256-cbc -pbkdf2 -pass file:pass.txt -in secret.enc -out secret.txt",
+                  "cat secret.txt"),),
+     wrong=T(("openssl enc -d -aes-256-cbc -pass file:pass.txt -in secret.enc -out secret.txt",),))
+
+# --- openssl: an HMAC -----------------------------------------------------------------------------------------------
+
+_MESSAGE, _KEY = "amount=120.00&to=acct-7\n", "s3cr3t-k3y"
+_MAC = hmac.new(_KEY.encode(), _MESSAGE.encode(), hashlib.sha256).hexdigest()
+_add(id="openssl-hmac", category="openssl", needs=("openssl",),
+     instruction="Compute the HMAC-SHA256 of the exact bytes of message.txt, with the key written on the first "
+                 "line of key.txt (without its newline). Finish your answer with the hex digest.",
+     files={"message.txt": _MESSAGE, "key.txt": _KEY + "\n"},
+     verify=lambda f, a: 1.0 if last_digest(a) == _MAC else 0.0,
+     reference=T(("openssl dgst -sha256 -hmac \"$(head -1 key.txt)\" message.txt",), f"The HMAC is {_MAC}."),
+     wrong=T(("sha256sum message.txt",), f"The HMAC is {_sha(_MESSAGE)}."))
+
+# --- an encoded, compressed payload and a decoy -------------------------------------------------------------------
+
+_CODE = "QX-4821"
+_PAYLOAD = base64.encodebytes(gzip.compress(f"header\ncode: {_CODE}\nfooter\n".encode(), mtime=0)).decode()
+_CODE_RE = re.compile(r"(?<![A-Z0-9-])[A-Z]{2}-\d{4}(?![0-9])")
+
+
+def _code_is(answer):
+    found = _CODE_RE.findall(answer[:MAX_ANSWER])
+    return 1.0 if found and found[-1] == _CODE else 0.0
+
+
+_add(id="decode-payload", category="files-and-text", needs=("base64", "gunzip"),
+     instruction="payload.b64 holds a base64-encoded gzip file. What is the code on its `code:` line, once decoded? "
+                 "Finish your answer with the code.",
+     files={"payload.b64": _PAYLOAD, "README": "The payload carries one code line (example: code: AB-0000).\n"},
+     verify=lambda f, a: _code_is(a),
+     reference=T(("base64 -d payload.b64 | gunzip | grep 'code:'",), f"The code is {_CODE}."),
+     wrong=T(("grep -r 'code:' .",), "The code is AB-0000."))
+
+# --- git ------------------------------------------------------------------------------------------------------------
+
+_GIT_ENV = ("export GIT_AUTHOR_DATE=2024-01-0{n}T10:00:00Z GIT_COMMITTER_DATE=2024-01-0{n}T10:00:00Z; ")
+_GIT_INIT = ("git init -q repo && cd repo && git symbolic-ref HEAD refs/heads/main && git config user.name 'Sam Doe' "
+             "&& git config user.email sam@example.org && ")
+
+
+def _commits(steps):
+    """Setup commands making one commit per (shell command, subject), on fixed dates."""
+    return " && ".join(f"{{ {_GIT_ENV.format(n=i + 1)}{cmd} && git add -A && git commit -q -m '{subject}'; }}"
+                       for i, (cmd, subject) in enumerate(steps))
+
+
+_GIT_CONFIG = "[core]\n\trepositoryformatversion = 0\n\tbare = false\n"
+
+
+def _in_repo(name):
+    # the repository's data and its work tree; not its hooks or info/ (git would run or obey those); its config
+    # is replaced by the verifier's own (_git's extra)
+    return name.startswith("repo/") and not re.match(r"repo/\.git/(hooks/|info/|modules/|worktrees/)", name)
+
+
+def _git(folder, *queries):
+    """The outputs of the git `queries` (argument strings), run in repo/ in the probe's sandbox; None when any
+    query fails. Sections are split by a fresh random marker, which no commit message the agent wrote can know."""
+    mark = secrets.token_hex(16)
+    # refs/ and objects/ may be empty folders (git gc packs them), which a copy of files alone would not make
+    script = "cd repo && mkdir -p .git/refs .git/objects && " + " && ".join(
+        f"echo {mark} && git --no-replace-objects -c core.hooksPath=/dev/null {q} 2>/dev/null" for q in queries)
+    r = probe(folder, script, take=_in_repo, extra={"repo/.git/config": _GIT_CONFIG})
+    parts = r.output.split(mark + "\n")
+    if r.exit_code != 0 or len(parts) != len(queries) + 1:
+        return None
+    return [p.splitlines() for p in parts[1:]]
+
+
+_HISTORY = [("printf 'a\\n' > notes.txt", "Start notes"), ("printf 'a\\nb\\n' > notes.txt", "Add b")]
+
+
+def _committed(f, a):
+    got = _git(f, "log --format=%s", "status --porcelain", "show --name-only --format= HEAD")
+    return 1.0 if got is not None and got[0] == ["Add todo list", "Add b", "Start notes"] and got[1] == [] \
+        and sorted(got[2]) == ["notes.txt", "todo.txt"] else 0.0
+
+
+_add(id="git-commit-all", category="git", needs=("git",),
+     instruction="In the git repository repo/, commit all the current changes, the new file todo.txt included, as "
+                 "one commit with the message `Add todo list`.",
+     files={}, setup=_GIT_INIT + _commits(_HISTORY) + " && printf 'a\\nb\\nc\\n' > notes.txt && echo 'ship' > todo.txt",
+     verify=_committed,
+     reference=T(("cd repo && git status --short", "cd repo && git add -A && git commit -q -m 'Add todo list' && "
+                  "git log --oneline"),),
+     wrong=T(("cd repo && git commit -q -am 'Add todo list'",),))
+
+_SETTINGS = [("printf '[net]\\nretries = 3\\n' > settings.ini", "Add settings"),
+             ("printf '[net]\\nretries = 5\\n' > settings.ini", "Raise retries"),
+             ("printf '[net]\\nretries = 5\\ntimeout = 30\\n' > settings.ini", "Set a network timeout"),
+             ("printf 'docs\\n' > README", "Write a readme"),
+             ("printf '[net]\\nretries = 4\\ntimeout = 30\\n' > settings.ini", "Lower retries")]
+_SUBJECTS = [s for _, s in _SETTINGS]
+_add(id="git-find-commit", category="git", needs=("git",),
+     instruction="Which commit of the git repository repo/ added the line `timeout = 30` to settings.ini? Finish "
+                 "your answer with that commit's subject line.",
+     files={}, setup=_GIT_INIT + _commits(_SETTINGS),
+     verify=lambda f, a: names_only(a, "Set a network timeout", _SUBJECTS),
+     reference=T(("cd repo && git log -S'timeout = 30' --format='%h %s' -- settings.ini",),
+                 "It was added by: Set a network timeout"),
+     wrong=T(("cd repo && git log -1 --format=%s -- settings.ini",), "It was added by: Lower retries"))
+
+_LIB = "def main():\n    return helper() + 1\n\n\ndef helper():\n    return 41\n"
+_BROKEN_LIB = "def main():\n    return helper() + 1\n"
+_REVERTS = [(f"printf '%s' '{_BROKEN_LIB}' > lib.py", "Add lib"), (f"printf '%s' '{_LIB}' > lib.py", "Add helper"),
+            (f"printf '%s' '{_BROKEN_LIB}' > lib.py", "Tidy lib")]
+
+
+def _reverted(f, a):
+    got = _git(f, "log --format=%s", "status --porcelain", "show HEAD:lib.py")
+    ok = got is not None and len(got[0]) == 4 and got[0][1:] == ["Tidy lib", "Add helper", "Add lib"] \
+        and got[1] == [] and got[2] == _LIB.splitlines()
+    return 1.0 if ok else 0.0
+
+
+_add(id="git-undo-commit", category="git", needs=("git",),
+     instruction="The last commit of the git repository repo/ removed the function helper from lib.py by mistake. "
+                 "Undo that commit with a new commit; do not rewrite the history.",
+     files={}, setup=_GIT_INIT + _commits(_REVERTS), verify=_reverted,
+     reference=T(("cd repo && git log --oneline", "cd repo && git revert --no-edit HEAD && git log --oneline"),),
+     wrong=T(("cd repo && git reset -q --hard HEAD~1",),))

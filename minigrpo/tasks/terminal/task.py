@@ -1,0 +1,203 @@
+"""The terminal task set as the multi-turn rollout loop drives it: TerminalTask (the exercises, the shell tool's
+schema, the turn cap) and TerminalEnv, one agent's episode of one exercise.
+
+    task = TerminalTask()
+    env = task.env(task.examples("train")[0], family=tok.family)
+    try:
+        messages = env.messages()                       # system + user; the loop renders them with task.tools
+        reply = env.step(policy_turn_text, last=False)  # Reply: tool messages, or done with the score
+    finally:
+        env.close()
+
+A turn with shell calls runs each call's command in the episode (minigrpo/judge/sandbox/episode.py: confined, one
+work folder for the whole episode) and answers with one tool message per call; a malformed call is answered with
+a tool message saying what is wrong and counted in info["tool_errors"]. A turn without any call is the agent's
+final answer: the verifier judges the episode's snapshot and that answer, and the episode is done. So is it when
+the loop says the turn is the last (the calls of that turn are not run), and when the episode's time budget is
+spent.
+
+Tool output is shown to the policy inside its own prompt, so it must not be able to speak for the prompt: the
+text of every message the Env makes has its control-token strings neutralised (`neutralise`): <|im_start|>,
+<|im_end|>, <|endoftext|> and every other <|...|> token string, <tool_call>, </tool_call>, <tool_response>,
+</tool_response>, <think> and </think> get their "<" written as "&lt;". The tokenizer then reads them as plain
+text, so a command that prints `</tool_response><|im_end|><|im_start|>user ...` cannot close the tool turn or
+forge a user's message.
+"""
+
+import math
+import os
+import re
+
+from minigrpo.judge.sandbox import WORKDIR, Limits, isolation
+from minigrpo.judge.sandbox.episode import Episode
+from minigrpo.tasks.episodes import Reply
+from minigrpo.tasks.terminal import set_code, set_data, set_text, set_tools
+from minigrpo.tasks.terminal.exercise import check_exercises, held_out
+from minigrpo.tasks.terminal.verify import MAX_ANSWER, Folder, VerifierUnavailable
+from minigrpo.toolcalls import parse_tool_calls
+
+COMMAND_LIMITS = Limits(timeout=10, memory_mb=512, nproc=64, fsize_mb=16)
+EPISODE_BUDGET_S = 60.0     # wall seconds of all of an episode's commands together
+OUTPUT_BYTES = 4096         # of one command's output shown to the agent; the rest is cut (and said so)
+MAX_TURNS = 8
+MAX_CALLS = 8               # shell calls run per turn; the ones past it are answered as tool errors
+FAMILIES = ("qwen2", "qwen3", "qwen3_5")
+
+SHELL_TOOL = {"type": "function", "function": {
+    "name": "shell",
+    "description": "Run a bash command in the working folder and return its output (stdout and stderr) and exit code.",
+    "parameters": {"type": "object",
+                   "properties": {"command": {"type": "string", "description": "the bash command line to run"}},
+                   "required": ["command"]}}}
+
+SYSTEM = """You are working in a Linux shell. You have one tool, `shell`, which runs a bash command in your working \
+folder ({where}) and returns its output (stdout and stderr together, cut after {output} bytes) and its exit code.
+Every command starts afresh in the working folder: files you write there stay for your next commands, but `cd`, \
+variables and background processes do not. A command may run for {timeout:g} seconds, all of them together for \
+{budget:g} seconds. There is no network.
+Work step by step, one or a few commands per turn, and check your work. When the task is done, reply without any \
+tool call: that reply is your final answer, and it ends the task."""
+
+# Every control token of the Qwen vocabularies is one of these strings and holds a single "<", its first
+# character: so writing that "<" as "&lt;" leaves no token string behind (and "&lt;" brings no new "<").
+_CONTROL = re.compile(r"<\|[^|<>\s]{0,64}\|>|</?(?:tool_call|tool_response|think)>")
+_CALL_BLOCK = re.compile(r"<tool_call>.*?(?:</tool_call>|\Z)", re.S)
+
+
+def neutralise(text):
+    """`text` with every control-token string made plain text (see the module docstring)."""
+    return _CONTROL.sub(lambda m: "&lt;" + m.group()[1:], text)
+
+
+def final_answer(text):
+    """The answer part of a policy turn: after its thinking, without tool-call blocks, at most MAX_ANSWER chars."""
+    return _CALL_BLOCK.sub("", text.split("</think>")[-1]).strip()[:MAX_ANSWER]
+
+
+def catalogue():
+    """Every exercise of the set, checked (exercise.check_exercises)."""
+    return check_exercises(set_text.EXERCISES + set_code.EXERCISES + set_data.EXERCISES + set_tools.EXERCISES)
+
+
+def _tool(content):
+    return {"role": "tool", "content": neutralise(content)}
+
+
+class TerminalEnv:
+    """One episode of one exercise (see the module docstring). close() is always to be called."""
+
+    def __init__(self, exercise, family="qwen3", limits=COMMAND_LIMITS, budget_s=EPISODE_BUDGET_S,
+                 output_bytes=OUTPUT_BYTES, tools=(SHELL_TOOL,)):
+        if family not in FAMILIES:
+            raise ValueError(f"terminal: tool-call family {family!r} is not one of {', '.join(FAMILIES)}")
+        self.exercise, self.family, self.tools = exercise, family, list(tools)
+        self.limits, self.budget_s, self.output_bytes = limits, budget_s, output_bytes
+        self.done, self.turns = False, 0
+        self.ep = Episode(exercise.files, limits, budget_s=budget_s, output_bytes=output_bytes)
+        try:
+            for rel in exercise.executable:     # before any command: the folder holds only the task's files
+                os.chmod(os.path.join(self.ep.folder, os.path.normpath(rel)), 0o755)
+            if exercise.setup:                  # its seconds count against the episode's budget
+                r = self.ep.run(exercise.setup)
+                if r.exit_code != 0:
+                    raise RuntimeError(f"terminal exercise {exercise.id}: its setup failed: {r.observation()[-400:]}")
+        except BaseException:
+            self.ep.close()
+            raise
+
+    def messages(self):
+        where = WORKDIR if isolation()[0].startswith("bwrap") else "the current directory of every command"
+        system = SYSTEM.format(where=where, output=self.output_bytes, timeout=self.limits.timeout,
+                               budget=self.budget_s)
+        return [{"role": "system", "content": system}, {"role": "user", "content": self.exercise.instruction}]
+
+    def step(self, text, last):
+        """The policy's turn `text` -> Reply (see the module docstring)."""
+        if self.done:
+            raise RuntimeError(f"terminal exercise {self.exercise.id}: step after the episode ended")
+        self.turns += 1
+        calls, errors = parse_tool_calls(text, self.tools, self.family)
+        info = {"tool_calls": 0, "tool_errors": len(errors), "timeouts": 0, "cut_bytes": 0}
+        if last:
+            return self._finish(text, info, "turn cap" if calls or errors else "answer")
+        if not calls and not errors:
+            return self._finish(text, info, "answer")
+        messages = [self._call(call, info) for call in calls[:MAX_CALLS]]
+        for _ in calls[MAX_CALLS:]:
+            info["tool_errors"] += 1
+            messages.append(_tool(f"error: at most {MAX_CALLS} shell calls run in one turn; this one was not run"))
+        messages += [_tool(f"error: {e}") for e in errors]
+        if self.ep.ended is not None:
+            return self._finish(text, info, self.ep.ended)
+        return Reply(messages=messages, info=info)
+
+    def _call(self, call, info):
+        args = call["arguments"]
+        command = args.get("command")
+        if set(args) != {"command"} or not isinstance(command, str) or not command.strip():
+            info["tool_errors"] += 1
+            return _tool(f"error: {call['name']} takes one argument, command (a non-empty string of bash); "
+                         f"got the arguments {sorted(args)}")
+        r = self.ep.run(command)
+        info["tool_calls"] += 1
+        info["timeouts"] += r.status in ("timeout", "cpu", "budget")
+        info["cut_bytes"] += r.cut_bytes
+        return _tool(r.observation())
+
+    def _finish(self, text, info, why):
+        """Judge the episode: its snapshot and the answer. The verifier runs on the host on a read-only copy;
+        anything of the agent's it runs goes through verify.probe's own sandbox."""
+        self.done = True
+        info.update(ended=why, seconds=round(self.ep.used_s, 3))
+        answer = final_answer(text)
+        try:
+            snap = self.ep.snapshot()
+        except OSError as e:
+            info["verify_error"] = f"snapshot: {e}"
+            return Reply(messages=[], done=True, score=None, info=info)
+        try:
+            score = float(self.exercise.verify(Folder(snap.path, snap.skipped), answer))
+            score = min(1.0, max(0.0, score)) if math.isfinite(score) else 0.0
+        except VerifierUnavailable as e:
+            score, info["verify_error"] = None, str(e)
+        except Exception as e:  # noqa: BLE001 - a verifier that fails on the agent's bytes gives no reward
+            score, info["verify_error"] = 0.0, f"{type(e).__name__}: {e}"
+        finally:
+            snap.close()
+            self.ep.close()             # the loop's close() follows; freeing the folder and uid now costs nothing
+        return Reply(messages=[], done=True, score=score, info=info)
+
+    def close(self):
+        self.ep.close()
+
+
+class TerminalTask:
+    """The terminal task set: small shell exercises with hidden verifiers (minigrpo/tasks/terminal/__init__.py).
+    An exercise whose commands the sandbox lacks on this machine (git, openssl, ...) is left out, one line each in
+    `left_out`."""
+    name = "terminal"
+    family = "qwen3"                # set by the loop from the tokenizer
+    max_turns = MAX_TURNS
+    tools = [SHELL_TOOL]
+
+    def __init__(self, exercises=None, limits=COMMAND_LIMITS, budget_s=EPISODE_BUDGET_S, output_bytes=OUTPUT_BYTES):
+        every = check_exercises(list(exercises)) if exercises is not None else catalogue()
+        self.exercises = [e for e in every if not e.missing()]
+        self.left_out = [f"terminal: {e.id} left out: the sandbox has no {', '.join(e.missing())}"
+                         for e in every if e.missing()]
+        self.by_id = {e.id: e for e in self.exercises}
+        self.limits, self.budget_s, self.output_bytes = limits, budget_s, output_bytes
+
+    def examples(self, split):
+        """"train": about three quarters of the exercises; "val" and "eval": the rest (one held-out list)."""
+        if split not in ("train", "val", "eval"):
+            raise ValueError(f"terminal: split {split!r} is not train, val or eval")
+        return [{"id": e.id, "category": e.category, "instruction": e.instruction} for e in self.exercises
+                if held_out(e.id) == (split != "train")]
+
+    def env(self, ex, family=None):
+        exercise = self.by_id.get(ex.get("id") if isinstance(ex, dict) else None)
+        if exercise is None:
+            raise ValueError(f"terminal: no exercise {ex!r} (see TerminalTask().examples(split))")
+        return TerminalEnv(exercise, family or self.family, self.limits, self.budget_s, self.output_bytes,
+                           self.tools)

@@ -1,0 +1,206 @@
+"""What the terminal verifiers stand on: bounded reads of an episode's snapshot, a probe that runs a command on a
+copy of it in a fresh sandbox, and the readings of a final answer.
+
+The agent wrote every byte a verifier looks at, so each one is hostile input:
+
+- `Folder` lists the snapshot with a walk that follows nothing (the snapshot holds no symlinks, but a verifier
+  does not rely on that), caps the number of entries, and reads a file only if the walk listed it as a regular
+  file, with O_NOFOLLOW and O_NONBLOCK, at most `cap` bytes: a file over the cap reads as missing, not as its
+  first megabyte, so a verifier never judges a file it has not seen whole.
+- `probe` is the only way a verifier runs anything of the agent's (a fixed script, a package, a git repository,
+  a database): in a fresh sandbox (an Episode of its own, with its own limits) on a copy of the files it names,
+  never on the host. The verifier's own files (hidden inputs, its probe script) are copied in last, so they win
+  over the agent's of the same name. The probe's output is read back bounded; what it means is decided on the
+  host against expectations that never enter the sandbox, so the agent's code, which runs beside the probe and
+  can print anything, would have to compute the right values to forge them.
+- The answer readings look at the first MAX_ANSWER characters and take one value each (the last number, the
+  last digest, the candidates named): an answer that lists every candidate names more than one and fails.
+"""
+
+import os
+import re
+import stat
+
+from minigrpo.judge.sandbox import Limits
+from minigrpo.judge.sandbox.episode import Episode
+
+MAX_READ = 1 << 20          # bytes a verifier reads of one file
+MAX_ENTRIES = 4096          # entries of a snapshot a verifier lists
+MAX_ANSWER = 8192           # characters of the final answer a verifier reads
+PROBE_LIMITS = Limits(timeout=10, memory_mb=512, nproc=64, fsize_mb=16)
+PROBE_OUTPUT = 65536        # bytes of a probe's output kept
+PROBE_BYTES = 8 << 20       # bytes of the agent's files a probe copies, in all
+PROBE_FILES = 512
+
+
+class VerifierUnavailable(RuntimeError):
+    """The verifier's own sandbox could not start (the machine, not the agent): the episode is not scored."""
+
+
+class Folder:
+    """An episode's snapshot as a verifier reads it: `entries` maps each relative path to "dir", "file" or "exec"
+    (an executable regular file); anything else the walk meets is left out."""
+
+    def __init__(self, path, skipped=()):
+        self.path = path
+        self.skipped = list(skipped)        # what the snapshot itself left out (Snapshot.skipped)
+        self.entries, self.truncated = _listing(path, MAX_ENTRIES)
+
+    def files(self, under=""):
+        """The regular files at or under the relative folder `under` ("" for all), sorted."""
+        prefix = under.rstrip("/") + "/" if under else ""
+        return sorted(p for p, kind in self.entries.items() if kind != "dir" and p.startswith(prefix))
+
+    def folders(self, under=""):
+        prefix = under.rstrip("/") + "/" if under else ""
+        return sorted(p for p, kind in self.entries.items() if kind == "dir" and p.startswith(prefix))
+
+    def executable(self, rel):
+        return self.entries.get(rel) == "exec"
+
+    def read(self, rel, cap=MAX_READ):
+        """The bytes of the regular file `rel`, or None: not listed as one, unreadable, or over `cap` bytes."""
+        if self.entries.get(rel) not in ("file", "exec"):
+            return None
+        try:
+            fd = os.open(os.path.join(self.path, rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            chunks, got = [], 0
+            while got <= cap:           # one byte past the cap: a file over it reads as missing
+                chunk = os.read(fd, min(1 << 16, cap + 1 - got))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                got += len(chunk)
+            return None if got > cap else b"".join(chunks)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
+    def text(self, rel, cap=MAX_READ):
+        """The file as UTF-8 text, or None (missing, over the cap, or not UTF-8)."""
+        data = self.read(rel, cap)
+        if data is None:
+            return None
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+
+    def lines(self, rel, cap=MAX_READ):
+        """The file's lines without line ends (a final newline or none), or None."""
+        text = self.text(rel, cap)
+        return None if text is None else text.splitlines()
+
+
+def _listing(top, cap):
+    """{relative path: kind} of a folder's tree, walked iteratively without following anything, at most `cap`
+    entries (then truncated is True)."""
+    entries, stack = {}, [""]
+    while stack:
+        rel = stack.pop()
+        try:
+            with os.scandir(os.path.join(top, rel) if rel else top) as it:
+                found = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue
+        for entry in found:
+            if len(entries) >= cap:
+                return entries, True
+            path = f"{rel}/{entry.name}" if rel else entry.name
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                entries[path] = "dir"
+                stack.append(path)
+            elif stat.S_ISREG(st.st_mode):
+                entries[path] = "exec" if st.st_mode & stat.S_IXUSR else "file"
+    return entries, False
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# running the agent's work, confined
+
+def probe(folder, command, take=None, extra=None, limits=PROBE_LIMITS):
+    """Run the bash `command` in a fresh sandbox holding a copy of the snapshot's files that `take(rel)` accepts
+    (all when None; executable bits kept) and then the verifier's `extra` {path: content}. Returns the
+    CommandResult. None of the agent's files is over-large or over-many: past PROBE_BYTES / PROBE_FILES the copy
+    stops there (what is missing then fails the check, as a missing file would)."""
+    files, execs, size = {}, [], 0
+    for rel in folder.files():
+        if take is not None and not take(rel):
+            continue
+        data = folder.read(rel)
+        if data is None or size + len(data) > PROBE_BYTES or len(files) >= PROBE_FILES:
+            continue
+        files[rel], size = data, size + len(data)
+        if folder.executable(rel):
+            execs.append(rel)
+    files.update(extra or {})
+    execs = [rel for rel in execs if rel not in (extra or {})]
+    try:
+        ep = Episode(files, limits, budget_s=limits.timeout + 1, output_bytes=PROBE_OUTPUT)
+    except (OSError, ValueError) as e:
+        raise VerifierUnavailable(f"the verifier's sandbox did not start: {e}") from None
+    with ep:
+        for rel in execs:               # the folder holds only what Episode wrote there: no link to follow
+            os.chmod(os.path.join(ep.folder, rel), 0o755)
+        try:
+            return ep.run(command)
+        except OSError as e:
+            raise VerifierUnavailable(f"the verifier's sandbox did not run: {e}") from None
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# reading a final answer
+
+_NUMBER = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+_HEX64 = re.compile(r"(?<![0-9a-fA-F])[0-9a-fA-F]{64}(?![0-9a-fA-F])")
+
+
+def last_number(answer):
+    """The last number in the answer (thousands commas allowed), or None."""
+    found = _NUMBER.findall(answer[:MAX_ANSWER])
+    if not found:
+        return None
+    try:
+        return float(found[-1].replace(",", ""))
+    except ValueError:
+        return None
+
+
+def number_is(answer, expected, tol=1e-6):
+    got = last_number(answer)
+    return 1.0 if got is not None and abs(got - expected) <= tol else 0.0
+
+
+def named(answer, candidates):
+    """The candidates the answer names, each as a whole word (a path's last part counts: data/x.csv names
+    x.csv). Case-sensitive: a file name is."""
+    text = answer[:MAX_ANSWER]
+    return {c for c in candidates if re.search(r"(?<![\w.-])" + re.escape(c) + r"(?![\w-])", text)}
+
+
+def names_only(answer, expected, candidates):
+    """1.0 when the answer names `expected` and no other candidate, else 0.0."""
+    return 1.0 if named(answer, set(candidates) | {expected}) == {expected} else 0.0
+
+
+def last_digest(answer):
+    """The last 64-hex-digit token of the answer (a SHA-256 digest), lower-cased, or None."""
+    found = _HEX64.findall(answer[:MAX_ANSWER])
+    return found[-1].lower() if found else None
+
+
+def lines_are(folder, rel, expected):
+    """1.0 when the file `rel` holds exactly the `expected` lines (trailing spaces and the final newline aside)."""
+    got = folder.lines(rel)
+    return 1.0 if got is not None and [g.rstrip() for g in got] == list(expected) else 0.0

@@ -1,0 +1,106 @@
+"""minigrpo.tasks.terminal.verify and the Env's text rules: bounded no-follow reads of a snapshot, the probe sandbox,
+the readings of a final answer, and the neutralising of control-token strings in what the policy is shown."""
+
+import os
+import random
+
+import pytest
+
+import terminal_runs  # noqa: F401  (Reply's module, before the Env's module is imported)
+from sandbox_probe import need_bwrap
+
+from minigrpo.tasks.terminal.task import final_answer, neutralise
+from minigrpo.tasks.terminal.verify import Folder, _listing, last_digest, last_number, lines_are, named, \
+    names_only, number_is, probe
+
+
+@pytest.fixture
+def tree(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.txt").write_text("one\ntwo  \n")
+    (tmp_path / "sub" / "b.txt").write_text("b\n")
+    (tmp_path / "big.bin").write_bytes(b"x" * 101)
+    (tmp_path / "latin.txt").write_bytes(b"caf\xe9\n")
+    (tmp_path / "run.sh").write_text("#!/bin/sh\necho ran $1\n")
+    os.chmod(tmp_path / "run.sh", 0o755)
+    os.symlink(tmp_path / "a.txt", tmp_path / "link.txt")
+    os.symlink(tmp_path / "sub", tmp_path / "linked")
+    os.mkfifo(tmp_path / "pipe")
+    return tmp_path
+
+
+def test_the_folder_lists_and_reads_only_regular_files_it_walked_to(tree):
+    f = Folder(str(tree))
+    assert f.entries == {"a.txt": "file", "big.bin": "file", "latin.txt": "file", "run.sh": "exec", "sub": "dir",
+                         "sub/b.txt": "file"}
+    assert f.files() == ["a.txt", "big.bin", "latin.txt", "run.sh", "sub/b.txt"] and f.folders() == ["sub"]
+    assert f.files("sub") == ["sub/b.txt"] and f.executable("run.sh") and not f.executable("a.txt")
+    assert f.lines("a.txt") == ["one", "two  "] and f.read("sub/b.txt") == b"b\n"
+    for rel in ("link.txt", "linked/b.txt", "pipe", "sub", "../a.txt", "missing"):
+        assert f.read(rel) is None, rel
+    assert f.read("big.bin", cap=100) is None and f.read("big.bin", cap=101) == b"x" * 101
+    assert f.text("latin.txt") is None                      # not UTF-8: unreadable, not guessed
+    assert lines_are(f, "a.txt", ["one", "two"]) == 1.0 and lines_are(f, "a.txt", ["one"]) == 0.0
+
+
+def test_the_listing_stops_at_its_cap(tmp_path):
+    for i in range(10):
+        (tmp_path / f"f{i}").write_text("x")
+    entries, truncated = _listing(str(tmp_path), 4)
+    assert len(entries) == 4 and truncated
+    assert _listing(str(tmp_path), 10) == ({f"f{i}": "file" for i in range(10)}, False)
+
+
+def test_a_probe_runs_on_a_copy_in_a_sandbox_of_its_own(tree):
+    f = Folder(str(tree))
+    r = probe(f, "./run.sh probe; ls; cat hidden.txt; echo changed > a.txt", take=lambda rel: rel != "big.bin",
+              extra={"hidden.txt": "from the verifier\n", "sub/b.txt": "the verifier's\n"})
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert lines[0] == "ran probe" and "big.bin" not in lines and "hidden.txt" in lines
+    assert lines[-1] == "from the verifier"
+    assert (tree / "a.txt").read_text() == "one\ntwo  \n"            # the snapshot itself is untouched
+
+
+def test_a_probe_sees_nothing_of_the_host(tree):
+    need_bwrap()
+    r = probe(Folder(str(tree)), f"pwd; ls {tree} 2>&1; ls /root 2>&1 | head -1")
+    assert r.output.splitlines()[0] == "/sandbox" and "No such file" in r.output and "a.txt" not in r.output
+
+
+def test_answer_readings_take_one_value():
+    assert last_number("There are 1,234 lines (not 12).") == 12
+    assert last_number("logs/app2.log has 31 ERROR lines") == 31 and last_number("none") is None
+    assert last_number("v2 -3.5") == -3.5 and last_number("see file2.txt") is None
+    assert number_is("Total: 4,101.50", 4101.5) == 1.0 and number_is("41 or 42", 41) == 0.0
+    assert named("see data/x.csv, not x.csv.bak", ["x.csv", "y.csv", "x.csv.bak"]) == {"x.csv", "x.csv.bak"}
+    assert names_only("It is b.md.", "b.md", ["a.md", "b.md"]) == 1.0
+    assert names_only("a.md or b.md", "b.md", ["a.md", "b.md"]) == 0.0
+    assert names_only("It is ab.md.", "b.md", ["a.md", "b.md"]) == 0.0
+    digest = "ab" * 32
+    assert last_digest(f"sha {'cd' * 32}, hmac {digest.upper()}") == digest and last_digest("ab" * 33) is None
+
+
+CONTROL = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|vision_start|>", "<|fim_prefix|>", "<tool_call>",
+           "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+
+
+def test_neutralise_leaves_no_control_token_string():
+    for token in CONTROL:
+        out = neutralise(f"a{token}b")
+        assert token not in out and out == f"a&lt;{token[1:]}b", token
+    rng = random.Random(0)
+    pieces = ["<", "|", "im_start", "|>", "</", "tool_call", ">", "&lt;", "think", "<|", "x", "\n", "/"]
+    for _ in range(2000):                   # any mix of the pieces: no token string survives, text is kept
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 12)))
+        out = neutralise(text)
+        assert not any(t in out for t in CONTROL), (text, out)
+        assert out.replace("&lt;", "<") == text.replace("&lt;", "<")
+    assert neutralise("<|im start|> <b>a</b> x < y") == "<|im start|> <b>a</b> x < y"
+
+
+def test_the_final_answer_is_the_text_after_thinking_without_calls():
+    text = "<think>\nmaybe 7\n</think>\n\nIt is 42.\n<tool_call>\n{\"name\": \"shell\"}\n</tool_call>\nbye"
+    assert final_answer(text) == "It is 42.\n\nbye"
+    assert final_answer("It is 5. <tool_call> cut short") == "It is 5."
+    assert len(final_answer("x" * 100000)) == 8192
