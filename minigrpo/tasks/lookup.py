@@ -23,7 +23,8 @@ format instead. A real Qwen should see it: LookupTask(show_tools=True).
 Tool results go back into the prompt, so what the environment shows is neutralised (`neutral`): a key the policy
 made up cannot spell a control token or a tool tag there. The environment follows the multi-turn loop's interface
 (minigrpo/tasks/episodes.py): task.env(example, family) -> an episode with messages(), step(text, last) -> Reply,
-close(); it parses calls in the format of the tokenizer's `family` (Qwen3's JSON, the tiny model's; Qwen3.5's XML). The CPU demonstration that GRPO teaches a tiny model to use the tool: minigrpo/experiments/tool_pipeline.py.
+close(); it parses calls in the format of the tokenizer's `family` (Qwen3's JSON, the tiny model's; Qwen3.5's
+XML). The CPU demonstration that GRPO teaches a tiny model to use the tool: minigrpo/experiments/tool_pipeline.py.
 """
 import itertools
 import json
