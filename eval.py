@@ -22,6 +22,9 @@ Per task (minigrpo/evals/<task>.py; what they share: minigrpo/evals/common.py):
     soyuz      the soyuz run's metrics over one 2-turn rollout (answer -> critique -> revision) per task and sample:
                reward (final answer), turn-0 score, recovery, bad->good, good->bad; a per-task table
     synthetic  mean score
+    terminal   over the held-out shell exercises, --group-size episodes each through the multi-turn loop: solved
+               share, score, turns, tool calls, malformed calls and time-outs per episode; adapter - base solved
+               with a paired bootstrap interval
     revise     the revise experiment's metrics (final and turn-0 score, recovery, bad->good, good->bad) over
                --group-size two-turn rollouts of each held-out prompt, with the experiment's seeds
     mdp        solve rate by probe budget next to the random / minimax / max-split / oracle baselines, and which
@@ -35,7 +38,7 @@ import time
 
 import torch
 
-from minigrpo.evals import gsm8k, mdp, revise, soyuz, synthetic
+from minigrpo.evals import gsm8k, mdp, revise, soyuz, synthetic, terminal
 from minigrpo.evals.common import UsageError, adapter_base, resolve_adapter, resolve_model
 from minigrpo.run.presets import PRESETS
 from minigrpo.tasks import TASKS
@@ -106,8 +109,8 @@ def check_args(args):
         for flag in flags:
             if args.task != task and getattr(args, flag):
                 raise UsageError(f"--{flag.replace('_', '-')} is for --task {task} only")
-    if args.group_size and args.task not in ("soyuz", "revise"):
-        raise UsageError("--group-size is for --task soyuz and revise only")
+    if args.group_size and args.task not in ("soyuz", "revise", "terminal"):
+        raise UsageError("--group-size is for --task soyuz, revise and terminal only")
     for flag in ("data", "svamp", "math"):
         path = getattr(args, flag)
         if path not in (None, "hub") and not os.path.exists(path):
@@ -142,7 +145,7 @@ def resolve_defaults(args):
 
 
 EVALS = {"gsm8k": gsm8k.eval_gsm8k, "soyuz": soyuz.eval_soyuz, "synthetic": synthetic.eval_synthetic,
-         "mdp": mdp.eval_mdp, "revise": revise.eval_revise}
+         "mdp": mdp.eval_mdp, "revise": revise.eval_revise, "terminal": terminal.eval_terminal}
 
 
 def main(argv=None) -> dict:

@@ -132,13 +132,14 @@ def sample_step(model, tok, task, args, train_set, data, step, dist_info, times=
     --tasks-per-step at a time and at most --max-draws times, until --tasks-per-step are kept (fewer if the draws
     run out). Every draw advances the data order and has seeds of its own, so a resume repeats the step. `times` (a
     dict) gets the seconds spent in the sampler as "generate"."""
-    all_seqs, my_seqs, kept, drawn = [], [], [], 0
+    all_seqs, my_seqs, kept, drawn, scores = [], [], [], 0, []
     for _ in range(args.max_draws if args.dynamic_sampling else 1):
         examples = next_examples(train_set, args.tasks_per_step, data, args.seed)
         drawn_all, drawn_mine = rollout_step(model, tok, task, args, examples, step, dist_info, drawn, times)
         drawn += len(examples)
         if not args.dynamic_sampling:
             return drawn_all, drawn_mine, {}
+        scores += [s.score for s in drawn_all if s.score is not None]
         groups = {}
         for s in drawn_all:
             groups.setdefault((s.example_id, s.turn), []).append(s)
@@ -149,7 +150,9 @@ def sample_step(model, tok, task, args, train_set, data, step, dist_info, times=
         my_seqs += [s for s in drawn_mine if s.example_id in kept]
         if len(kept) == args.tasks_per_step:
             break
-    return all_seqs, my_seqs, {"dynamic_drawn": drawn, "dynamic_kept": len(kept), "dynamic_dropped": drawn - len(kept)}
+    # reward_mean is over the kept groups, which all spread: what the policy scores is the mean over every draw
+    return all_seqs, my_seqs, {"dynamic_drawn": drawn, "dynamic_kept": len(kept), "dynamic_dropped": drawn - len(kept),
+                               "dynamic_drawn_score": mean(scores)}
 
 
 def rollout_step(model, tok, task, args, examples, step, dist_info, first=0, times=None):

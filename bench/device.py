@@ -108,7 +108,8 @@ def build(M):
     hf = shapes.build_hf(c["shape"], torch.bfloat16, M.device)
     hf.generation_config.pad_token_id = M.pad
     M.ours = ours_from(hf, M.raw)
-    M.args = resolve_args(["--task", "soyuz", "--run-name", "device"])
+    # the flags only: nothing is written to the run folder they name, which must not be --out (runs/device)
+    M.args = resolve_args(["--task", "soyuz", "--run-name", f"device-flags-{os.getpid()}"])
     M.params = inject_lora(M.ours, r=M.args.lora_r, alpha=M.args.lora_alpha)
     if M.args.grad_checkpoint:
         enable_activation_checkpointing(M.ours)
@@ -380,6 +381,10 @@ def main(argv=None):
         p.error("--device cuda: no CUDA device here; use --device cpu --small for the CPU rehearsal")
     if a.budget is not None and not a.budget > 0:
         p.error(f"--budget {a.budget}: give the seconds the run may take, > 0")
+    try:
+        import transformers  # noqa: F401  (the parity oracle of the numerics and speed sections)
+    except ImportError:
+        p.error("transformers is not installed: the script compares against it; pip install -r requirements-dev.txt")
     c = dict(SMALL if a.small else FULL)
     budget = a.budget or c["budget"]
     device = torch.device(a.device)

@@ -30,8 +30,11 @@ MIN_LAST10, MAX_DRAWDOWN = 0.9, 0.1      # the quickstart's bar: learned, and ke
 
 
 def rewards(run_dir) -> list[float]:
+    """Each step's mean reward; with --dynamic-sampling the mean score of everything the step drew (its
+    reward_mean covers only the kept groups, whose scores all spread, and is None when none was kept)."""
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(ln)["reward_mean"] for ln in f if ln.strip()]
+        rows = [json.loads(ln) for ln in f if ln.strip()]
+    return [r["dynamic_drawn_score"] if "dynamic_drawn_score" in r else r["reward_mean"] for r in rows]
 
 
 def last_mean(r, n=10) -> float:

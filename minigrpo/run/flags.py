@@ -174,7 +174,7 @@ def check_task_flags(args, given):
                          "the final score alone)")
     turns = task_class(args.task).turns
     for key in ("recovery_coef", "turn0_guard"):
-        if key in given and turns < 2:
+        if key in given and turns != 2:
             raise SystemExit(f"{_flag(key, given)}: only two-turn tasks (soyuz, revise) use it, not --task {args.task}")
     if int(os.environ.get("WORLD_SIZE", 1)) > 1 and (args.task == "mdp" or args.experiment):
         what = "--task mdp" if args.task == "mdp" else "--experiment"

@@ -388,6 +388,9 @@ def prompt_tokens(task):
     if task == "gsm8k":
         from minigrpo.tasks.gsm8k import SYSTEM_PROMPT
         return (len(SYSTEM_PROMPT.encode()) + 900) // 3 + 16
+    if task == "terminal":          # the system turn (with the shell tool's schema, ~250 tokens) + the instruction
+        from minigrpo.tasks.terminal.task import SYSTEM, catalogue
+        return (len(SYSTEM.encode()) + max(len(e.instruction.encode()) for e in catalogue())) // 3 + 16 + 250
     return {"mdp": 400}.get(task, 64)
 
 
@@ -408,6 +411,11 @@ def run_shape(args):
     if args.task == "soyuz":
         longest = P + new + CRITIQUE_TOKENS  # a revision's prompt: task, answer, critique
         shape = Shape(G, G, longest, longest + new, s["micro_batch"], longest + new, new, (P + new,))
+    elif args.task == "terminal":           # the last turn's prompt: every earlier turn and its tool output
+        from minigrpo.tasks.terminal.task import MAX_TURNS, TURN_OUTPUT_BYTES
+        longest = P + (MAX_TURNS - 1) * (new + TURN_OUTPUT_BYTES // 3 + 64)   # + 64: the tool turns' template
+        rows = G                            # one exercise's episodes per sampler call (TerminalTask.chunk)
+        shape = Shape(rows, rows, longest, longest + new, s["micro_batch"], longest + new, new, (P + new,))
     else:
         shape = Shape(s["tasks"], s["tasks"] * G, P, P + new, s["micro_batch"], P + new, new)
     s["prompt_tokens"] = P
@@ -431,7 +439,8 @@ def print_plan(args):
               f"longest sampler call: {shape.rollout_rows} rows x {shape.slots} slots (prompt <= {shape.prompt_tokens} "
               f"tokens); trained micro-batch: {shape.micro_batch} x {shape.train_tokens} tokens "
               f"(task prompt ~{s['prompt_tokens']} tokens, estimated: UTF-8 bytes / 3 + 16"
-              + (f"; + answer + {CRITIQUE_TOKENS}-token critique for soyuz's revision turn" if args.task == "soyuz"
-                 else "") + ")")
+              + {"soyuz": f"; + answer + {CRITIQUE_TOKENS}-token critique for soyuz's revision turn",
+                 "terminal": "; + 7 earlier turns, each with its tool output at the turn's cap"}.get(args.task, "")
+              + ")")
     print(format_plan(p, header))
     return p

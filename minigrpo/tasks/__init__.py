@@ -22,7 +22,7 @@ environment, rewards and metrics.
 
 from minigrpo.common import UsageError, first_line
 
-TASKS = ("synthetic", "soyuz", "gsm8k", "mdp", "revise")
+TASKS = ("synthetic", "soyuz", "gsm8k", "mdp", "revise", "terminal")
 
 
 def task_class(name: str):
@@ -42,6 +42,9 @@ def task_class(name: str):
     if name == "revise":
         from minigrpo.tasks.revise import RevisionTask
         return RevisionTask
+    if name == "terminal":
+        from minigrpo.tasks.terminal.task import TerminalTask
+        return TerminalTask
     raise ValueError(f"--task {name!r} is not a task: choose one of {', '.join(TASKS)}")
 
 

@@ -20,6 +20,8 @@ What a task hands this module (duck-typed, as everything in minigrpo/tasks):
                                     shaped turn rewards); False: the episode is one unit, all its turns share its
                                     advantage (a trajectory reward; train.py assign_advantages)
     chunk: int | None               examples per sampler call (None: all at once)
+    workers: int | None             run env.step on this many threads (an agent's commands run in sandboxes that
+                                    wait on processes, so the episodes' commands of a turn run side by side)
 
 The loop, chunk by chunk: sample turn 0 of chunk k and hand every answer to its environment; while those replies are
 pending (a judge working in its pool), sample turn 0 of chunk k+1; then take chunk k's replies and sample its next
@@ -27,7 +29,7 @@ turn, and so on. A chunk whose episodes are at their last turn is not waited for
 very end. With environments that answer at once this is plain turn by turn, per chunk.
 """
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from minigrpo.common import derive_seed
@@ -79,8 +81,8 @@ def turn_seed(seed, turn, k):
 class Episode:
     """One conversation: its environment, the messages so far, and per policy turn [prompt ids, sample, reply]."""
 
-    def __init__(self, index, env, seed, k):
-        self.index, self.env, self.seed, self.k = index, env, seed, k     # k: its position in its chunk
+    def __init__(self, index, env, seed, k, pool=None):
+        self.index, self.env, self.seed, self.k, self.pool = index, env, seed, k, pool   # k: position in its chunk
         self.conversation = env.messages()
         self.turns, self.pending = [], None     # pending: the Future of the last turn's reply
 
@@ -88,6 +90,9 @@ class Episode:
         """The policy's turn: its environment is handed the text (the reply may come later)."""
         self.turns.append([prompt, sample, None])
         self.conversation = self.conversation + [{"role": "assistant", "content": sample.text}]
+        if self.pool is not None:
+            self.pending = self.pool.submit(self.env.step, sample.text, last)
+            return
         reply = self.env.step(sample.text, last)
         self.pending = reply if isinstance(reply, Future) else answered(reply)
 
@@ -117,6 +122,7 @@ def rollout(task, generate, tok, examples, seeds, args) -> list:
     size, G = getattr(task, "chunk", None) or len(examples), args.group_size
     cap, tools = task.max_turns, getattr(task, "tools", None)
     waiting, finished, opened = deque(), [], []
+    pool = ThreadPoolExecutor(task.workers) if getattr(task, "workers", None) else None
 
     def chat(conversation):
         return tok.chat(conversation, enable_thinking=args.enable_thinking, tools=tools)
@@ -128,7 +134,7 @@ def rollout(task, generate, tok, examples, seeds, args) -> list:
         eps = []
         for i in idx:
             for _ in range(G):
-                eps.append(Episode(i, task.env(examples[i], tok.family), seeds[i], len(eps)))
+                eps.append(Episode(i, task.env(examples[i], tok.family), seeds[i], len(eps), pool))
                 opened.append(eps[-1])
         prompts = [chat(eps[n * G].conversation) for n in range(len(idx))]
         groups = generate(prompts, [seeds[i] for i in idx], G)
@@ -155,6 +161,8 @@ def rollout(task, generate, tok, examples, seeds, args) -> list:
         return [seq for ep in sorted((ep for c in finished for ep in c.episodes), key=lambda e: (e.index, e.k))
                 for seq in episode_seqs(task, ep, examples[ep.index]["id"])]
     finally:
+        if pool is not None:
+            pool.shutdown(wait=True)        # no step still running when the environments close
         for ep in opened:
             ep.env.close()
 

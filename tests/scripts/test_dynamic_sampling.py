@@ -49,7 +49,7 @@ def test_only_prompts_with_spread_are_kept_and_more_are_drawn(train_set, monkeyp
     kept = [ids[1], ids[4], ids[6]]                        # the first three with spread, in the order drawn
     assert list(dict.fromkeys(s.example_id for s in all_seqs)) == kept and len(all_seqs) == 3 * G
     assert {s.example_id for s in my_seqs} == set(kept) and len(my_seqs) == 3 * G // 2
-    assert m == {"dynamic_drawn": 9, "dynamic_kept": 3, "dynamic_dropped": 6}
+    assert m == {"dynamic_drawn": 9, "dynamic_kept": 3, "dynamic_dropped": 6, "dynamic_drawn_score": 8 / 36}   # 4 spread groups, 2 of 4 right
     assert (data.epoch, data.pos) == (0, 9)                 # the data order moved past every prompt drawn
 
 
@@ -61,7 +61,7 @@ def test_the_draws_stop_when_the_step_is_full_and_at_the_cap(train_set, monkeypa
     calls.clear()
     monkeypatch.setattr(train, "rollout_step", fake_rollouts({ids[2]}, calls))
     all_seqs, _, m = train.sample_step(None, None, None, args(max_draws=2), train_set, DataState(), 0, None)
-    assert len(calls) == 2 and m == {"dynamic_drawn": 6, "dynamic_kept": 1, "dynamic_dropped": 5}
+    assert len(calls) == 2 and m["dynamic_drawn"] == 6 and m["dynamic_kept"] == 1 and m["dynamic_dropped"] == 5
     assert {s.example_id for s in all_seqs} == {ids[2]}     # fewer than --tasks-per-step: what the draws found
 
 

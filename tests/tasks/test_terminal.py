@@ -70,7 +70,7 @@ def test_each_call_is_run_in_one_folder_and_answered_in_order():
         assert not r.done and [m["role"] for m in r.messages] == ["tool", "tool"]
         assert r.messages[0]["content"] == "mia\nliam\n[exit code 0]"
         assert r.messages[1]["content"] == "oops\n[exit code 3]"
-        assert r.info == {"tool_calls": 2, "tool_errors": 0, "timeouts": 0, "cut_bytes": 0}
+        assert r.info == {"tool_calls": 2, "tool_errors": 0, "timeouts": 0, "cut_bytes": 0, "shown_bytes": 14}
         r = env.step(turn("cat mine.txt", text="Checking my file.\n"), last=False)
         assert r.messages[0]["content"] == "made\n[exit code 0]"
         folder = env.ep.folder
@@ -109,6 +109,21 @@ def test_calls_past_the_cap_are_not_run():
         assert r.info["tool_calls"] == MAX_CALLS and r.info["tool_errors"] == 2 and len(r.messages) == MAX_CALLS + 2
         assert "this one was not run" in r.messages[-1]["content"]
         assert env.step(turn("wc -l < n.txt"), last=False).messages[0]["content"].split()[0] == str(MAX_CALLS)
+    finally:
+        env.close()
+
+
+def test_a_turn_shows_at_most_its_output_budget():
+    from minigrpo.tasks.terminal.task import OUTPUT_BYTES, TURN_OUTPUT_BYTES
+    env = env_of("unique-in-order")
+    try:
+        loud = f"head -c {OUTPUT_BYTES - 100} /dev/zero | tr '\\0' x"
+        full = TURN_OUTPUT_BYTES // (OUTPUT_BYTES - 100)           # shown in full, then 1 cut to what is left
+        r = env.step(turn(*[loud] * (full + 2), "touch after.txt"), last=False)     # the rest: not run
+        assert r.info["shown_bytes"] == TURN_OUTPUT_BYTES and r.info["cut_bytes"] > 0, r.info
+        assert r.info["tool_calls"] == full + 1 and r.info["tool_errors"] == 2, r.info
+        assert "this one was not run" in r.messages[-1]["content"]
+        assert env.step(turn("ls"), last=False).messages[0]["content"].count("after.txt") == 0
     finally:
         env.close()
 

@@ -161,8 +161,9 @@ class Episode:
     def time_left(self):
         return max(0.0, self.budget_s - self.used_s)
 
-    def run(self, command):
-        """Run one shell command in the episode's folder; returns its CommandResult (also kept in .results)."""
+    def run(self, command, output_bytes=None):
+        """Run one shell command in the episode's folder; returns its CommandResult (also kept in .results). Its
+        output is kept up to `output_bytes` (at most the episode's own budget per command)."""
         if self._closed:
             raise RuntimeError("Episode.run after close")
         if self.ended is None and self.time_left <= 0:
@@ -170,16 +171,17 @@ class Episode:
         if self.ended is not None:
             result = CommandResult(command, "", None, "ended")
         else:
-            result = self._run(command)
+            keep = self.output_bytes if output_bytes is None else max(0, min(int(output_bytes), self.output_bytes))
+            result = self._run(command, keep)
         self.results.append(result)
         return result
 
-    def _run(self, command):
+    def _run(self, command, keep):
         left = self.time_left
         limits = dataclasses.replace(self.limits, timeout=min(self.limits.timeout, left))
         with Sandbox({}, limits, _mode=self.mode, workdir=self.folder, slot=self.slot) as sb:
             sb.start(SHELL + [command])
-            out, rc = sb.communicate(b"", timeout=limits.timeout, max_output=self.output_bytes)
+            out, rc = sb.communicate(b"", timeout=limits.timeout, max_output=keep)
             cpu, mem, wall, total = sb.cpu_seconds(), sb.memory_peak_mb(), sb.wall_seconds(), sb.output_bytes
         self.mode = sb.mode
         for w in sb.weaknesses:

@@ -30,6 +30,7 @@ import re
 
 from minigrpo.judge.sandbox import WORKDIR, Limits, isolation
 from minigrpo.judge.sandbox.episode import Episode
+from minigrpo.tasks import episodes
 from minigrpo.tasks.episodes import Reply
 from minigrpo.tasks.terminal import set_code, set_data, set_text, set_tools
 from minigrpo.tasks.terminal.exercise import check_exercises, held_out
@@ -39,6 +40,7 @@ from minigrpo.toolcalls import parse_tool_calls
 COMMAND_LIMITS = Limits(timeout=10, memory_mb=512, nproc=64, fsize_mb=16)
 EPISODE_BUDGET_S = 60.0     # wall seconds of all of an episode's commands together
 OUTPUT_BYTES = 4096         # of one command's output shown to the agent; the rest is cut (and said so)
+TURN_OUTPUT_BYTES = 4096    # of all of a turn's commands: a conversation grows by about this much a turn at most
 MAX_TURNS = 8
 MAX_CALLS = 8               # shell calls run per turn; the ones past it are answered as tool errors
 FAMILIES = ("qwen2", "qwen3", "qwen3_5")
@@ -117,7 +119,7 @@ class TerminalEnv:
             raise RuntimeError(f"terminal exercise {self.exercise.id}: step after the episode ended")
         self.turns += 1
         calls, errors = parse_tool_calls(text, self.tools, self.family)
-        info = {"tool_calls": 0, "tool_errors": len(errors), "timeouts": 0, "cut_bytes": 0}
+        info = {"tool_calls": 0, "tool_errors": len(errors), "timeouts": 0, "cut_bytes": 0, "shown_bytes": 0}
         if last:
             return self._finish(text, info, "turn cap" if calls or errors else "answer")
         if not calls and not errors:
@@ -138,7 +140,13 @@ class TerminalEnv:
             info["tool_errors"] += 1
             return _tool(f"error: {call['name']} takes one argument, command (a non-empty string of bash); "
                          f"got the arguments {sorted(args)}")
-        r = self.ep.run(command)
+        left = TURN_OUTPUT_BYTES - info["shown_bytes"]
+        if left <= 0:
+            info["tool_errors"] += 1
+            return _tool(f"error: this turn's commands have shown {TURN_OUTPUT_BYTES} bytes of output already; "
+                         "this one was not run (run it in the next turn)")
+        r = self.ep.run(command, min(left, self.output_bytes))
+        info["shown_bytes"] += len(r.output.encode())
         info["tool_calls"] += 1
         info["timeouts"] += r.status in ("timeout", "cpu", "budget")
         info["cut_bytes"] += r.cut_bytes
@@ -176,9 +184,27 @@ class TerminalTask:
     An exercise whose commands the sandbox lacks on this machine (git, openssl, ...) is left out, one line each in
     `left_out`."""
     name = "terminal"
-    family = "qwen3"                # set by the loop from the tokenizer
-    max_turns = MAX_TURNS
+    family = "qwen3"                # the loop hands env() the tokenizer's
+    max_turns = turns = MAX_TURNS
     tools = [SHELL_TOOL]
+    stop_strings: list[str] = []
+    workers = 8                     # episodes whose commands run side by side (each waits on its own sandbox)
+    chunk = 1                       # exercises per sampler call: a late turn's prompt is the whole conversation,
+    #                                 so one exercise's G episodes per call bound what a prefill holds
+
+    @classmethod
+    def from_args(cls, args):
+        return cls()
+
+    def rollout(self, generate, tok, examples, seeds, args):
+        """Every exercise's G episodes through the multi-turn loop: each turn is a Seq, paid its episode's score."""
+        return episodes.rollout(self, generate, tok, examples, seeds, args)
+
+    def details(self, ex, completion):
+        return {}
+
+    def step_metrics(self, seqs):
+        return agent_metrics(seqs)
 
     def __init__(self, exercises=None, limits=COMMAND_LIMITS, budget_s=EPISODE_BUDGET_S, output_bytes=OUTPUT_BYTES):
         every = check_exercises(list(exercises)) if exercises is not None else catalogue()
@@ -201,3 +227,21 @@ class TerminalTask:
             raise ValueError(f"terminal: no exercise {ex!r} (see TerminalTask().examples(split))")
         return TerminalEnv(exercise, family or self.family, self.limits, self.budget_s, self.output_bytes,
                            self.tools)
+
+
+def agent_metrics(seqs) -> dict:
+    """Per episode, over a rollout's Seqs (one per policy turn, grouped by Seq.episode): the share solved (score 1),
+    the mean score, turns, shell calls run, malformed calls, commands that timed out, and the share that hit the
+    turn cap."""
+    eps = {}
+    for s in seqs:
+        eps.setdefault(s.episode, []).append(s)
+    if not eps:
+        return {}
+    finals = [turns[-1] for turns in eps.values()]
+    scored = [s.score for s in finals if s.score is not None]
+    per = lambda key: sum(s.info.get(key, 0) for s in seqs) / len(eps)     # noqa: E731
+    return {"solved": sum(x == 1.0 for x in scored) / len(eps), "score": sum(scored) / max(len(scored), 1),
+            "turns": len(seqs) / len(eps), "tool_calls": per("tool_calls"), "tool_errors": per("tool_errors"),
+            "timeouts": per("timeouts"),
+            "turn_cap": sum(s.info.get("ended") == "turn cap" for s in finals) / len(eps)}

@@ -1,0 +1,77 @@
+"""The terminal task through the multi-turn loop (minigrpo/tasks/episodes.py) and train.py / eval.py: a policy that
+plays an exercise's reference transcript is paid 1.0 on every one of its turns, the wrong transcript less; the
+tool results are prompt; the per-episode metrics; `--task terminal` end to end on the tiny model."""
+import json
+from argparse import Namespace
+
+import pytest
+
+import eval as eval_py
+import train
+from minigrpo.sampler import Sample
+from minigrpo.tasks.base import Seq
+from minigrpo.tasks.terminal.task import TerminalTask, agent_metrics
+from minigrpo.tokenizer import Tokenizer
+from terminal_runs import turn
+
+TOK = Tokenizer.from_pretrained("tiny")
+TASK = TerminalTask()
+EXERCISE = TASK.by_id["unique-in-order"]
+
+
+def playing(transcripts):
+    """generate(): episode k of the chunk plays transcripts[k]: its commands one a turn, then its answer."""
+    def generate(prompts, seeds, n):
+        out = []
+        for p, seed in zip(prompts, seeds):
+            t = TOK.decode(p).count("<|im_start|>assistant") - 1              # the turns before this one
+            group = []
+            for j in range(n):
+                script = transcripts[j if n > 1 else ks[seed]]
+                text = turn(script.commands[t]) if t < len(script.commands) else script.answer
+                group.append(Sample(0, TOK.encode(text) + [TOK.im_end_id], [-0.1] * (len(text) + 1), "eos", text))
+            out.append(group)
+        return out
+    from minigrpo.tasks.episodes import turn_seed
+    ks = {turn_seed(0, t, k): k for t in range(1, 9) for k in range(len(transcripts))}
+    return generate
+
+
+def test_the_reference_is_paid_on_every_turn_and_the_wrong_transcript_less():
+    args = Namespace(group_size=2, enable_thinking=False)
+    seqs = TASK.rollout(playing([EXERCISE.reference, EXERCISE.wrong]), TOK, [{"id": EXERCISE.id}], [0], args)
+    right = [s for s in seqs if s.episode == (0, 0)]
+    wrong = [s for s in seqs if s.episode == (0, 1)]
+    assert len(right) == len(EXERCISE.reference.commands) + 1 and len(wrong) == len(EXERCISE.wrong.commands) + 1
+    assert [s.reward for s in right] == [1.0] * len(right)
+    assert all(s.reward < 0.5 for s in wrong)
+    last = TOK.decode(right[-1].prompt_ids)
+    assert "<tool_response>" in last and "[exit code 0]" in last            # the tool results are prompt
+    assert "[exit code" not in right[-1].text
+    m = agent_metrics(seqs)
+    assert m["solved"] == 0.5 and m["tool_calls"] == (len(right) + len(wrong) - 2) / 2 and m["turn_cap"] == 0.0
+
+
+def seq(ep, turn, score, **info):
+    return Seq("x", turn, [1], [2], [0.0], "eos", "t", score, score, info=info, episode=ep)
+
+
+def test_agent_metrics_count_episodes_not_turns():
+    seqs = [seq("a", 0, 1.0, tool_calls=1), seq("a", 1, 1.0, tool_calls=2), seq("a", 2, 1.0, ended="answer"),
+            seq("b", 0, 0.0, tool_errors=1, ended="turn cap")]
+    m = agent_metrics(seqs)
+    assert m == {"solved": 0.5, "score": 0.5, "turns": 2.0, "tool_calls": 1.5, "tool_errors": 0.5, "timeouts": 0.0,
+                 "turn_cap": 0.5}
+
+
+@pytest.mark.slow
+def test_train_and_eval_run_the_terminal_task_on_the_tiny_model(tmp_path):
+    train.main(["--task", "terminal", "--model", "tiny", "--steps", "1", "--tasks-per-step", "1", "--group-size",
+                "2", "--max-new-tokens", "16", "--lora-r", "4", "--runs-dir", str(tmp_path), "--run-name", "t",
+                "--quiet"])
+    row = json.loads(open(tmp_path / "t" / "metrics.jsonl").readline())
+    assert {"solved", "turns", "tool_errors", "time_judge"} <= set(row)
+    out = eval_py.main(["--task", "terminal", "--adapter", str(tmp_path / "t"), "--limit", "1", "--max-new-tokens",
+                        "16", "--quiet", "--out", str(tmp_path / "eval")])
+    adapter = out["results"]["adapter"]["terminal"]
+    assert adapter["episodes"] == 1 and len(adapter["solved_minus_base"]) == 3
