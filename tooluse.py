@@ -1,0 +1,40 @@
+"""The tool-use demonstration on a CPU: GRPO teaches a tiny from-scratch model to call a tool before it answers.
+
+    python tooluse.py                          # base pretraining, GRPO, base-vs-trained table, curves: runs/tooluse
+    python tooluse.py --run-name again --seed 1
+
+The stages, the task and the report: minigrpo/experiments/tool_pipeline.py and minigrpo/tasks/lookup.py; the
+measured run: docs/agentic.md. A rerun into the same run folder skips the stages it finished.
+"""
+import argparse
+
+from minigrpo.common import pick_device, set_cpu_threads
+from minigrpo.experiments.tool_pipeline import run_experiment
+from minigrpo.run.flags import check_device
+from train import train
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="GRPO teaches a tiny model to call a lookup tool (CPU, minutes)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", help="cuda | mps | cpu (default: the best available)")
+    p.add_argument("--threads", type=int, help="CPU threads (default: OMP_NUM_THREADS, else the idle cores)")
+    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--run-name", default="tooluse")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    args = p.parse_args(argv)
+    if not 0 <= args.seed < 2 ** 32:
+        p.error(f"--seed {args.seed}: must be in [0, 2^32)")
+    if args.threads is not None and args.threads < 1:
+        p.error(f"--threads {args.threads}: must be at least 1")
+    try:
+        check_device(args.device)
+    except SystemExit as e:
+        p.error(str(e))
+    if pick_device(args.device).type == "cpu":
+        args.threads = set_cpu_threads(args.threads)
+    return run_experiment(args, trainer=train)
+
+
+if __name__ == "__main__":
+    main()
