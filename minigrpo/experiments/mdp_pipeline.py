@@ -45,12 +45,10 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
-from safetensors.torch import save_file
 
-from minigrpo.checkpoints import full_weights
 from minigrpo.common import atomic_write, derive_seed, pick_device, pick_dtype
 from minigrpo.evals import report
-from minigrpo.experiments.stages import Stages, rng_kept
+from minigrpo.experiments.stages import Stages, rng_kept, save_model
 from minigrpo.experiments.supervised import dpo_loop, sft_loop
 from minigrpo.lora import fold_lora, inject_lora, load_adapter, save_adapter, strip_lora
 from minigrpo.model import Qwen, QwenConfig
@@ -382,17 +380,6 @@ def restore(saved, results, invalid) -> bool:
     results.update(saved["results"])
     invalid.update(saved["invalid"])
     return True
-
-
-def save_model(model, folder, tok=None):
-    """model.safetensors + config.json, and with `tok` the tokenizer's files: a model folder that
-    pretrained.load_pretrained and eval.py --model load."""
-    os.makedirs(folder, exist_ok=True)
-    save_file({k: v.cpu() for k, v in full_weights(model).items()}, os.path.join(folder, "model.safetensors"))
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(model.config.raw, f, indent=2)
-    if tok is not None:
-        tok.save_files(folder)
 
 
 ORDER = ("random", "base", "SFT", "process-DPO", "shuffled-reward DPO", "scrambled-features DPO", "GRPO",

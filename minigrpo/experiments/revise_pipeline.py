@@ -40,10 +40,9 @@ import torch
 
 from minigrpo.common import atomic_write, derive_seed, pick_device
 from minigrpo.evals import report
-from minigrpo.experiments.mdp_pipeline import TINY_MDP, Clock, save_model, scratch_model
-from minigrpo.experiments.stages import Stages, rng_kept
+from minigrpo.experiments.mdp_pipeline import TINY_MDP, Clock, scratch_model
+from minigrpo.experiments.stages import Stages, model_stage
 from minigrpo.experiments.supervised import sft_loop
-from minigrpo.pretrained import load_pretrained
 from minigrpo.run.folder import RunFolder
 from minigrpo.run.plots import read_metrics
 from minigrpo.sampler import sample
@@ -162,15 +161,8 @@ def base_stage(args, cfg, task, seed, device, run_dir, stages):
     """(base model, tokenizer, its eval): pretrained and saved to seed<N>-base, or loaded from there when an
     earlier run finished it."""
     folder = os.path.join(run_dir, f"seed{seed}-base")
-    done = stages.done(f"seed {seed} base", folder)
-    if done is not None:
-        with rng_kept():
-            return load_pretrained(folder, device=device), Tokenizer.from_pretrained("tiny"), done
-    base, tok = pretrain_base(args, cfg, task, seed, device)
-    save_model(base, folder, tok)
-    result = evaluate(base, tok, task, args, cfg, seed)
-    stages.finish(folder, result)
-    return base, tok, result
+    return model_stage(stages, f"seed {seed} base", folder, device, lambda: pretrain_base(args, cfg, task, seed, device),
+                       lambda base, tok: evaluate(base, tok, task, args, cfg, seed))
 
 
 # -----------------------------------------------------------------------------------------------------------------

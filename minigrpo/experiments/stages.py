@@ -13,9 +13,12 @@ import shutil
 import sys
 from contextlib import contextmanager
 
-import torch
+import json
 
-from minigrpo.checkpoints import rng_state, set_rng_state
+import torch
+from safetensors.torch import save_file
+
+from minigrpo.checkpoints import full_weights, rng_state, set_rng_state
 from minigrpo.common import atomic_write
 
 MARKER = "stage.pt"
@@ -81,3 +84,30 @@ def rng_kept():
         yield
     finally:
         set_rng_state(state)
+
+
+def save_model(model, folder, tok=None):
+    """model.safetensors + config.json, and with `tok` the tokenizer's files: a model folder that
+    pretrained.load_pretrained and eval.py --model load."""
+    os.makedirs(folder, exist_ok=True)
+    save_file({k: v.cpu() for k, v in full_weights(model).items()}, os.path.join(folder, "model.safetensors"))
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(model.config.raw, f, indent=2)
+    if tok is not None:
+        tok.save_files(folder)
+
+
+def model_stage(stages, name, folder, device, make, judge):
+    """(model, tokenizer, its result) of a stage that makes a tiny model: loaded from `folder` when an earlier run
+    finished it (no RNG draw), else made by make() -> (model, tok), saved there, judged by judge(model, tok)."""
+    from minigrpo.pretrained import load_pretrained
+    from minigrpo.tokenizer import Tokenizer
+    done = stages.done(name, folder)
+    if done is not None:
+        with rng_kept():
+            return load_pretrained(folder, device=device), Tokenizer.from_pretrained("tiny"), done
+    model, tok = make()
+    save_model(model, folder, tok)
+    result = judge(model, tok)
+    stages.finish(folder, result)
+    return model, tok, result
