@@ -11,6 +11,8 @@ import os
 import sys
 import time
 
+import pytest
+
 from terminal_runs import TerminalTask, play, score_of, turn
 from sandbox_probe import need_bwrap, need_cgroup
 from repo_root import ROOT
@@ -153,6 +155,35 @@ def test_a_git_configuration_or_exclude_file_cannot_hide_work():
                                                                 "git status --porcelain"])
         assert replies[-1].messages[0]["content"] == "[exit code 0]", hide        # hidden from the agent's git
         assert final.score == 0.0 <= wrong_score("git-commit-all"), hide          # not from the verifier's
+
+
+def test_a_commondir_or_gitdir_pointer_brings_no_settings_or_program_into_the_verifiers_git():
+    # .git/commondir (or a .git file) would make git read its config from a folder of the agent's: there a
+    # setting that hides the untracked file, and an fsmonitor program git would run inside the verifier's probe
+    plant = ("cd repo/.git && mkdir cd && cp -r objects refs cd/ && echo cd > commondir && "
+             "printf '[core]\\n\\tfsmonitor = /sandbox/repo/.git/cd/hook\\n[status]\\n\\tshowUntrackedFiles = no\\n' "
+             "> cd/config && printf '#!/bin/bash\\ntouch /sandbox/HOOKRAN\\nexit 1\\n' > cd/hook && chmod +x cd/hook")
+    wrong = list(TASK.by_id["git-commit-all"].wrong.commands)
+    final, _ = attack("git-commit-all", wrong + [plant])
+    assert final.score == 0.0 <= wrong_score("git-commit-all")
+    from minigrpo.tasks.terminal.set_tools import _in_repo
+    assert not any(_in_repo(n) for n in ("repo/.git/commondir", "repo/.git/cd/config", "repo/.git", "repo/.git/config",
+                                         "repo/.git/objects/info/alternates", "repo/.git/hooks/post-checkout"))
+    assert all(_in_repo(n) for n in ("repo/notes.txt", "repo/.git/HEAD", "repo/.git/refs/heads/main",
+                                     "repo/.git/objects/ab/cdef", "repo/.git/index"))
+
+
+@pytest.mark.parametrize("exercise, commands", [
+    # the work committed with the right subject and a clean tree, but its contents thrown away
+    ("git-commit-all", ["cd repo && echo GARBAGE > notes.txt && : > todo.txt && git add -A && "
+                        "git commit -q -m 'Add todo list'"]),
+    # the history rewritten, then an empty commit under the undone one's subject and an empty "revert"
+    ("git-undo-commit", ["cd repo && git reset -q --hard HEAD~1 && git commit -q --allow-empty -m 'Tidy lib' && "
+                         "git commit -q --allow-empty -m 'Revert Tidy lib'"]),
+])
+def test_git_exercises_check_what_was_committed_not_only_the_subjects(exercise, commands):
+    final, _ = attack(exercise, commands)
+    assert final.score == 0.0 <= wrong_score(exercise)
 
 
 def test_a_file_that_is_right_only_up_to_the_read_cap_is_not_right():

@@ -122,9 +122,16 @@ _GIT_CONFIG = "[core]\n\trepositoryformatversion = 0\n\tbare = false\n"
 
 
 def _in_repo(name):
-    # the repository's data and its work tree; not its hooks or info/ (git would run or obey those); its config
-    # is replaced by the verifier's own (_git's extra)
-    return name.startswith("repo/") and not re.match(r"repo/\.git/(hooks/|info/|modules/|worktrees/)", name)
+    # the work tree, and of .git only the history's data: HEAD, the index, refs and objects. Nothing git would read
+    # as settings or run (config, hooks/, info/, commondir and gitdir pointers, objects/info/ alternates) comes
+    # across; the config is the verifier's own (_git's extra). A .git that is a file (a gitdir pointer) is left out.
+    if not name.startswith("repo/") or name == "repo/.git":
+        return False
+    if not name.startswith("repo/.git/"):
+        return True
+    rest = name[len("repo/.git/"):]
+    return rest in ("HEAD", "index", "packed-refs") or \
+        (rest.startswith(("objects/", "refs/")) and not rest.startswith("objects/info/"))
 
 
 def _git(folder, *queries):
@@ -145,9 +152,10 @@ _HISTORY = [("printf 'a\\n' > notes.txt", "Start notes"), ("printf 'a\\nb\\n' > 
 
 
 def _committed(f, a):
-    got = _git(f, "log --format=%s", "status --porcelain", "show --name-only --format= HEAD")
+    got = _git(f, "log --format=%s", "status --porcelain", "show --name-only --format= HEAD", "show HEAD:notes.txt",
+               "show HEAD:todo.txt")
     return 1.0 if got is not None and got[0] == ["Add todo list", "Add b", "Start notes"] and got[1] == [] \
-        and sorted(got[2]) == ["notes.txt", "todo.txt"] else 0.0
+        and sorted(got[2]) == ["notes.txt", "todo.txt"] and got[3] == ["a", "b", "c"] and got[4] == ["ship"] else 0.0
 
 
 _add(id="git-commit-all", category="git", needs=("git",),
@@ -181,9 +189,10 @@ _REVERTS = [(f"printf '%s' '{_BROKEN_LIB}' > lib.py", "Add lib"), (f"printf '%s'
 
 
 def _reverted(f, a):
-    got = _git(f, "log --format=%s", "status --porcelain", "show HEAD:lib.py")
+    # the history kept: the commit undone is still there with what it did (HEAD~1 has the tidied lib.py)
+    got = _git(f, "log --format=%s", "status --porcelain", "show HEAD:lib.py", "show HEAD~1:lib.py")
     ok = got is not None and len(got[0]) == 4 and got[0][1:] == ["Tidy lib", "Add helper", "Add lib"] \
-        and got[1] == [] and got[2] == _LIB.splitlines()
+        and got[1] == [] and got[2] == _LIB.splitlines() and got[3] == _BROKEN_LIB.splitlines()
     return 1.0 if ok else 0.0
 
 
