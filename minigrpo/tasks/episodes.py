@@ -21,7 +21,8 @@ What a task hands this module (duck-typed, as everything in minigrpo/tasks):
                                     advantage (a trajectory reward; train.py assign_advantages)
     chunk: int | None               examples per sampler call (None: all at once)
     workers: int | None             run env.step on this many threads (an agent's commands run in sandboxes that
-                                    wait on processes, so the episodes' commands of a turn run side by side)
+                                    wait on processes, so the episodes' commands of a turn run side by side); its
+                                    step then returns a Reply, never a Future
 
 The loop, chunk by chunk: sample turn 0 of chunk k and hand every answer to its environment; while those replies are
 pending (a judge working in its pool), sample turn 0 of chunk k+1; then take chunk k's replies and sample its next
