@@ -161,7 +161,8 @@ def base_stage(args, cfg, task, seed, device, run_dir, stages):
     """(base model, tokenizer, its eval): pretrained and saved to seed<N>-base, or loaded from there when an
     earlier run finished it."""
     folder = os.path.join(run_dir, f"seed{seed}-base")
-    return model_stage(stages, f"seed {seed} base", folder, device, lambda: pretrain_base(args, cfg, task, seed, device),
+    return model_stage(stages, f"seed {seed} base", folder, device,
+                       lambda: pretrain_base(args, cfg, task, seed, device),
                        lambda base, tok: evaluate(base, tok, task, args, cfg, seed))
 
 

@@ -8,11 +8,11 @@ For each example and each of its G samples:
     turn 1   the model revises, with the whole conversation as its prompt    -> grader -> verdict v1, score s1
 
 Rewards (`TwoTurn.turn_rewards`): turn 1 = s1 + coef·(s1 − s0) (grpo.recovery_rewards; the soyuz run's coef is
-0.5, coef 0 = the final score alone). Turn 0 = s0, its own raw score: the guard. Without the guard (turn0_guard=False) turn 0 is
-trained on turn 1's shaped reward, which pays 0.5·(1 − s0) more for a worse start when the revision is right:
-the climb hack the guard exists to stop. Advantages are group-relative per (example, turn) and zero spread is
-judged on raw scores (train.py assign_advantages); each turn's own tokens get its turn's advantage; the critique and
-the earlier turn are prompt, never trained.
+0.5, coef 0 = the final score alone). Turn 0 = s0, its own raw score: the guard. Without the guard
+(turn0_guard=False) turn 0 is trained on turn 1's shaped reward, which pays 0.5·(1 − s0) more for a worse start
+when the revision is right: the climb hack the guard exists to stop. Advantages are group-relative per (example,
+turn) and zero spread is judged on raw scores (train.py assign_advantages); each turn's own tokens get its turn's
+advantage; the critique and the earlier turn are prompt, never trained.
 
 What a task hands this module (duck-typed, as everything in minigrpo/tasks):
 

@@ -49,7 +49,8 @@ def test_only_prompts_with_spread_are_kept_and_more_are_drawn(train_set, monkeyp
     kept = [ids[1], ids[4], ids[6]]                        # the first three with spread, in the order drawn
     assert list(dict.fromkeys(s.example_id for s in all_seqs)) == kept and len(all_seqs) == 3 * G
     assert {s.example_id for s in my_seqs} == set(kept) and len(my_seqs) == 3 * G // 2
-    assert m == {"dynamic_drawn": 9, "dynamic_kept": 3, "dynamic_dropped": 6, "dynamic_drawn_score": 8 / 36}   # 4 spread groups, 2 of 4 right
+    # the score of everything drawn: 4 groups with spread, 2 of their 4 samples right, of 9 groups of 4
+    assert m == {"dynamic_drawn": 9, "dynamic_kept": 3, "dynamic_dropped": 6, "dynamic_drawn_score": 8 / 36}
     assert (data.epoch, data.pos) == (0, 9)                 # the data order moved past every prompt drawn
 
 

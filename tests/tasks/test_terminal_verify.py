@@ -6,7 +6,6 @@ import random
 
 import pytest
 
-import terminal_runs  # noqa: F401  (Reply's module, before the Env's module is imported)
 from sandbox_probe import need_bwrap
 
 from minigrpo.tasks.terminal.task import final_answer, neutralise
