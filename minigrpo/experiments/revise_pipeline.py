@@ -30,7 +30,6 @@ stage to see what the shaping does to two working turns (the runs: docs/experime
 """
 import argparse
 import copy
-import json
 import os
 import sys
 from dataclasses import asdict, dataclass, field
@@ -38,12 +37,11 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from minigrpo.common import atomic_write, derive_seed, pick_device
+from minigrpo.common import derive_seed, pick_device
 from minigrpo.evals import report
 from minigrpo.experiments.mdp_pipeline import TINY_MDP, Clock, scratch_model
-from minigrpo.experiments.stages import Stages, model_stage
+from minigrpo.experiments.stages import Stages, experiment_folder, model_stage
 from minigrpo.experiments.supervised import sft_loop
-from minigrpo.run.folder import RunFolder
 from minigrpo.run.plots import read_metrics
 from minigrpo.sampler import sample
 from minigrpo.tasks.revise import RevisionTask, critique, grade, shuffled
@@ -174,10 +172,7 @@ def run_experiment(args, trainer, cfg: ExperimentConfig | None = None) -> dict:
     Returns {"results": {seed: {"base" | arm: metrics}}, "run": folder, "time": ...}."""
     cfg = cfg or ExperimentConfig()
     device = pick_device(args.device)
-    run_dir = os.path.join(args.runs_dir, args.run_name)
-    RunFolder(args.runs_dir, args.run_name).mark()     # a folder that is not a run's: one line, nothing written
-    atomic_write(os.path.join(run_dir, "experiment.json"),
-                 json.dumps({"args": vars(args), "config": asdict(cfg)}, indent=2, default=str))
+    run_dir = experiment_folder(args, cfg)
     task, clock, results = RevisionTask(), Clock(), {}
     print(f"revise experiment: {cfg.seeds} seeds x {len(cfg.arms)} arms, {args.steps} GRPO steps each, "
           f"{len(task.examples(cfg.eval_split)[:cfg.eval_limit])} eval prompts x {cfg.eval_samples}; run={run_dir}",

@@ -111,3 +111,15 @@ def model_stage(stages, name, folder, device, make, judge):
     result = judge(model, tok)
     stages.finish(folder, result)
     return model, tok, result
+
+
+def experiment_folder(args, cfg) -> str:
+    """The experiment's run folder, marked as a run's (a folder that is not one: one line, nothing written), with
+    experiment.json: the arguments and the configuration it ran with."""
+    from dataclasses import asdict
+    from minigrpo.run.folder import RunFolder
+    run_dir = os.path.join(args.runs_dir, args.run_name)
+    RunFolder(args.runs_dir, args.run_name).mark()
+    atomic_write(os.path.join(run_dir, "experiment.json"),
+                 json.dumps({"args": vars(args), "config": asdict(cfg)}, indent=2, default=str))
+    return run_dir

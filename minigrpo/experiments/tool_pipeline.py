@@ -28,7 +28,6 @@ tool_curves.png, the GRPO run's training curves; results.json.
 import argparse
 import copy
 import csv
-import json
 import os
 import sys
 from dataclasses import asdict, dataclass, field
@@ -36,13 +35,12 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from minigrpo.common import atomic_write, derive_seed, mean, pick_device
+from minigrpo.common import derive_seed, mean, pick_device
 from minigrpo.evals import report
 from minigrpo.experiments.mdp_pipeline import TINY_MDP, Clock, scratch_model
-from minigrpo.experiments.stages import Stages, model_stage
+from minigrpo.experiments.stages import Stages, experiment_folder, model_stage
 from minigrpo.experiments.supervised import sft_loop
 from minigrpo.run.flags import build_parser
-from minigrpo.run.folder import RunFolder
 from minigrpo.run.plots import read_metrics
 from minigrpo.sampler import sample
 from minigrpo.tasks import episodes
@@ -252,10 +250,7 @@ def run_experiment(args, trainer, cfg: ExperimentConfig | None = None) -> dict:
     Returns {"results": {"base" | "grpo": metrics}, "run": folder, "time": ..., "paths": ...}."""
     cfg = cfg or ExperimentConfig()
     device = pick_device(args.device)
-    run_dir = os.path.join(args.runs_dir, args.run_name)
-    RunFolder(args.runs_dir, args.run_name).mark()     # a folder that is not a run's: one line, nothing written
-    atomic_write(os.path.join(run_dir, "experiment.json"),
-                 json.dumps({"args": vars(args), "config": asdict(cfg)}, indent=2, default=str))
+    run_dir = experiment_folder(args, cfg)
     task, clock = LookupTask(), Clock()
     print(f"tool-use experiment: base {cfg.base_steps} SFT steps, GRPO {cfg.grpo_steps} steps of "
           f"{cfg.tasks_per_step} keys x {cfg.group_size} episodes, eval {cfg.eval_limit} keys x {cfg.eval_samples}; "

@@ -6,11 +6,11 @@ from argparse import Namespace
 import pytest
 
 import train
-from minigrpo.sampler import Sample
 from minigrpo.tasks import episodes
 from minigrpo.tasks.base import Seq
 from minigrpo.tasks.episodes import Reply
 from minigrpo.tokenizer import Tokenizer
+from scripted_policy import scripted
 
 TOK = Tokenizer.from_pretrained("tiny")
 
@@ -47,22 +47,8 @@ class CounterTask:
         return Counter(self, ex)
 
 
-def scripted(plans, calls):
-    """generate(): the k-th episode of a chunk follows plans[k % len(plans)]: the text of each of its turns."""
-    def generate(prompts, seeds, n):
-        calls.append((len(prompts), n, [TOK.decode(p) for p in prompts]))
-        out = []
-        for p, seed in zip(prompts, seeds):
-            turn = TOK.decode(p).count("<|im_start|>assistant") - 1        # earlier policy turns in the prompt
-            group = []
-            for j in range(n):
-                k = j if n > 1 else seed_k[seed]
-                text = plans[k % len(plans)][turn]
-                group.append(Sample(0, TOK.encode(text) + [TOK.im_end_id], [-0.1] * (len(text) + 1), "eos", text))
-            out.append(group)
-        return out
-    seed_k = {episodes.turn_seed(s, t, k): k for s in range(10) for t in range(1, 5) for k in range(8)}
-    return generate
+def scripted_(plans, calls):
+    return scripted(TOK, plans, calls=calls)
 
 
 ARGS = Namespace(group_size=3, enable_thinking=False, adv_scale="group")
@@ -71,7 +57,7 @@ PLANS = [["answer"], ["call", "answer"], ["call", "call", "call", "call"]]     #
 
 def test_episodes_end_at_their_own_turn_and_the_cap_ends_the_rest():
     calls, task = [], CounterTask()
-    seqs = episodes.rollout(task, scripted(PLANS, calls), TOK, [{"id": "a"}, {"id": "b"}], [0, 1], ARGS)
+    seqs = episodes.rollout(task, scripted_(PLANS, calls), TOK, [{"id": "a"}, {"id": "b"}], [0, 1], ARGS)
     turns = [[s.turn for s in seqs if s.episode == ep] for ep in dict.fromkeys(s.episode for s in seqs)]
     assert turns == [[0], [0, 1], [0, 1, 2, 3]] * 2
     assert [s.example_id for s in seqs] == ["a"] * 7 + ["b"] * 7                 # example-major, turns in order
@@ -85,7 +71,7 @@ def test_episodes_end_at_their_own_turn_and_the_cap_ends_the_rest():
 
 def test_the_environment_speaks_in_the_prompt_never_in_the_trained_tokens():
     calls, task = [], CounterTask()
-    seqs = episodes.rollout(task, scripted(PLANS, calls), TOK, [{"id": "a"}], [0], ARGS)
+    seqs = episodes.rollout(task, scripted_(PLANS, calls), TOK, [{"id": "a"}], [0], ARGS)
     last = [s for s in seqs if s.turn == 3][0]
     prompt = TOK.decode(last.prompt_ids)
     assert prompt.count("result 1") == 1 and "result 3" in prompt and "count for a" in prompt
@@ -99,7 +85,7 @@ def test_every_environment_is_closed_when_a_step_fails():
     def broken(prompts, seeds, n):
         if n == 1:
             raise RuntimeError("the sampler failed")
-        return scripted(PLANS, [])(prompts, seeds, n)
+        return scripted_(PLANS, [])(prompts, seeds, n)
     with pytest.raises(RuntimeError):
         episodes.rollout(task, broken, TOK, [{"id": "a"}], [0], ARGS)
     assert task.envs and all(env.closed for env in task.envs)
@@ -107,8 +93,8 @@ def test_every_environment_is_closed_when_a_step_fails():
 
 def test_chunks_sample_the_same_episodes():
     one, two = [], []
-    whole = episodes.rollout(CounterTask(), scripted(PLANS, one), TOK, [{"id": "a"}, {"id": "b"}], [0, 1], ARGS)
-    chunked = episodes.rollout(CounterTask(chunk=1), scripted(PLANS, two), TOK, [{"id": "a"}, {"id": "b"}], [0, 1],
+    whole = episodes.rollout(CounterTask(), scripted_(PLANS, one), TOK, [{"id": "a"}, {"id": "b"}], [0, 1], ARGS)
+    chunked = episodes.rollout(CounterTask(chunk=1), scripted_(PLANS, two), TOK, [{"id": "a"}, {"id": "b"}], [0, 1],
                                ARGS)
     assert [(s.example_id, s.turn, s.text, s.reward) for s in whole] == \
         [(s.example_id, s.turn, s.text, s.reward) for s in chunked]

@@ -6,10 +6,9 @@ from argparse import Namespace
 
 import pytest
 
-from minigrpo.sampler import Sample
-from minigrpo.tasks import episodes
 from minigrpo.tasks.lookup import LookupTask, call_text, episode_metrics, neutral, split_tables
 from minigrpo.tokenizer import Tokenizer
+from scripted_policy import scripted
 
 TOK = Tokenizer.from_pretrained("tiny")
 TASK = LookupTask()
@@ -106,22 +105,9 @@ def test_an_observation_cannot_fake_a_turn_or_a_tool_result():
     assert neutral("417") == "417"
 
 
-def scripted(plans):
-    """generate() for one example of seed 7: its episode k follows plans[k]; a later turn's prompt holds its
-    earlier turns, so the turn is the count of assistant turns in it, and its seed tells the episode."""
-    def generate(prompts, seeds, n):
-        out = []
-        for p, seed in zip(prompts, seeds):
-            turn = TOK.decode(p).count("<|im_start|>assistant") - 1
-            group = []
-            for j in range(n):
-                k = j if n > 1 else episode_of[seed]
-                text = plans[k % len(plans)][turn]
-                group.append(Sample(0, TOK.encode(text) + [TOK.im_end_id], [-0.1] * (len(text) + 1), "eos", text))
-            out.append(group)
-        return out
-    episode_of = {episodes.turn_seed(7, t, k): k for t in (1, 2) for k in range(4)}   # later turns' seeds
-    return generate
+def scripted_(plans):
+    """The scripted policy for one example of seed 7: its episode k follows plans[k]."""
+    return scripted(TOK, plans, seeds=[7], turns=3, episodes=4)
 
 
 def test_whole_episodes_through_the_loop_and_their_metrics():
@@ -129,7 +115,7 @@ def test_whole_episodes_through_the_loop_and_their_metrics():
     plans = [[call_text(EX["key"]), EX["value"]], [OTHER["value"]], [call_text(OTHER["key"]), OTHER["value"]],
              [call_text(EX["key"])] * 3]
     args = Namespace(group_size=4, enable_thinking=False)
-    seqs = TASK.rollout(scripted(plans), TOK, [EX], [7], args)
+    seqs = TASK.rollout(scripted_(plans), TOK, [EX], [7], args)
     assert [len([s for s in seqs if s.episode == (7, k)]) for k in range(4)] == [2, 1, 2, 3]
     assert [s.score for s in seqs if s.info["done"]] == [1.0, 0.0, 0.0, 0.0]
     assert all(s.reward == s.score for s in seqs)         # every turn is paid its episode's score

@@ -8,10 +8,10 @@ import pytest
 
 import eval as eval_py
 import train
-from minigrpo.sampler import Sample
 from minigrpo.tasks.base import Seq
 from minigrpo.tasks.terminal.task import TerminalTask, agent_metrics
 from minigrpo.tokenizer import Tokenizer
+from scripted_policy import scripted
 from terminal_runs import turn
 
 TOK = Tokenizer.from_pretrained("tiny")
@@ -20,21 +20,8 @@ EXERCISE = TASK.by_id["unique-in-order"]
 
 
 def playing(transcripts):
-    """generate(): episode k of the chunk plays transcripts[k]: its commands one a turn, then its answer."""
-    def generate(prompts, seeds, n):
-        out = []
-        for p, seed in zip(prompts, seeds):
-            t = TOK.decode(p).count("<|im_start|>assistant") - 1              # the turns before this one
-            group = []
-            for j in range(n):
-                script = transcripts[j if n > 1 else ks[seed]]
-                text = turn(script.commands[t]) if t < len(script.commands) else script.answer
-                group.append(Sample(0, TOK.encode(text) + [TOK.im_end_id], [-0.1] * (len(text) + 1), "eos", text))
-            out.append(group)
-        return out
-    from minigrpo.tasks.episodes import turn_seed
-    ks = {turn_seed(0, t, k): k for t in range(1, 9) for k in range(len(transcripts))}
-    return generate
+    """The scripted policy whose episode k plays transcripts[k]: its commands one a turn, then its answer."""
+    return scripted(TOK, [[turn(c) for c in t.commands] + [t.answer] for t in transcripts], seeds=[0])
 
 
 def test_the_reference_is_paid_on_every_turn_and_the_wrong_transcript_less():
