@@ -40,6 +40,7 @@ from minigrpo.pretrained import load_pretrained, load_model_and_tokenizer
 from minigrpo.run import plots
 from minigrpo.run.flags import resolve_args
 from minigrpo.run.folder import ProgressBar, RunFolder, Tracker, epoch_summary, sample_records, step_metrics
+from minigrpo.run.gap import token_sums, warn_off_policy
 from minigrpo.run.resume import resume_or_start, trainer_state
 from minigrpo.sampler import sample
 from minigrpo.tasks import task_from_args
@@ -76,7 +77,7 @@ def train(args, policy=None, task=None) -> dict:
               f"run={run.path}", file=sys.stderr)
     bar = ProgressBar(n_steps, step, args.task, enabled=dist_info.main and not args.quiet)
     tracker = Tracker(args.log_to if dist_info.main else None, run, vars(args), step)    # --log-to
-    t_checkpoint = 0.0
+    t_checkpoint, off_policy_warned = 0.0, False
     while step < n_steps:
         stop_if_ctrl_c()                                       # one Python swallowed in a callback stops here
         epoch = data.epoch                                     # the epoch this step's examples come from
@@ -104,6 +105,7 @@ def train(args, policy=None, task=None) -> dict:
         if args.eval_every and step % args.eval_every == 0 and dist_info.main:
             m.update(validate(model, tok, task, args, step))
         if dist_info.main:
+            off_policy_warned = warn_off_policy(m, off_policy_warned)
             run.append("metrics.jsonl", m)
             tracker.log(m)
             for rec in sample_records(step, all_seqs, tok):
@@ -194,7 +196,7 @@ def decode_rows(task, args, n_examples):
 
 
 def decode_path(args, device) -> str:
-    """--decode: "fast" (the static-shape compiled step, LoRA merged) or "eager"; default fast on CUDA only."""
+    """--decode: "fast" (the static-shape compiled step) or "eager"; default fast on CUDA only."""
     return getattr(args, "decode", None) or ("fast" if torch.device(device).type == "cuda" else "eager")
 
 
@@ -306,6 +308,7 @@ def micro_batch_step(model, b, ref, old, norm, args, V, pass_) -> dict:
     gap = (logp.detach() - b.sampled).abs()
     st["sampler_logp_diff"] = float(grpo.masked_mean(gap, mask))
     st["sampler_logp_gaps"] = gap[mask].tolist()          # per token: runs.step_metrics' p95 and max
+    st.update(token_sums(logp.detach(), b.sampled, ref, mask))   # the share of the policy's move the sampler carries
     return st
 
 

@@ -1,14 +1,15 @@
 """Kernels per decode step on the training loop's sampler path (train.py generate), LoRA attached as train.py
 attaches it (r=32 on every projection), for the tiny-qwen3.5 and Qwen3.5-4B shapes, all in one run:
 
-  eager, LoRA unmerged   sampler.decode_step on a model.Cache: the path train.py sampled with before --decode fast
-                         (and still does with --decode eager, the CPU default)
-  fast, uncompiled       static_decode.decode_step through merged.decode_model (LoRA merged into a copy): the
-                         fast path's step before torch.compile fuses it
-  base model             the same static step without LoRA: what the merged step must equal, op for op
+  eager                  sampler.decode_step on a model.Cache: train.py --decode eager (the CPU default)
+  fast, uncompiled       static_decode.decode_step on the LoRA model itself (adapters unmerged, each running its
+                         fp32 branch as in training): the fast path's step before torch.compile fuses it
+  base model             the same static step without LoRA: what the adapters add is the difference
   fast, compiled         the fast path as train.py runs it (torch.compile, inductor): the kernels inductor's code
                          runs per step (torch.profiler, with inductor's per-kernel profiling on); on CUDA the step
                          is then replayed as one CUDA graph (one launch)
+
+Bytes read per step: the weights (each read once whatever the rows), plus, per adapted layer, its fp32 A and B.
 
 Eager counts are the aten ops the step dispatches (TorchDispatchMode: each is a kernel launch on CUDA, views apart,
 which launch nothing), at full width on the meta device (no memory, no arithmetic), all layers. The compiled count
@@ -32,7 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from shapes import hf_config  # noqa: E402  bench/shapes.py
 
-from minigrpo import merged, sampler, static_decode  # noqa: E402
+from minigrpo import sampler, static_decode  # noqa: E402
+from minigrpo.lora import lora_layers  # noqa: E402
 from minigrpo.lora import inject_lora  # noqa: E402
 from minigrpo.model import Qwen, QwenConfig  # noqa: E402
 
@@ -85,7 +87,6 @@ def eager_counts(model, static):
     cache = prefilled(model)
     tokens = torch.zeros(ROWS, dtype=torch.long, device=model.device)
     if static:
-        model = merged.decode_model(model)
         cache = static_decode.StaticCache(cache, ROWS).load(cache, 1)
     step = static_decode.decode_step if static else sampler.decode_step
     with OpCount() as c:
@@ -99,7 +100,7 @@ def compiled_count(name, layers):
     import torch._inductor.config as inductor_config
     from torch.profiler import ProfilerActivity, profile
     model = build(name, "cpu", layers, small=not name.startswith("tiny"))
-    dec = merged.decode_model(model)
+    dec = model
     cache = prefilled(dec, slots=256, length=100)
     sc = static_decode.StaticCache(cache, ROWS).load(cache, 1)
     tokens = torch.zeros(ROWS, dtype=torch.long)
@@ -131,8 +132,8 @@ def main(args):
     torch.set_grad_enabled(False)
     print(f"torch {torch.__version__}; decode step of {ROWS} rows over {SLOTS} cache slots, LoRA r=32 on every "
           "projection; eager: dispatched aten ops at full width on the meta device (kernels + views)")
-    print("| shape | eager, LoRA unmerged | fast, uncompiled (LoRA merged) | base model | fast, compiled |\n"
-          "|---|---|---|---|---|")
+    print("| shape | eager | fast, uncompiled | base model | fast, compiled | weights read | + LoRA A, B read |\n"
+          "|---|---|---|---|---|---|---|")
     for name in args.shapes:
         lora, plain = build(name, "meta"), build(name, "meta", lora=False)
         today, fast, base = eager_counts(lora, False), eager_counts(lora, True), eager_counts(plain, True)
@@ -149,7 +150,11 @@ def main(args):
                 note = f" (measured {a} at {args.compiled_layers} layers, {b} at {2 * args.compiled_layers})"
             compiled += (" (CPU)" if name.startswith("tiny") else " (CPU, reduced width)") + note
         fmt = lambda c: f"{c[0]:,} (+{c[1]:,} views)"
-        print(f"| {name} | {fmt(today)} | {fmt(fast)} | {fmt(base)} | {compiled} |", flush=True)
+        weights = sum(p.numel() * p.element_size() for p in plain.parameters())
+        adapters = sum(p.numel() * p.element_size() for _, m in lora_layers(lora) for p in (m.lora_A.weight,
+                                                                                         m.lora_B.weight))
+        print(f"| {name} | {fmt(today)} | {fmt(fast)} | {fmt(base)} | {compiled} | {weights / 2**30:.2f} GiB | "
+              f"{adapters / 2**30:.3f} GiB ({adapters / weights:.1%}) |", flush=True)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minigrpo import merged, static_decode
+from minigrpo import static_decode
 from minigrpo.common import _shr, derive_seed, left_pad, splitmix64  # noqa: F401  (sampler.splitmix64)
 
 
@@ -182,10 +182,12 @@ def sample(model, prompts, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=
     sync_every: decode steps between host checks for finished rows (default 8 on CUDA, 1 elsewhere).
     compact_fraction: drop finished rows from the batch once at least this fraction of it is done.
     compile: torch.compile the decode step (the fast path, train.py --decode fast): the static-shape step of
-      static_decode.py, one graph per shape bucket (fullgraph), on CUDA replayed as a CUDA graph; a LoRA model
-      decodes through its merged copy (merged.py). A string names the torch.compile backend (default inductor).
+      static_decode.py, one graph per shape bucket (fullgraph), on CUDA replayed as a CUDA graph. A LoRA model
+      decodes as itself, adapters unmerged: the step runs the trainer's own LoRA layers (a bf16 merged copy would
+      round small updates away and sample a policy nearer the base). A string names the torch.compile backend
+      (default inductor).
     static: the same static-shape step without compiling (its eager twin; compile implies it): caches of fixed
-      sizes kept across calls, attention over all their slots, no compaction, LoRA merged.
+      sizes kept across calls, attention over all their slots, no compaction.
     rows: the static batch's fixed row count (the caller's largest call): a call with fewer rows is padded to it,
       one with more is split into calls of whole prompts (default: the next power of two of the call's rows).
     """
@@ -222,8 +224,7 @@ def sample(model, prompts, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=
     row_keys = sample_keys(seeds, n, device)                        # (real,) int64, one per sample row
     scanner = StopScanner(stop_ids, stop_strings, tokenizer)
 
-    if static:  # fixed shapes (static_decode.py): a bucketed cache of fixed rows, no compaction, LoRA merged
-        model = merged.decode_model(model)
+    if static:  # fixed shapes (static_decode.py): a bucketed cache of fixed rows, no compaction
         L = max(map(len, prompts))
         cache, logits = prefill(model, prompts, static_decode.bucket_len(L + max_new_tokens) - L, pad_id)
         cache = static_decode.static_cache(model, cache, n, B)

@@ -19,10 +19,14 @@ What changes here, and nothing else (the model's modules and weights are the sam
   call of a shape seen before reuses its buffers (and on CUDA its recorded graph).
 - No batch compaction: a finished row keeps decoding (its tokens are discarded). At the batch sizes of GRPO a
   decode step costs the weights' read, not the rows, so this is nearly free on a GPU.
+- Nothing is merged: a LoRA model decodes as itself, each adapted layer running its fp32 branch as in training,
+  and compiled, bf16 is rounded where eager rounds it. The step samples the policy the trainer scores: a bf16 copy
+  of W + (α/r)·B A would round away every element of a young update below half of W's bf16 spacing
+  (tests/model/test_on_policy_bf16.py). Its cost is the branch's two small matmuls per adapted layer.
 
 Its twin is the ordinary path: tests check that greedy tokens are equal and log-probs agree to 1e-5 in fp32
 (tests/model/test_static_decode.py), and that compiled, a whole two-turn rollout compiles a bounded number of graphs
-(tests/model/test_merged.py).
+(tests/model/test_fast_path.py).
 
 Shape letters: B rows being decoded, P prompts, S = max_len cache slots, H hidden size, V vocab.
 """
@@ -134,14 +138,18 @@ GRAPH_LIMIT = 64
 
 def compiled_step(device, backend="inductor"):
     """decode_step under torch.compile, one compiled function per (device type, backend) for the process: fullgraph
-    (a graph break is an error), static shapes (dynamic=False: a new shape is a new graph, never a dynamic one), and
-    on CUDA with inductor mode="reduce-overhead", which records the step as a CUDA graph and replays it. Another
+    (a graph break is an error), static shapes (dynamic=False: a new shape is a new graph, never a dynamic one), bf16
+    rounded as eager rounds it, and on CUDA with inductor CUDA graphs (mode="reduce-overhead"'s option), which
+    record the step and replay it. Another
     backend ("eager", "aot_eager") runs the same graphs uncompiled: tests count graphs with it on a slow CPU."""
     kind = torch.device(device).type
     if (kind, backend) not in _compiled:
         graphs = kind == "cuda" and backend == "inductor"
-        fn = torch.compile(decode_step, fullgraph=True, dynamic=False, backend=backend,
-                           mode="reduce-overhead" if graphs else None)
+        # emulate_precision_casts: round to bf16 wherever eager rounds. Without it a fused kernel keeps fp32
+        # between ops, so the sampler's arithmetic drifts from the trainer's eager forward by more than a small
+        # LoRA update moves it (the sampled policy is then not the one trained).
+        options = {"triton.cudagraphs": graphs, "emulate_precision_casts": True} if backend == "inductor" else None
+        fn = torch.compile(decode_step, fullgraph=True, dynamic=False, backend=backend, options=options)
 
         def step(model, tokens, cache):
             if graphs:  # a new replay may overwrite the previous step's outputs: the sampler has consumed them

@@ -2,7 +2,7 @@
 
 The folders mirror the package: core/ is the loss-math tier (GRPO advantages and losses, log-probs, the optimizer,
 the common helpers; it needs only torch, numpy and pytest, so this file imports nothing else), model/ the rest of
-the core (model, attention, deltanet, pretrained, hub, tokenizer, lora, merged, sampler, static decode, update,
+the core (model, attention, deltanet, pretrained, hub, tokenizer, lora, sampler, static decode, update,
 against transformers and peft where they are the oracle), then judge/ (sandbox/ beside it), tasks/, experiments/,
 run/, evals/, scripts/ (train.py, eval.py and scripts/mutate.py end to end), bench/ and repo/ (rules over the whole
 tree). support/ holds the helpers the tests import (it is on pytest's pythonpath)."""

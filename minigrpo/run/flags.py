@@ -29,8 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--decode", choices=["eager", "fast"],
-                   help="sampler decode: fast = static shapes, compiled (CUDA graphs), LoRA merged; eager = the "
-                        "plain step (default: fast on CUDA, eager elsewhere)")
+                   help="sampler decode: fast = static shapes, compiled (CUDA graphs), LoRA unmerged; eager = "
+                        "the plain step (default: fast on CUDA, eager elsewhere)")
     p.add_argument("--enable-thinking", action="store_true", help="let Qwen3/3.5 think (off by default)")
     p.add_argument("--judge", default="local",
                    help="soyuz judge: local | claude | cmd:<command> | http(s)://server/v1")

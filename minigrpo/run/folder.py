@@ -32,6 +32,7 @@ from safetensors import SafetensorError
 
 from minigrpo import checkpoints
 from minigrpo.common import StopRun, atomic_write, mean
+from minigrpo.run.gap import gap_metrics
 
 
 MARKER = ".minigrpo-run"
@@ -282,7 +283,7 @@ def step_metrics(step, epoch, all_seqs, adv_stats, loss_stats, grad_norm, lr, t_
         "clip_low": wmean("clip_low"), "clip_high": wmean("clip_high"), "ratio_mean": wmean("ratio_mean"),
         "ratio_outside": wmean("ratio_outside"),
         "sampler_logp_diff": wmean("sampler_logp_diff"),
-        **gap_quantiles([g for st in loss_stats for g in st.get("sampler_logp_gaps", ())]),
+        **gap_metrics(loss_stats),    # p95 and max of the gap, and the share of the policy's move it carries
         "grad_norm": grad_norm, "lr": lr,
         "completion_len": tokens / max(len(all_seqs), 1),
         "truncated": sum(s.finish_reason == "length" for s in all_seqs) / max(len(all_seqs), 1),
@@ -301,14 +302,6 @@ def is_timing(key) -> bool:
     """The metrics that are wall-clock figures (tokens per second, seconds by phase): the only ones that differ
     between a run and its repetition or its kill-and-resume."""
     return key.endswith("_tok_s") or key.startswith("time_")
-
-
-def gap_quantiles(gaps) -> dict:
-    """p95 and max of the per-token |trainer - sampler| log-prob gaps of a step (their mean: sampler_logp_diff)."""
-    if not gaps:
-        return {"sampler_logp_diff_p95": 0.0, "sampler_logp_diff_max": 0.0}
-    g = np.asarray(gaps, dtype=np.float64)
-    return {"sampler_logp_diff_p95": float(np.quantile(g, 0.95)), "sampler_logp_diff_max": float(g.max())}
 
 
 def sample_records(step, seqs, tok):

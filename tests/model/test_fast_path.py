@@ -1,6 +1,8 @@
-"""The training loop's fast decode path (train.py --decode fast): the merged decoding copy of a LoRA model
-(merged.py), the static batch of fixed rows (padded, or split into calls of whole prompts), and a whole soyuz-shaped
-two-turn rollout that compiles one graph per length bucket, never reaching torch's recompile limit."""
+"""The training loop's fast decode path (train.py --decode fast): a LoRA model decoded as itself, adapters
+unmerged, on the static-shape step (its tokens and log-probs are the eager path's, before and after an optimizer
+step, compiled or not), the static batch of fixed rows (padded, or split into calls of whole prompts), and a whole
+soyuz-shaped two-turn rollout that compiles one graph per length bucket, never reaching torch's recompile limit.
+The same in bf16 at a real width: tests/model/test_on_policy_bf16.py."""
 from argparse import Namespace
 
 import pytest
@@ -8,10 +10,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import train
-from minigrpo import merged, static_decode
+from minigrpo import static_decode
 from minigrpo.lora import adapters_disabled, inject_lora, lora_layers
 from minigrpo.pretrained import load_pretrained
-from minigrpo.run.folder import gap_quantiles
+from minigrpo.run.gap import gap_metrics, off_policy, token_sums
+from minigrpo.sampler import decode_step as sampler_decode_step
 from minigrpo.sampler import prefill, sample
 from minigrpo.tokenizer import Tokenizer
 
@@ -41,48 +44,32 @@ def snapshot(model):
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
+def adamw_step(model, fused):
+    """One AdamW step on the adapters (a stand-in loss): the parameters change in place, as in training."""
+    params = [p for _, m in lora_layers(model) for p in (m.lora_A.weight, m.lora_B.weight)]
+    opt = torch.optim.AdamW(params, lr=1e-2, fused=fused)
+    with torch.enable_grad():
+        model(torch.tensor([PROMPTS[0]])).float().logsumexp(-1).mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
 @pytest.mark.parametrize("kind", ["tiny", "tiny-qwen3.5"])
-def test_merged_copy_computes_the_unmerged_model_and_leaves_it_untouched(kind):
+def test_static_path_decodes_the_lora_model_and_follows_each_optimizer_step(kind):
+    """The static step runs the model's own LoRA layers: nothing is copied or merged, so what it samples is the
+    trained policy after any optimizer step (fused AdamW too), and the training weights are never written."""
     model = lora_model(kind)
-    before = snapshot(model)
-    ids = torch.randint(0, VOCAB, (3, 11), generator=torch.Generator().manual_seed(1))
-    copy = merged.decode_model(model)
-    assert not lora_layers(copy)
-    assert torch.allclose(copy(ids), model(ids), atol=1e-5, rtol=0)
-    # the sampler through the copy (static path) against the unmerged eager path: tokens equal, log-probs to 1e-5
     kw = dict(n=3, max_new_tokens=16, temperature=1.0, seed=3, vocab_size=VOCAB, stop_ids=())
-    assert_same(sample(model, PROMPTS, static=True, **kw), sample(model, PROMPTS, **kw))
-    assert copy in static_decode._pool and model not in static_decode._pool   # the sampler decoded the copy
-    after = model.state_dict()
-    assert all(torch.equal(before[k], after[k]) for k in before)     # training weights: the same bits
-    # shared, not copied: every tensor but the adapted weights is the model's own storage
-    own = {t.data_ptr() for t in model.state_dict().values()}
-    shared = [k for k, t in copy.state_dict().items() if t.data_ptr() in own]
-    assert len(shared) == len(copy.state_dict()) - len(lora_layers(model))
-    # an optimizer step (in place) is seen by the next call; the reference (adapters off) too
-    with torch.no_grad():
-        for _, m in lora_layers(model):
-            m.lora_A.weight.mul_(1.5)
-    assert merged.decode_model(model) is copy
-    assert torch.allclose(copy(ids), model(ids), atol=1e-5, rtol=0)
-    with adapters_disabled(model):
-        assert torch.equal(merged.decode_model(model)(ids), model(ids))
-    merged.release(model)
-
-
-def test_merged_copy_is_refreshed_only_after_a_change(monkeypatch):
-    model = lora_model("tiny")
-    calls = []
-    real = merged._refresh
-    monkeypatch.setattr(merged, "_refresh", lambda c, layers: (calls.append(1), real(c, layers)))
-    copy = merged.decode_model(model)
-    ptrs = [t.data_ptr() for t in copy.state_dict().values()]
-    merged.decode_model(model)
-    assert len(calls) == 1
-    with torch.no_grad():
-        lora_layers(model)[0][1].lora_B.weight.add_(0.01)
-    assert merged.decode_model(model) is copy and len(calls) == 2
-    assert [t.data_ptr() for t in copy.state_dict().values()] == ptrs  # fixed addresses for a compiled graph
+    for fused in (False, True):
+        frozen = {k: v.clone() for k, v in model.state_dict().items() if ".lora_" not in k}
+        assert_same(sample(model, PROMPTS, static=True, **kw), sample(model, PROMPTS, **kw))
+        assert model in static_decode._pool                              # the sampler decoded the model itself
+        after = model.state_dict()
+        assert all(torch.equal(frozen[k], after[k]) for k in frozen)     # the frozen base keeps its bits
+        adamw_step(model, fused)
+    with adapters_disabled(model):                                       # the reference: the base model, exactly
+        assert_same(sample(model, PROMPTS, static=True, **kw), sample(model, PROMPTS, **kw))
+    static_decode.release(model)
 
 
 class OpCount(TorchDispatchMode):
@@ -98,21 +85,30 @@ class OpCount(TorchDispatchMode):
 
 
 @torch.no_grad()
-def decode_ops(model):
+def decode_ops(model, static=True):
     cache, _ = prefill(model, PROMPTS, 8, 0)
-    sc = static_decode.StaticCache(cache, 3).load(cache, 1)
+    if static:
+        cache = static_decode.StaticCache(cache, 3).load(cache, 1)
+    step = static_decode.decode_step if static else sampler_decode_step
     with OpCount() as c:
-        static_decode.decode_step(model, torch.tensor([1, 2, 3]), sc)
+        step(model, torch.tensor([1, 2, 3]), cache)
     return c.n
 
 
-def test_merged_decode_step_has_the_base_models_op_count():
+def test_static_decode_step_costs_the_base_step_plus_each_lora_branch():
+    """The static step of a LoRA model is the base model's step plus, per adapted layer, its LoRA branch as the
+    trainer runs it (the fp32 cast, A, B, the scale, the add, the cast back, and their views): a fixed count per
+    layer, and fewer ops than the eager step over a growing cache."""
     base = load_pretrained("tiny-qwen3.5").eval()
     model = lora_model("tiny-qwen3.5")
-    n_base, n_lora, n_merged = decode_ops(base), decode_ops(model), decode_ops(merged.decode_model(model))
-    print(f"\n[fast decode] ops per decode step, tiny-qwen3.5: base {n_base}, LoRA unmerged {n_lora}, "
-          f"LoRA merged {n_merged}")
-    assert n_merged == n_base < n_lora
+    n_base, n_static, n_eager = decode_ops(base), decode_ops(model), decode_ops(model, static=False)
+    per_layer = (n_static - n_base) / len(lora_layers(model))
+    print(f"\n[fast decode] ops per decode step, tiny-qwen3.5: base {n_base}, static with LoRA {n_static} "
+          f"({per_layer:g} per adapted layer), eager with LoRA {n_eager}")
+    assert per_layer == LORA_BRANCH_OPS and n_static < n_eager
+
+
+LORA_BRANCH_OPS = 10   # LoRALinear.forward beyond base_layer(x), views included
 
 
 def test_static_batch_pads_and_splits_to_the_fixed_rows():
@@ -129,13 +125,16 @@ def test_static_batch_pads_and_splits_to_the_fixed_rows():
 
 
 def test_fast_path_logprobs_equal_the_eager_path_fp32():
-    """The whole fast path as train.py runs it on a GPU (merged copy, static batch, inductor-compiled step) against
-    the eager unmerged path, on the CPU in fp32: same tokens, log-probs to 1e-5."""
+    """The whole fast path as train.py runs it on a GPU (static batch, inductor-compiled step) against the eager
+    path, on the CPU in fp32: same tokens, log-probs to 1e-5, and still after a fused AdamW step (the compiled graph
+    reads the parameters the optimizer updates in place)."""
     torch._dynamo.reset()
     static_decode._compiled.clear()
     model = lora_model("tiny-qwen3.5")
     kw = dict(n=2, max_new_tokens=24, temperature=1.0, top_p=0.9, seed=7, vocab_size=VOCAB, stop_ids=())
-    assert_same(sample(model, PROMPTS, compile=True, rows=6, **kw), sample(model, PROMPTS, **kw))
+    for _ in range(2):
+        assert_same(sample(model, PROMPTS, compile=True, rows=6, **kw), sample(model, PROMPTS, **kw))
+        adamw_step(model, fused=True)
 
 
 def soyuz_like_tasks(lengths):
@@ -182,9 +181,9 @@ def test_soyuz_rollout_compiles_one_graph_per_length_bucket(monkeypatch, capsys)
               f"{min(needed)}..{max(needed)}; {graphs} graphs (length buckets {sorted(buckets)}); "
               f"the old per-call cache: {len(old)} shapes; graph breaks: {sum(counters['graph_break'].values())}")
     assert len(needed) == 20 and not counters["graph_break"]
-    assert graphs == len(buckets) == len(static_decode._pool[merged.decode_model(model)])
+    assert graphs == len(buckets) == len(static_decode._pool[model])
     assert graphs <= torch._dynamo.config.recompile_limit == 8 < len(old)   # torch's default limit
-    assert all(key[0] == 6 for key in static_decode._pool[merged.decode_model(model)])   # one row count
+    assert all(key[0] == 6 for key in static_decode._pool[model])   # one row count
 
 
 def test_decode_path_defaults_and_the_step_gap_metrics():
@@ -195,6 +194,29 @@ def test_decode_path_defaults_and_the_step_gap_metrics():
     assert train.decode_rows(Namespace(chunk=1), Namespace(group_size=6), 4) == 6
     assert train.decode_rows(Namespace(), Namespace(group_size=4), 3) == 12
     gaps = [0.0] * 90 + [0.1] * 9 + [2.0]
-    q = gap_quantiles(gaps)
+    q = gap_metrics([{"sampler_logp_gaps": gaps, "pass": 0, "tokens": 100}])
     assert q["sampler_logp_diff_max"] == 2.0 and q["sampler_logp_diff_p95"] == pytest.approx(0.1)
-    assert gap_quantiles([]) == {"sampler_logp_diff_p95": 0.0, "sampler_logp_diff_max": 0.0}
+    assert "sampler_update_share" not in q                                  # no reference (--beta 0): not known
+    assert gap_metrics([]) == {"sampler_logp_diff_p95": 0.0, "sampler_logp_diff_max": 0.0}
+
+
+def test_the_share_of_the_policys_move_the_sampler_carries():
+    """sampler_update_share: 1 for a sampler that scores what the trainer scores, 0 for one that samples the
+    reference, 0.5 halfway, over micro-batches and ranks (sums, not means); off_policy fires for the second only."""
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(2, 6, generator=g)
+    logp = ref + 0.3 * torch.randn(2, 6, generator=g)
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[1, 4:] = False
+    for sampled, share in ((logp, 1.0), (ref, 0.0), ((logp + ref) / 2, 0.5)):
+        parts = [dict(token_sums(logp[i:i + 1], sampled[i:i + 1], ref[i:i + 1], mask[i:i + 1]), pass_=0,
+                      tokens=int(mask[i].sum())) for i in range(2)]
+        stats = [{("pass" if k == "pass_" else k): v for k, v in st.items()} for st in parts]
+        m = gap_metrics(stats + [dict(stats[0], **{"pass": 1, "update_sd": 0.0})])   # --mu 2's pass: not counted
+        assert m["sampler_update_share"] == pytest.approx(share)
+        assert m["policy_logp_change"] == pytest.approx(float((logp - ref)[mask].abs().mean()))
+        gap = float((logp - sampled)[mask].abs().mean())
+        assert off_policy(dict(m, sampler_logp_diff=gap)) == (share < 0.5)
+    assert token_sums(logp, logp, None, mask) == {}
+    still = gap_metrics([dict(token_sums(ref, ref, ref, mask), **{"pass": 0, "tokens": 12})])   # step 0: B = 0
+    assert still["sampler_update_share"] is None and still["policy_logp_change"] == 0.0
