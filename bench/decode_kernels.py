@@ -34,8 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from shapes import hf_config  # noqa: E402  bench/shapes.py
 
 from minigrpo import sampler, static_decode  # noqa: E402
-from minigrpo.lora import lora_layers  # noqa: E402
-from minigrpo.lora import inject_lora  # noqa: E402
+from minigrpo.lora import inject_lora, lora_layers  # noqa: E402
 from minigrpo.model import Qwen, QwenConfig  # noqa: E402
 
 ROWS, SLOTS, PROMPT = 6, 2944, 1900   # soyuz's revision call: 6 rows, ~1.9k-token prompts + 1,024 new tokens
