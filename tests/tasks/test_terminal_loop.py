@@ -48,7 +48,7 @@ def test_agent_metrics_count_episodes_not_turns():
             seq("b", 0, 0.0, tool_errors=1, ended="turn cap")]
     m = agent_metrics(seqs)
     assert m == {"solved": 0.5, "score": 0.5, "turns": 2.0, "tool_calls": 1.5, "tool_errors": 0.5, "timeouts": 0.0,
-                 "turn_cap": 0.5}
+                 "turn_cap": 0.5, "env_errors": 0.0}
 
 
 @pytest.mark.slow
