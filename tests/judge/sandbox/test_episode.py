@@ -17,6 +17,8 @@ import pytest
 from minigrpo.judge.sandbox import Limits, launch as sandbox_launch
 from minigrpo.judge.sandbox.episode import Episode
 from minigrpo.judge.sandbox.host import pids_of_uid
+from minigrpo.judge.sandbox.mounts import WALK_DEPTH, walk_tree
+from minigrpo.tasks.terminal.verify import Folder, Incomplete
 
 from repo_root import ROOT
 from sandbox_probe import level, need_bwrap, need_cgroup
@@ -223,3 +225,30 @@ def test_a_weaker_mode_still_runs_and_names_what_it_lacks(mode, lacks):
         assert any(lacks in w for w in ep.weaknesses), ep.weaknesses
         folder = ep.folder
     assert not os.path.exists(folder) and ep.errors == []
+
+
+def chain(top, depth):
+    """`depth` nested folders d/d/..., each holding a file f, made from the host (relative to open folders)."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.close(os.open("f", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(fd)
+
+
+def test_a_2000_deep_chain_costs_the_host_a_bounded_walk_and_says_what_it_left_out():
+    with episode() as ep:
+        chain(ep.folder, 2000)
+        missing = {}
+        walked = [os.path.relpath(p, ep.folder) for p, _ in walk_tree(ep.folder, missing)]
+        assert len(walked) == 2 * WALK_DEPTH and max(p.count("/") for p in walked) == WALK_DEPTH - 1
+        assert missing == {"d/" * WALK_DEPTH: f"more than {WALK_DEPTH} folders deep: not walked"}
+        assert ep.run("cd d/d && echo ok > g && cat g").output == "ok\n"     # handed over, walked as far
+        with ep.snapshot() as snap:
+            assert snap.files == 2 * WALK_DEPTH + 1 and snap.missing == missing and not snap.cut
+            with pytest.raises(Incomplete, match="more than 32 folders deep"):
+                Folder(snap.path, snap.missing, snap.cut).files("d")
+        assert ep.host_s > 0 and ep.used_s >= sum(r.seconds for r in ep.results)     # measured and charged
