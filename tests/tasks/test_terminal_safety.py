@@ -186,13 +186,18 @@ def test_git_exercises_check_what_was_committed_not_only_the_subjects(exercise, 
     assert final.score == 0.0 <= wrong_score(exercise)
 
 
-def test_git_exercises_check_the_setups_commit_ids():
+@pytest.mark.parametrize("exercise, command, log", [
     # the plausible mistake (a reset), then the lost commit re-made and reverted: the same subjects and files
-    remake = ("cd repo && git reset -q --hard HEAD~1 && printf '%s' 'def main():\n    return helper() + 1\n' > lib.py"
-              " && git commit -qam 'Tidy lib' && git revert --no-edit HEAD && git log --format=%s")
-    final, replies = attack("git-undo-commit", [remake])
-    assert 'Revert "Tidy lib"\nTidy lib\nAdd helper\nAdd lib\n[exit code 0]' in replies[0].messages[0]["content"]
-    assert final.score == 0.0 <= wrong_score("git-undo-commit")
+    ("git-undo-commit", "git reset -q --hard HEAD~1 && printf '%s' 'def main():\n    return helper() + 1\n' > lib.py"
+     " && git commit -qam 'Tidy lib' && git revert --no-edit HEAD", 'Revert "Tidy lib"\nTidy lib\nAdd helper\nAdd lib'),
+    # the history rewritten under the same subjects and files, then the asked-for commit
+    ("git-commit-all", "git stash -qu && git reset -q --soft HEAD~1 && git commit -qm 'Add b' && git stash pop -q && "
+     "git add -A && git commit -qm 'Add todo list'", "Add todo list\nAdd b\nStart notes"),
+])
+def test_git_exercises_check_the_setups_commit_ids(exercise, command, log):
+    final, replies = attack(exercise, [f"cd repo && {command} && git status --short && git log --format=%s"])
+    assert replies[0].messages[0]["content"].endswith(f"{log}\n[exit code 0]"), replies[0].messages
+    assert final.score == 0.0 <= wrong_score(exercise)
     env = TASK.env({"id": "git-undo-commit"})      # the ids the verifier expects are git's own for the setup
     try:
         assert env.ep.run("cd repo && git rev-list --reverse HEAD").output.split() == _REVERT_IDS
@@ -222,6 +227,15 @@ PAD = "truncate -s 16M p1 p2 p3 && truncate -s $((16 * 1048576 - 1000)) p4"     
 def test_what_the_snapshot_left_out_is_never_read_as_gone(exercise, commands):
     final, _ = attack(exercise, commands)
     assert final.score == 0.0 and "snapshot is incomplete" in final.info["verify_error"], final.info
+
+
+@pytest.mark.parametrize("exercise, command", [
+    ("make-scripts-executable", "chmod -R +x bin && rm bin/README.txt bin/lib/data.csv"),   # the files in the way gone
+    ("delete-empty-files", "find tmpdata -type f -empty -delete && echo junk > tmpdata/b.log"),
+])
+def test_a_verifier_that_compares_a_listing_checks_the_files_listed(exercise, command):
+    final, _ = attack(exercise, [command])
+    assert final.score == 0.0 <= wrong_score(exercise)
 
 
 def test_a_file_that_is_right_only_up_to_the_read_cap_is_not_right():

@@ -51,3 +51,13 @@ def test_a_flood_of_loud_calls_stays_within_the_bound(env):
     assert r.info["tool_calls"] + r.info["tool_errors"] == 384 + 50 and len(r.messages) <= MAX_CALLS + 1
     assert r.info["shown_bytes"] == grown(r) <= BOUND, r.info
     assert "<|im_end|>" not in "".join(m["content"] for m in r.messages)
+
+
+def test_a_raw_nul_in_the_qwen3_5_form_is_a_tool_error():
+    env = TASK.env({"id": "unique-in-order"}, family="qwen3_5")
+    try:
+        r = env.step("<tool_call>\n<function=shell>\n<parameter=command>\nls\0 -la\n</parameter>\n</function>\n"
+                     "</tool_call>", last=False)
+        assert not r.done and r.info["tool_errors"] == 1 and "NUL character" in r.messages[0]["content"]
+    finally:
+        env.close()

@@ -109,8 +109,9 @@ _add(id="decode-payload", category="files-and-text", needs=("base64", "gunzip"),
 # --- git ------------------------------------------------------------------------------------------------------------
 
 _AUTHOR = "Sam Doe <sam@example.org>"
-_GIT_INIT = ("git init -q repo && cd repo && git symbolic-ref HEAD refs/heads/main && git config user.name 'Sam Doe' "
-             "&& git config user.email sam@example.org && ")
+# sha1 named: _commit_ids computes the ids as a sha1 repository's, whatever a newer git's default format
+_GIT_INIT = ("git init -q --object-format=sha1 repo && cd repo && git symbolic-ref HEAD refs/heads/main && "
+             "git config user.name 'Sam Doe' && git config user.email sam@example.org && ")
 
 
 def _commits(steps):
