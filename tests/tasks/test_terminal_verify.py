@@ -59,6 +59,18 @@ def test_what_the_folder_left_out_fails_every_question_it_could_change(tree):
         cut.read("a.txt")                                   # a copy cut short answers nothing
 
 
+def test_a_path_too_long_for_the_probe_scores_0_not_unscored(tmp_path):
+    # a path that fits where the snapshot lies may not fit under the probe's folder: the verifier's sandbox would
+    # not start, and the episode would go unscored (out of its group) for a reason the agent chose
+    path = tmp_path
+    for i in range(5):                                      # 1,255 bytes
+        path = path / (chr(97 + i) * 250)
+        path.mkdir()
+    (path / "f").write_text("x")
+    with pytest.raises(Incomplete, match="a path over the probe's 1024 bytes"):
+        probe(Folder(str(tmp_path)), "true")
+
+
 def test_the_listing_stops_at_its_cap(tmp_path):
     for i in range(10):
         (tmp_path / f"f{i}").write_text("x")

@@ -33,6 +33,8 @@ PROBE_LIMITS = Limits(timeout=10, memory_mb=512, nproc=64, fsize_mb=16)
 PROBE_OUTPUT = 65536        # bytes of a probe's output kept
 PROBE_BYTES = 8 << 20       # bytes of the agent's files a probe copies, in all
 PROBE_FILES = 512
+PROBE_PATH = 1024           # bytes of a relative path a probe copies: under the probe's own folder it must stay
+#                             within the kernel's 4096, or the verifier's sandbox would fail to start
 
 
 class VerifierUnavailable(RuntimeError):
@@ -167,8 +169,9 @@ def probe(folder, command, take=None, extra=None, limits=PROBE_LIMITS):
     (all when None; executable bits kept) and then the verifier's `extra` {path: content}. Returns the
     CommandResult. Raises Incomplete when any of those files cannot come across whole: one the snapshot left out
     (`take` asked of the path, and of it as a folder: a symlink or fifo may stand where a folder should be), any
-    folder whose contents the snapshot left out (they could be anything), one over PROBE_BYTES in all or past
-    PROBE_FILES; a probe on part of the agent's work could read "not there" as the truth."""
+    folder whose contents the snapshot left out (they could be anything), one over PROBE_BYTES in all, past
+    PROBE_FILES or with a path over PROBE_PATH; a probe on part of the agent's work could read "not there" as the
+    truth, and a sandbox that cannot start for the agent's paths must not take the episode out of its group."""
     wanted = (lambda rel: True) if take is None else take
     if folder.cut:
         raise Incomplete(f"the snapshot is incomplete: {folder.cut}")
@@ -179,6 +182,8 @@ def probe(folder, command, take=None, extra=None, limits=PROBE_LIMITS):
     for rel in sorted(p for p, kind in folder.entries.items() if kind != "dir"):
         if not wanted(rel):
             continue
+        if len(rel.encode()) > PROBE_PATH:
+            raise Incomplete(f"{rel[:80]}...: a path over the probe's {PROBE_PATH} bytes")
         data = folder.read(rel, PROBE_BYTES)
         if data is None or size + len(data) > PROBE_BYTES or len(files) >= PROBE_FILES:
             raise Incomplete(f"{rel}: over the probe's {PROBE_FILES} files or {PROBE_BYTES} bytes in all")
