@@ -280,7 +280,8 @@ class TerminalTask:
 def agent_metrics(seqs) -> dict:
     """Per episode, over a rollout's Seqs (one per policy turn, grouped by Seq.episode): the share solved (score 1),
     the mean score, turns, shell calls run, malformed calls, commands that timed out, the share that hit the
-    turn cap and the share ended by an error of the environment (episodes.failed)."""
+    turn cap, the share ended by an error of the environment (episodes.failed) and the host's seconds of work
+    (Episode.host_s: handing the folder over, starting and ending sandboxes, the snapshot, the removal)."""
     eps = {}
     for s in seqs:
         eps.setdefault(s.episode, []).append(s)
@@ -293,4 +294,4 @@ def agent_metrics(seqs) -> dict:
             "turns": len(seqs) / len(eps), "tool_calls": per("tool_calls"), "tool_errors": per("tool_errors"),
             "timeouts": per("timeouts"),
             "turn_cap": sum(s.info.get("ended") == "turn cap" for s in finals) / len(eps),
-            "env_errors": sum("env_error" in s.info for s in finals) / len(eps)}
+            "env_errors": sum("env_error" in s.info for s in finals) / len(eps), "host_seconds": per("host_seconds")}
