@@ -146,6 +146,8 @@ def _parse_json_call(body):
         obj = json.loads(body)
     except json.JSONDecodeError as e:
         return None, f"not valid JSON ({e.msg} at char {e.pos})"
+    except (ValueError, RecursionError) as e:   # an integer of thousands of digits; thousands of nested brackets
+        return None, f"not valid JSON ({type(e).__name__}: {str(e)[:80]})"
     if not isinstance(obj, dict):
         return None, f"not a JSON object but a {type(obj).__name__}"
     if not isinstance(obj.get("name"), str) or not obj["name"]:
@@ -167,7 +169,7 @@ def _parse_xml_call(body, types):
         if declared.get(k) not in (None, "string"):
             try:
                 v = json.loads(v)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):     # JSONDecodeError is a ValueError
                 return None, f"parameter {k!r}: {v[:40]!r} is not a valid {declared[k]}"
         args[k] = v
     if _XML_PARAM.sub("", inner).strip():
@@ -199,7 +201,7 @@ def parse_tool_calls(text, tools=None, family="qwen3"):
         k += 2
         call, err = _parse_xml_call(body, types) if family == "qwen3_5" else _parse_json_call(body)
         if err is None and known is not None and call["name"] not in known:
-            err = f"unknown tool {call['name']!r} (tools: {', '.join(sorted(known)) or 'none'})"
+            err = f"unknown tool {call['name'][:60]!r} (tools: {', '.join(sorted(known)) or 'none'})"
         if err is None:
             calls.append(call)
         else:

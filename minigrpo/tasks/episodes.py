@@ -6,6 +6,8 @@ each policy turn its environment answers (a critique, a tool's result) or ends t
     turn t>0   each live episode's conversation so far is its prompt: one sample each, every live episode of a
                chunk in one sampler call; the environment's messages are prompt, never trained
     end        a Reply with done, or the turn cap (task.max_turns; `last` tells the environment to end now)
+    failure    env.step raising (or its Future failing) ends that episode alone, scored 0, the exception in
+               info["env_error"] and printed once; the rollout and the step go on
 
 What a task hands this module (duck-typed, as everything in minigrpo/tasks):
 
@@ -29,6 +31,8 @@ pending (a judge working in its pool), sample turn 0 of chunk k+1; then take chu
 turn, and so on. A chunk whose episodes are at their last turn is not waited for: its replies are collected at the
 very end. With environments that answer at once this is plain turn by turn, per chunk.
 """
+import sys
+import traceback
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -45,6 +49,14 @@ class Reply:
     score: float | None = None      # the turn's raw score (the two-turn tasks score every turn; an agent's
     #                                 environment scores its last); None: not scored, or scoring failed
     info: dict = field(default_factory=dict)        # logged with the turn's sample (judge reasons, tool errors)
+
+
+def failed(e) -> Reply:
+    """The Reply that ends an episode whose environment raised `e` (printed with its traceback, on stderr)."""
+    why = f"{type(e).__name__}: {str(e)[:200]}"
+    print(f"warning: an episode's environment failed ({why}); the episode scores 0\n"
+          + "".join(traceback.format_exception(e)), file=sys.stderr, end="")
+    return Reply(done=True, score=0.0, info={"env_error": why, "ended": "env error"})
 
 
 def answered(reply) -> Future:
@@ -94,12 +106,20 @@ class Episode:
         if self.pool is not None:
             self.pending = self.pool.submit(self.env.step, sample.text, last)
             return
-        reply = self.env.step(sample.text, last)
+        try:
+            reply = self.env.step(sample.text, last)
+        except Exception as e:      # noqa: BLE001 - the episode's failure, taken where settle() takes replies
+            reply = Future()
+            reply.set_exception(e)
         self.pending = reply if isinstance(reply, Future) else answered(reply)
 
     def settle(self) -> bool:
-        """Take the pending reply; True if the episode goes on."""
-        reply = self.pending.result()
+        """Take the pending reply; True if the episode goes on. An exception of the environment's ends this
+        episode alone: it scores 0, the reason in info["env_error"], the traceback printed once."""
+        try:
+            reply = self.pending.result()
+        except Exception as e:      # noqa: BLE001 - one episode's bytes must not end the step
+            reply = failed(e)
         self.turns[-1][2], self.pending = reply, None
         if reply.done:
             return False

@@ -201,3 +201,15 @@ def test_parser_never_raises():
             assert all(isinstance(c["arguments"], dict) and isinstance(c["name"], str) for c in calls)
             assert all(isinstance(e, str) for e in errors)
             assert len(calls) + len(errors) >= text.count("<tool_call>") > 0 or text.count("<tool_call>") == 0
+
+
+def test_the_parser_survives_deep_json_and_huge_integers():
+    deep = {"qwen3": ["[" * 5000, "{" * 3000, '{"name": "shell", "arguments": {"n": ' + "9" * 5000 + "}}"],
+            "qwen3_5": ["<function=lookup>\n<parameter=n>\n" + "[" * 5000 + "\n</parameter>\n</function>",
+                        "<function=lookup>\n<parameter=n>\n" + "9" * 5000 + "\n</parameter>\n</function>"]}
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"properties": {
+        "n": {"type": "integer"}}}}}]
+    for family, bodies in deep.items():
+        for body in bodies:
+            calls, errors = parse_tool_calls(f"<tool_call>\n{body}\n</tool_call>", tools, family)
+            assert calls == [] and len(errors) == 1 and len(errors[0]) < 200, (family, body[:50], errors)

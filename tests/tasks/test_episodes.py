@@ -119,3 +119,36 @@ def test_per_turn_units_are_unchanged():
     train.assign_advantages(seqs, Namespace(adv_scale="group"))
     assert seqs[0].advantage == pytest.approx(-seqs[1].advantage) and seqs[0].advantage > 0
     assert seqs[2].advantage == seqs[3].advantage == 0.0          # turn 1's group has no spread
+
+
+class Fragile(Counter):
+    """A Counter whose step raises at the policy's "boom", as an environment may on bytes it never expected."""
+
+    def step(self, text, last):
+        if text.startswith("boom"):
+            raise RecursionError("deep inside the environment")
+        return super().step(text, last)
+
+
+class FragileTask(CounterTask):
+    def __init__(self, workers=None):
+        super().__init__()
+        self.workers = workers
+
+    def env(self, ex, family):
+        return Fragile(self, ex)
+
+
+@pytest.mark.parametrize("workers", [None, 2])
+def test_an_environment_that_raises_ends_its_episode_alone(workers, capsys):
+    task = FragileTask(workers)
+    plans = [["call", "boom"], ["call", "answer"], ["boom"]]
+    seqs = episodes.rollout(task, scripted_(plans, []), TOK, [{"id": "a"}], [0], ARGS)
+    by = {ep: [s for s in seqs if s.episode == ep] for ep in dict.fromkeys(s.episode for s in seqs)}
+    assert [[(s.turn, s.reward) for s in turns] for turns in by.values()] == \
+        [[(0, 0.0), (1, 0.0)], [(0, 0.5), (1, 0.5)], [(0, 0.0)]]
+    failed = [turns[-1].info for turns in by.values() if "env_error" in turns[-1].info]
+    assert failed == [{"env_error": "RecursionError: deep inside the environment", "ended": "env error"}] * 2
+    err = capsys.readouterr().err
+    assert err.count("Traceback") == 2 and err.count("RecursionError: deep inside the environment") == 4
+    assert all(env.closed for env in task.envs)

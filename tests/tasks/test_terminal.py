@@ -10,7 +10,8 @@ from terminal_runs import TerminalTask, score_of, turn
 
 from minigrpo.judge.sandbox import Limits, isolation
 from minigrpo.tasks.terminal.exercise import Exercise, Transcript, check_exercises, held_out
-from minigrpo.tasks.terminal.task import MAX_CALLS, SHELL_TOOL, TerminalEnv, catalogue
+from minigrpo.tasks.terminal.task import MAX_CALLS, MAX_COMMAND_BYTES, NOTE_BYTES, OUTPUT_BYTES, SHELL_TOOL, \
+    TURN_OUTPUT_BYTES, TerminalEnv, catalogue
 from minigrpo.tasks.terminal.verify import VerifierUnavailable, lines_are
 from minigrpo.tokenizer import Tokenizer
 
@@ -70,7 +71,7 @@ def test_each_call_is_run_in_one_folder_and_answered_in_order():
         assert not r.done and [m["role"] for m in r.messages] == ["tool", "tool"]
         assert r.messages[0]["content"] == "mia\nliam\n[exit code 0]"
         assert r.messages[1]["content"] == "oops\n[exit code 3]"
-        assert r.info == {"tool_calls": 2, "tool_errors": 0, "timeouts": 0, "cut_bytes": 0, "shown_bytes": 14}
+        assert r.info == {"tool_calls": 2, "tool_errors": 0, "timeouts": 0, "cut_bytes": 0, "shown_bytes": 40}
         r = env.step(turn("cat mine.txt", text="Checking my file.\n"), last=False)
         assert r.messages[0]["content"] == "made\n[exit code 0]"
         folder = env.ep.folder
@@ -92,10 +93,11 @@ def test_malformed_calls_are_answered_and_counted():
                 '<tool_call>\n{"name": "shell", "arguments": {"command": "touch x", "timeout": 5}}\n</tool_call>')
         r = env.step(text, last=False)
         assert not r.done and r.info["tool_errors"] == 4 and r.info["tool_calls"] == 0
-        contents = [m["content"] for m in r.messages]
-        assert len(contents) == 4 and all(c.startswith("error: ") for c in contents)
+        contents = [m["content"] for m in r.messages]     # the well-formed calls in order, then one note
+        assert len(contents) == 3 and all(c.startswith("error: ") for c in contents)
         assert "takes one argument, command" in contents[0] and "['cmd']" in contents[0]
-        assert any("not valid JSON" in c for c in contents) and any("unknown tool 'python'" in c for c in contents)
+        assert "['command', 'timeout']" in contents[1]
+        assert contents[2].startswith("error: 2 malformed calls; the first: tool call 1: not valid JSON")
         r = env.step(turn("ls"), last=False)                     # the episode goes on
         assert r.messages[0]["content"] == "names.txt\n[exit code 0]"
     finally:
@@ -106,23 +108,26 @@ def test_calls_past_the_cap_are_not_run():
     env = env_of("unique-in-order")
     try:
         r = env.step(turn(*[f"echo {i} >> n.txt" for i in range(MAX_CALLS + 2)]), last=False)
-        assert r.info["tool_calls"] == MAX_CALLS and r.info["tool_errors"] == 2 and len(r.messages) == MAX_CALLS + 2
-        assert "this one was not run" in r.messages[-1]["content"]
+        assert r.info["tool_calls"] == MAX_CALLS and r.info["tool_errors"] == 2 and len(r.messages) == MAX_CALLS + 1
+        assert r.messages[-1]["content"].startswith(f"error: 2 calls not run: a turn runs at most {MAX_CALLS}")
         assert env.step(turn("wc -l < n.txt"), last=False).messages[0]["content"].split()[0] == str(MAX_CALLS)
     finally:
         env.close()
 
 
+def shown(reply):
+    return sum(len(m["content"].encode()) for m in reply.messages)
+
+
 def test_a_turn_shows_at_most_its_output_budget():
-    from minigrpo.tasks.terminal.task import OUTPUT_BYTES, TURN_OUTPUT_BYTES
     env = env_of("unique-in-order")
     try:
         loud = f"head -c {OUTPUT_BYTES - 100} /dev/zero | tr '\\0' x"
         full = TURN_OUTPUT_BYTES // (OUTPUT_BYTES - 100)           # shown in full, then 1 cut to what is left
         r = env.step(turn(*[loud] * (full + 2), "touch after.txt"), last=False)     # the rest: not run
-        assert r.info["shown_bytes"] == TURN_OUTPUT_BYTES and r.info["cut_bytes"] > 0, r.info
+        assert r.info["shown_bytes"] == shown(r) <= TURN_OUTPUT_BYTES + 100 + NOTE_BYTES and r.info["cut_bytes"] > 0
         assert r.info["tool_calls"] == full + 1 and r.info["tool_errors"] == 2, r.info
-        assert "this one was not run" in r.messages[-1]["content"]
+        assert "2 calls not run" in r.messages[-1]["content"]
         assert env.step(turn("ls"), last=False).messages[0]["content"].count("after.txt") == 0
     finally:
         env.close()

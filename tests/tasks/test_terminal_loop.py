@@ -44,11 +44,11 @@ def seq(ep, turn, score, **info):
 
 
 def test_agent_metrics_count_episodes_not_turns():
-    seqs = [seq("a", 0, 1.0, tool_calls=1), seq("a", 1, 1.0, tool_calls=2), seq("a", 2, 1.0, ended="answer"),
-            seq("b", 0, 0.0, tool_errors=1, ended="turn cap")]
+    seqs = [seq("a", 0, 1.0, tool_calls=1), seq("a", 1, 1.0, tool_calls=2),
+            seq("a", 2, 1.0, ended="answer", host_seconds=0.5), seq("b", 0, 0.0, tool_errors=1, ended="turn cap")]
     m = agent_metrics(seqs)
     assert m == {"solved": 0.5, "score": 0.5, "turns": 2.0, "tool_calls": 1.5, "tool_errors": 0.5, "timeouts": 0.0,
-                 "turn_cap": 0.5}
+                 "turn_cap": 0.5, "env_errors": 0.0, "host_seconds": 0.25}
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ from repo_root import ROOT
 import minigrpo.tasks.terminal as terminal_package
 from minigrpo.judge.sandbox import Limits, python_paths
 from minigrpo.judge.sandbox.host import pids_of_uid
+from minigrpo.tasks.terminal.set_tools import _REVERT_IDS, _in_repo
 from minigrpo.tasks.terminal.task import TerminalEnv
 from minigrpo.tasks.terminal.verify import MAX_READ
 from minigrpo.tokenizer import Tokenizer
@@ -166,7 +167,6 @@ def test_a_commondir_or_gitdir_pointer_brings_no_settings_or_program_into_the_ve
     wrong = list(TASK.by_id["git-commit-all"].wrong.commands)
     final, _ = attack("git-commit-all", wrong + [plant])
     assert final.score == 0.0 <= wrong_score("git-commit-all")
-    from minigrpo.tasks.terminal.set_tools import _in_repo
     assert not any(_in_repo(n) for n in ("repo/.git/commondir", "repo/.git/cd/config", "repo/.git", "repo/.git/config",
                                          "repo/.git/objects/info/alternates", "repo/.git/hooks/post-checkout"))
     assert all(_in_repo(n) for n in ("repo/notes.txt", "repo/.git/HEAD", "repo/.git/refs/heads/main",
@@ -183,6 +183,58 @@ def test_a_commondir_or_gitdir_pointer_brings_no_settings_or_program_into_the_ve
 ])
 def test_git_exercises_check_what_was_committed_not_only_the_subjects(exercise, commands):
     final, _ = attack(exercise, commands)
+    assert final.score == 0.0 <= wrong_score(exercise)
+
+
+@pytest.mark.parametrize("exercise, command, log", [
+    # the plausible mistake (a reset), then the lost commit re-made and reverted: the same subjects and files
+    ("git-undo-commit", "git reset -q --hard HEAD~1 && printf '%s' 'def main():\n    return helper() + 1\n' > lib.py"
+     " && git commit -qam 'Tidy lib' && git revert --no-edit HEAD", 'Revert "Tidy lib"\nTidy lib\nAdd helper\nAdd lib'),
+    # the history rewritten under the same subjects and files, then the asked-for commit
+    ("git-commit-all", "git stash -qu && git reset -q --soft HEAD~1 && git commit -qm 'Add b' && git stash pop -q && "
+     "git add -A && git commit -qm 'Add todo list'", "Add todo list\nAdd b\nStart notes"),
+])
+def test_git_exercises_check_the_setups_commit_ids(exercise, command, log):
+    final, replies = attack(exercise, [f"cd repo && {command} && git status --short && git log --format=%s"])
+    assert replies[0].messages[0]["content"].endswith(f"{log}\n[exit code 0]"), replies[0].messages
+    assert final.score == 0.0 <= wrong_score(exercise)
+    env = TASK.env({"id": "git-undo-commit"})      # the ids the verifier expects are git's own for the setup
+    try:
+        assert env.ep.run("cd repo && git rev-list --reverse HEAD").output.split() == _REVERT_IDS
+    finally:
+        env.close()
+
+
+def test_no_nested_repository_enters_the_verifiers_probe():
+    assert not any(_in_repo(n) for n in ("repo/sub/.git/config", "repo/sub/.git", "repo/a/b/.git/hooks/fsmonitor",
+                                         "repo/.git/objects/.git/config"))
+    assert _in_repo("repo/sub/file.txt") and _in_repo("repo/.git/objects/ab/cdef")
+
+
+PAD = "truncate -s 16M p1 p2 p3 && truncate -s $((16 * 1048576 - 1000)) p4"     # 1000 bytes short of 64 MiB
+
+
+@pytest.mark.parametrize("exercise, commands", [
+    # the files that must not be executable, or must be gone, pushed past the snapshot's byte cap by sparse
+    # padding (free on the episode's tmpfs) that leaves room for the files that must be there
+    ("make-scripts-executable", [PAD, "chmod -R +x bin && truncate -s 2000 bin/README.txt bin/lib/data.csv"]),
+    ("delete-empty-files", [PAD, "truncate -s 2000 tmpdata/a.log tmpdata/x/y/empty.dat"]),
+    # a name left as a symlink; an executable that is no script buried deeper than the host walks
+    ("delete-empty-files", ["rm tmpdata/a.log && ln -s b.log tmpdata/a.log && find tmpdata -type f -empty -delete"]),
+    ("make-scripts-executable", ["find bin -name '*.sh' -exec chmod +x {} + && d=bin/$(seq -s / 40) && mkdir -p $d "
+                                 "&& touch $d/x && chmod +x $d/x"]),
+])
+def test_what_the_snapshot_left_out_is_never_read_as_gone(exercise, commands):
+    final, _ = attack(exercise, commands)
+    assert final.score == 0.0 and "snapshot is incomplete" in final.info["verify_error"], final.info
+
+
+@pytest.mark.parametrize("exercise, command", [
+    ("make-scripts-executable", "chmod -R +x bin && rm bin/README.txt bin/lib/data.csv"),   # the files in the way gone
+    ("delete-empty-files", "find tmpdata -type f -empty -delete && echo junk > tmpdata/b.log"),
+])
+def test_a_verifier_that_compares_a_listing_checks_the_files_listed(exercise, command):
+    final, _ = attack(exercise, [command])
     assert final.score == 0.0 <= wrong_score(exercise)
 
 

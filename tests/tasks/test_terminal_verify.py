@@ -9,7 +9,7 @@ import pytest
 from sandbox_probe import need_bwrap
 
 from minigrpo.tasks.terminal.task import final_answer, neutralise
-from minigrpo.tasks.terminal.verify import Folder, _listing, last_digest, last_number, lines_are, named, \
+from minigrpo.tasks.terminal.verify import Folder, Incomplete, _listing, last_digest, last_number, lines_are, named, \
     names_only, number_is, probe
 
 
@@ -22,9 +22,6 @@ def tree(tmp_path):
     (tmp_path / "latin.txt").write_bytes(b"caf\xe9\n")
     (tmp_path / "run.sh").write_text("#!/bin/sh\necho ran $1\n")
     os.chmod(tmp_path / "run.sh", 0o755)
-    os.symlink(tmp_path / "a.txt", tmp_path / "link.txt")
-    os.symlink(tmp_path / "sub", tmp_path / "linked")
-    os.mkfifo(tmp_path / "pipe")
     return tmp_path
 
 
@@ -35,19 +32,51 @@ def test_the_folder_lists_and_reads_only_regular_files_it_walked_to(tree):
     assert f.files() == ["a.txt", "big.bin", "latin.txt", "run.sh", "sub/b.txt"] and f.folders() == ["sub"]
     assert f.files("sub") == ["sub/b.txt"] and f.executable("run.sh") and not f.executable("a.txt")
     assert f.lines("a.txt") == ["one", "two  "] and f.read("sub/b.txt") == b"b\n"
-    for rel in ("link.txt", "linked/b.txt", "pipe", "sub", "../a.txt", "missing"):
+    for rel in ("sub", "../a.txt", "missing"):
         assert f.read(rel) is None, rel
     assert f.read("big.bin", cap=100) is None and f.read("big.bin", cap=101) == b"x" * 101
     assert f.text("latin.txt") is None                      # not UTF-8: unreadable, not guessed
     assert lines_are(f, "a.txt", ["one", "two"]) == 1.0 and lines_are(f, "a.txt", ["one"]) == 0.0
 
 
+def test_what_the_folder_left_out_fails_every_question_it_could_change(tree):
+    os.symlink(tree / "a.txt", tree / "link.txt")
+    os.symlink(tree / "sub", tree / "linked")
+    os.mkfifo(tree / "sub" / "pipe")
+    f = Folder(str(tree), missing={"deep/er/": "more than 32 folders deep: not walked"})
+    assert f.missing == {"link.txt": "not a folder or a regular file", "linked": "not a folder or a regular file",
+                         "sub/pipe": "not a folder or a regular file",
+                         "deep/er/": "more than 32 folders deep: not walked"}
+    for question in (f.files, f.folders, lambda: f.files("sub"), lambda: f.read("link.txt"),
+                     lambda: f.read("linked/b.txt"), lambda: f.executable("sub/pipe"), lambda: f.files("deep"),
+                     lambda: f.read("deep/er/x"), lambda: probe(f, "true", take=lambda rel: rel.startswith("sub/")),
+                     lambda: probe(f, "true", take=lambda rel: rel.startswith("deep/er/x/"))):
+        with pytest.raises(Incomplete, match="incomplete"):
+            question()
+    assert f.read("sub/b.txt") == b"b\n" and f.files("subway") == [] and f.read("deep/x") is None
+    cut = Folder(str(tree), cut="big.bin: 101 bytes, over the snapshot's 100 bytes in all")
+    with pytest.raises(Incomplete, match="big.bin: 101 bytes"):
+        cut.read("a.txt")                                   # a copy cut short answers nothing
+
+
+def test_a_path_too_long_for_the_probe_scores_0_not_unscored(tmp_path):
+    # a path that fits where the snapshot lies may not fit under the probe's folder: the verifier's sandbox would
+    # not start, and the episode would go unscored (out of its group) for a reason the agent chose
+    path = tmp_path
+    for i in range(5):                                      # 1,255 bytes
+        path = path / (chr(97 + i) * 250)
+        path.mkdir()
+    (path / "f").write_text("x")
+    with pytest.raises(Incomplete, match="a path over the probe's 1024 bytes"):
+        probe(Folder(str(tmp_path)), "true")
+
+
 def test_the_listing_stops_at_its_cap(tmp_path):
     for i in range(10):
         (tmp_path / f"f{i}").write_text("x")
-    entries, truncated = _listing(str(tmp_path), 4)
-    assert len(entries) == 4 and truncated
-    assert _listing(str(tmp_path), 10) == ({f"f{i}": "file" for i in range(10)}, False)
+    entries, cut = _listing(str(tmp_path), 4, {})
+    assert len(entries) == 4 and cut == "over the verifier's 4 entries"
+    assert _listing(str(tmp_path), 10, {}) == ({f"f{i}": "file" for i in range(10)}, "")
 
 
 def test_a_probe_runs_on_a_copy_in_a_sandbox_of_its_own(tree):

@@ -47,6 +47,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass, field
 
 from minigrpo.judge.sandbox import Limits, Sandbox, remove_tree
@@ -85,7 +86,13 @@ class Snapshot:
     path: str
     files: int = 0
     bytes: int = 0
-    skipped: list = field(default_factory=list)     # "relative/path: why it was not copied"
+    missing: dict = field(default_factory=dict)     # {relative path: why it was not copied}
+    cut: str = ""           # why the copy stopped early, at its caps ("" when it did not): the rest is not there
+
+    @property
+    def skipped(self):
+        """What was not copied, one "relative/path: why" line each (the cut last)."""
+        return [f"{rel}: {why}" for rel, why in self.missing.items()] + ([self.cut] if self.cut else [])
 
     def close(self):
         if self.path and os.path.lexists(self.path):
@@ -110,7 +117,8 @@ class Episode:
         self.folder_mb, self.folder_files = int(folder_mb), int(folder_files)
         self.mode = _mode
         self.weaknesses, self.errors = [], []     # what this machine's isolation lacks; cleanup problems
-        self.used_s = 0.0
+        self.used_s = 0.0                         # charged to the budget: each command's wall time with its host work
+        self.host_s = 0.0                         # of that, and of the snapshot and close, the host's work
         self.ended = None                         # why the episode is over, once it is
         self.results = []
         self._mounted, self._closed, self.slot, self.folder = False, False, None, None
@@ -148,10 +156,11 @@ class Episode:
             with open(path, "wb") as f:
                 f.write(data.encode() if isinstance(data, str) else bytes(data))
 
-    def usage(self):
-        """(bytes, entries) in the work folder now (regular files' sizes; nothing followed)."""
+    def usage(self, missing=None):
+        """(bytes, entries) in the work folder now (regular files' sizes; nothing followed); what the walk could
+        not reach (mounts.walk_tree) goes into `missing`."""
         size = count = 0
-        for _, st in walk_tree(self.folder):
+        for _, st in walk_tree(self.folder, missing):
             count += 1
             size += st.st_blocks * 512 if stat.S_ISREG(st.st_mode) else 0
         return size, count
@@ -179,6 +188,7 @@ class Episode:
     def _run(self, command, keep):
         left = self.time_left
         limits = dataclasses.replace(self.limits, timeout=min(self.limits.timeout, left))
+        t0 = time.monotonic()
         with Sandbox({}, limits, _mode=self.mode, workdir=self.folder, slot=self.slot) as sb:
             sb.start(SHELL + [command])
             out, rc = sb.communicate(b"", timeout=limits.timeout, max_output=keep)
@@ -187,7 +197,10 @@ class Episode:
         for w in sb.weaknesses:
             add_weakness(self.weaknesses, w)
         self.errors += sb.errors
-        self.used_s += wall
+        # the host's part (handing the folder over, starting and ending the sandbox) is charged as the command's
+        took = max(wall, time.monotonic() - t0)
+        self.used_s += took
+        self.host_s += took - wall
         if rc is not None:
             status = "exited"
         elif wall >= limits.timeout:
@@ -197,9 +210,11 @@ class Episode:
         if status == "budget":
             self.ended = "time budget spent"
         if not self._mounted:
-            size, count = self.usage()
-            if size > self.folder_mb << 20 or count > self.folder_files:
-                self.ended = f"work folder over its budget ({size >> 20} MB, {count} entries)"
+            unreached = {}
+            size, count = self.usage(unreached)
+            if size > self.folder_mb << 20 or count > self.folder_files or unreached:
+                self.ended = (f"work folder over its budget ({size >> 20} MB, {count} entries"
+                              + (f", {next(iter(unreached))} out of reach)" if unreached else ")"))
         return CommandResult(command, out.decode("utf-8", "replace"), rc, status, max(0, total - len(out)),
                              wall, cpu, mem)
 
@@ -208,6 +223,7 @@ class Episode:
         """A read-only copy of the folder as it is now, in a fresh host folder (see the module docstring)."""
         if self._closed:
             raise RuntimeError("Episode.snapshot after close")
+        t0 = time.monotonic()
         snap = Snapshot(tempfile.mkdtemp(prefix="minigrpo-snapshot-"))
         try:
             folders = self._copy_tree(snap, max_bytes, max_files)
@@ -216,31 +232,35 @@ class Episode:
         except BaseException:
             snap.close()
             raise
+        finally:
+            self.host_s += time.monotonic() - t0
         return snap
 
     def _copy_tree(self, snap, max_bytes, max_files):
         folders = []
-        for path, st in walk_tree(self.folder):
+        for path, st in walk_tree(self.folder, snap.missing):
             rel = os.path.relpath(path, self.folder)
             target = os.path.join(snap.path, rel)
             kind = _kind(st.st_mode)
             if kind not in ("folder", "file"):
                 what = f"symlink to {_readlink(path)!r}, not followed" if kind == "symlink" else f"a {kind}"
-                snap.skipped.append(f"{rel}: {what}")
+                snap.missing[rel] = what
             elif not os.path.isdir(os.path.dirname(target)):
-                snap.skipped.append(f"{rel}: its folder was not copied")
+                snap.missing[rel] = "its folder was not copied"
             elif snap.files >= max_files:
-                snap.skipped.append(f"{rel}: over the snapshot's {max_files} entries")
+                snap.cut = f"{rel}: over the snapshot's {max_files} entries"
+                break
             elif kind == "folder":
                 os.mkdir(target, 0o700)
                 folders.append(target)
                 snap.files += 1
-            elif snap.bytes + st.st_size > max_bytes:
-                snap.skipped.append(f"{rel}: {st.st_size} bytes, over the snapshot's {max_bytes} bytes in all")
+            elif snap.bytes + st.st_size > max_bytes:   # the size a reader sees: a sparse file counts in full
+                snap.cut = f"{rel}: {st.st_size} bytes, over the snapshot's {max_bytes} bytes in all"
+                break
             else:
                 why = _copy_file(path, st, target)
                 if why:
-                    snap.skipped.append(f"{rel}: {why}")
+                    snap.missing[rel] = why
                 else:
                     snap.files += 1
                     snap.bytes += st.st_size
@@ -252,6 +272,11 @@ class Episode:
         if self._closed:
             return
         self._closed = True
+        t0 = time.monotonic()
+        self._free()
+        self.host_s += time.monotonic() - t0
+
+    def _free(self):
         if self._mounted:
             self._unmount()
         if self.folder:

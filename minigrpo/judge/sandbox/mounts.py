@@ -8,7 +8,7 @@ sandboxed process tree, and its work folder with the caller's files.
 - Without one: `new_host_folder` and `host_folder_command` make a 0700 host folder under a 0711 base, write the
   files there and name what this level lacks.
 - A caller's work folder that several sandboxes use in turn: `hand_over` gives it to the next one's uid, and
-  `walk_tree` lists a folder a payload filled without following anything it planted.
+  `walk_tree` lists a folder a payload filled without following anything it planted, WALK_DEPTH folders deep.
 """
 
 import contextlib
@@ -233,26 +233,42 @@ def _sandbox_base():
 # ------------------------------------------------------------------------------------------------------------------
 # A folder a payload has written to, looked at from the host
 
-def walk_tree(top):
-    """(path, lstat result) of every entry below `top`, folders before their contents. Iterative (a chain of 4000
-    nested folders is fine), never follows a symlink, and skips what it cannot read (a path too long, an entry
-    gone). Safe only while no payload runs in the folder: the caller walks it between sandboxes."""
-    todo = [top]
+WALK_DEPTH = 32     # folders below a work folder that the host walks; deeper ones are left out, and said so
+
+
+def walk_tree(top, missing=None, max_depth=WALK_DEPTH):
+    """(path, lstat result) of every entry below `top`, folders before their contents. Iterative, never follows a
+    symlink, and never enters a folder `max_depth` levels down: each step resolves a path of at most that many
+    folders, so the walk's cost is bounded by the entries times max_depth (a 2,000-deep chain costs what a
+    32-deep one does). What it leaves out (a folder too deep, one it cannot list, an entry it cannot stat) goes
+    into `missing` {path relative to top: why} when given; a folder whose contents it left out is named with a
+    trailing "/". Safe only while no payload runs in the folder: the
+    caller walks it between sandboxes."""
+    todo = [(top, 1)]
+    def note(path, why, folder=False):
+        if missing is not None:
+            missing[os.path.relpath(path, top) + "/" * folder] = why
+
     while todo:
-        folder = todo.pop()
+        folder, depth = todo.pop()
         try:
             with os.scandir(folder) as it:
                 entries = sorted(it, key=lambda e: e.name)
-        except OSError:
+        except OSError as e:
+            note(folder, f"cannot list ({e.strerror})", folder=True)
             continue
         for entry in entries:
             try:
                 st = entry.stat(follow_symlinks=False)
-            except OSError:
+            except OSError as e:
+                note(entry.path, f"cannot stat ({e.strerror})")
                 continue
             yield entry.path, st
             if stat.S_ISDIR(st.st_mode):
-                todo.append(entry.path)
+                if depth < max_depth:
+                    todo.append((entry.path, depth + 1))
+                else:
+                    note(entry.path, f"more than {max_depth} folders deep: not walked", folder=True)
 
 
 def hand_over(folder, uid):

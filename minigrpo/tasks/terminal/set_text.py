@@ -164,7 +164,8 @@ _add(id="delete-empty-files",
      instruction="Delete every empty (0-byte) file under tmpdata/, at any depth. Keep every other file and every "
                  "folder, even the empty ones.",
      files=_TMP, setup="mkdir -p tmpdata/cache/old",
-     verify=lambda f, a: 1.0 if f.files("tmpdata") == _KEPT and f.folders("tmpdata") == _DIRS else 0.0,
+     verify=lambda f, a: 1.0 if f.files("tmpdata") == _KEPT and f.folders("tmpdata") == _DIRS
+     and all(f.text(p) == _TMP[p] for p in _KEPT) else 0.0,
      reference=T(("find tmpdata -type f -empty -print -delete",),),
      wrong=T(("find tmpdata -empty -delete",),))
 
@@ -187,7 +188,8 @@ _add(id="make-scripts-executable",
      instruction="Make every file under bin/ (at any depth) whose name ends in .sh executable. No other file may "
                  "become executable.",
      files=_BIN,
-     verify=lambda f, a: 1.0 if [p for p in f.files("bin") if f.executable(p)] == _SCRIPTS else 0.0,
+     verify=lambda f, a: 1.0 if f.files("bin") == sorted(_BIN) and all(f.text(p) == c for p, c in _BIN.items())
+     and [p for p in f.files("bin") if f.executable(p)] == _SCRIPTS else 0.0,
      reference=T(("find bin -type f -name '*.sh' -exec chmod +x {} +", "ls -lR bin"),),
      wrong=T(("chmod +x bin/*",),))
 

@@ -4,6 +4,7 @@ with git in verify.probe's sandbox, from a copy that holds only the repository's
 under a configuration of the verifier's own."""
 
 import base64
+import calendar
 import gzip
 import hashlib
 import hmac
@@ -107,25 +108,58 @@ _add(id="decode-payload", category="files-and-text", needs=("base64", "gunzip"),
 
 # --- git ------------------------------------------------------------------------------------------------------------
 
-_GIT_ENV = ("export GIT_AUTHOR_DATE=2024-01-0{n}T10:00:00Z GIT_COMMITTER_DATE=2024-01-0{n}T10:00:00Z; ")
-_GIT_INIT = ("git init -q repo && cd repo && git symbolic-ref HEAD refs/heads/main && git config user.name 'Sam Doe' "
-             "&& git config user.email sam@example.org && ")
+_AUTHOR = "Sam Doe <sam@example.org>"
+# sha1 named: _commit_ids computes the ids as a sha1 repository's, whatever a newer git's default format
+_GIT_INIT = ("git init -q --object-format=sha1 repo && cd repo && git symbolic-ref HEAD refs/heads/main && "
+             "git config user.name 'Sam Doe' && git config user.email sam@example.org && ")
 
 
 def _commits(steps):
-    """Setup commands making one commit per (shell command, subject), on fixed dates."""
-    return " && ".join(f"{{ {_GIT_ENV.format(n=i + 1)}{cmd} && git add -A && git commit -q -m '{subject}'; }}"
-                       for i, (cmd, subject) in enumerate(steps))
+    """Setup commands making one commit per (files {name: text}, subject), the n-th dated 2024-01-0n 10:00 UTC."""
+    out = []
+    for i, (files, subject) in enumerate(steps):
+        if any("'" in x for x in [*files.values(), subject]):
+            raise ValueError(f"terminal git setup {subject!r}: a single quote would end the shell's string")
+        date = f"2024-01-0{i + 1}T10:00:00Z"
+        writes = " && ".join(f"printf '%s' '{text}' > {name}" for name, text in files.items())
+        out.append(f"{{ export GIT_AUTHOR_DATE={date} GIT_COMMITTER_DATE={date}; {writes} && git add -A && "
+                   f"git commit -q -m '{subject}'; }}")
+    return " && ".join(out)
+
+
+def _object(kind, data):
+    return hashlib.sha1(f"{kind} {len(data)}\0".encode() + data).hexdigest()
+
+
+def _commit_ids(steps):
+    """The ids of the commits _commits(steps) makes, oldest first, computed as git does: its objects are named by
+    their content, and the author, dates and files are fixed, so the setup's history is known before it runs. A
+    history the agent rewrote and re-made has other ids, however alike its subjects and files."""
+    tree, parent, ids = {}, None, []
+    for i, (files, subject) in enumerate(steps):
+        tree.update(files)
+        entries = b"".join(b"100644 " + name.encode() + b"\0" + bytes.fromhex(_object("blob", text.encode()))
+                           for name, text in sorted(tree.items()))
+        who = f"{_AUTHOR} {calendar.timegm((2024, 1, i + 1, 10, 0, 0))} +0000"
+        body = f"tree {_object('tree', entries)}\n" + (f"parent {parent}\n" if parent else "") + \
+            f"author {who}\ncommitter {who}\n\n{subject}\n"
+        parent = _object("commit", body.encode())
+        ids.append(parent)
+    return ids
 
 
 _GIT_CONFIG = "[core]\n\trepositoryformatversion = 0\n\tbare = false\n"
+# no replacement refs, hooks, fsmonitor program or untracked cache; submodules neither recursed into nor summed up
+_GIT_OPTIONS = ("--no-replace-objects -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.untrackedCache=false "
+                "-c submodule.recurse=false -c status.submoduleSummary=false")
 
 
 def _in_repo(name):
     # the work tree, and of .git only the history's data: HEAD, the index, refs and objects. Nothing git would read
     # as settings or run (config, hooks/, info/, commondir and gitdir pointers, objects/info/ alternates) comes
-    # across; the config is the verifier's own (_git's extra). A .git that is a file (a gitdir pointer) is left out.
-    if not name.startswith("repo/") or name == "repo/.git":
+    # across; the config is the verifier's own (_git's extra). A .git that is a file (a gitdir pointer) is left out,
+    # and so is every .git below the repository's own (a nested repository's settings and programs).
+    if not name.startswith("repo/") or name == "repo/.git" or ".git" in name.split("/")[2:]:
         return False
     if not name.startswith("repo/.git/"):
         return True
@@ -139,8 +173,8 @@ def _git(folder, *queries):
     query fails. Sections are split by a fresh random marker, which no commit message the agent wrote can know."""
     mark = secrets.token_hex(16)
     # refs/ and objects/ may be empty folders (git gc packs them), which a copy of files alone would not make
-    script = "cd repo && mkdir -p .git/refs .git/objects && " + " && ".join(
-        f"echo {mark} && git --no-replace-objects -c core.hooksPath=/dev/null {q} 2>/dev/null" for q in queries)
+    script = "cd repo && mkdir -p .git/refs .git/objects && export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null" \
+        + "".join(f" && echo {mark} && git {_GIT_OPTIONS} {q} 2>/dev/null" for q in queries)
     r = probe(folder, script, take=_in_repo, extra={"repo/.git/config": _GIT_CONFIG})
     parts = r.output.split(mark + "\n")
     if r.exit_code != 0 or len(parts) != len(queries) + 1:
@@ -148,14 +182,17 @@ def _git(folder, *queries):
     return [p.splitlines() for p in parts[1:]]
 
 
-_HISTORY = [("printf 'a\\n' > notes.txt", "Start notes"), ("printf 'a\\nb\\n' > notes.txt", "Add b")]
+_HISTORY = [({"notes.txt": "a\n"}, "Start notes"), ({"notes.txt": "a\nb\n"}, "Add b")]
+_HISTORY_IDS = _commit_ids(_HISTORY)
 
 
 def _committed(f, a):
-    got = _git(f, "log --format=%s", "status --porcelain", "show --name-only --format= HEAD", "show HEAD:notes.txt",
-               "show HEAD:todo.txt")
-    return 1.0 if got is not None and got[0] == ["Add todo list", "Add b", "Start notes"] and got[1] == [] \
-        and sorted(got[2]) == ["notes.txt", "todo.txt"] and got[3] == ["a", "b", "c"] and got[4] == ["ship"] else 0.0
+    # the new commit on top of the setup's own two (their ids), with the changes and nothing left over
+    got = _git(f, "log --format=%H%n%s", "status --porcelain", "show --name-only --format= HEAD",
+               "show HEAD:notes.txt", "show HEAD:todo.txt")
+    return 1.0 if got is not None and got[0][1::2] == ["Add todo list", "Add b", "Start notes"] \
+        and got[0][2::2] == _HISTORY_IDS[::-1] and got[1] == [] and sorted(got[2]) == ["notes.txt", "todo.txt"] \
+        and got[3] == ["a", "b", "c"] and got[4] == ["ship"] else 0.0
 
 
 _add(id="git-commit-all", category="git", needs=("git",),
@@ -167,11 +204,11 @@ _add(id="git-commit-all", category="git", needs=("git",),
                   "git log --oneline"),),
      wrong=T(("cd repo && git commit -q -am 'Add todo list'",),))
 
-_SETTINGS = [("printf '[net]\\nretries = 3\\n' > settings.ini", "Add settings"),
-             ("printf '[net]\\nretries = 5\\n' > settings.ini", "Raise retries"),
-             ("printf '[net]\\nretries = 5\\ntimeout = 30\\n' > settings.ini", "Set a network timeout"),
-             ("printf 'docs\\n' > README", "Write a readme"),
-             ("printf '[net]\\nretries = 4\\ntimeout = 30\\n' > settings.ini", "Lower retries")]
+_SETTINGS = [({"settings.ini": "[net]\nretries = 3\n"}, "Add settings"),
+             ({"settings.ini": "[net]\nretries = 5\n"}, "Raise retries"),
+             ({"settings.ini": "[net]\nretries = 5\ntimeout = 30\n"}, "Set a network timeout"),
+             ({"README": "docs\n"}, "Write a readme"),
+             ({"settings.ini": "[net]\nretries = 4\ntimeout = 30\n"}, "Lower retries")]
 _SUBJECTS = [s for _, s in _SETTINGS]
 _add(id="git-find-commit", category="git", needs=("git",),
      instruction="Which commit of the git repository repo/ added the line `timeout = 30` to settings.ini? Finish "
@@ -184,15 +221,17 @@ _add(id="git-find-commit", category="git", needs=("git",),
 
 _LIB = "def main():\n    return helper() + 1\n\n\ndef helper():\n    return 41\n"
 _BROKEN_LIB = "def main():\n    return helper() + 1\n"
-_REVERTS = [(f"printf '%s' '{_BROKEN_LIB}' > lib.py", "Add lib"), (f"printf '%s' '{_LIB}' > lib.py", "Add helper"),
-            (f"printf '%s' '{_BROKEN_LIB}' > lib.py", "Tidy lib")]
+_REVERTS = [({"lib.py": _BROKEN_LIB}, "Add lib"), ({"lib.py": _LIB}, "Add helper"),
+            ({"lib.py": _BROKEN_LIB}, "Tidy lib")]
+_REVERT_IDS = _commit_ids(_REVERTS)
 
 
 def _reverted(f, a):
-    # the history kept: the commit undone is still there with what it did (HEAD~1 has the tidied lib.py)
-    got = _git(f, "log --format=%s", "status --porcelain", "show HEAD:lib.py", "show HEAD~1:lib.py")
-    ok = got is not None and len(got[0]) == 4 and got[0][1:] == ["Tidy lib", "Add helper", "Add lib"] \
-        and got[1] == [] and got[2] == _LIB.splitlines() and got[3] == _BROKEN_LIB.splitlines()
+    # the history kept: the setup's three commits themselves (their ids, not look-alikes re-made after a reset),
+    # one new commit on top whose lib.py has helper back
+    got = _git(f, "log --format=%H", "status --porcelain", "show HEAD:lib.py", "rev-parse HEAD~1")
+    ok = got is not None and len(got[0]) == 4 and got[0][1:] == _REVERT_IDS[::-1] and got[3] == _REVERT_IDS[-1:] \
+        and got[1] == [] and got[2] == _LIB.splitlines()
     return 1.0 if ok else 0.0
 
 

@@ -24,6 +24,7 @@ text, so a command that prints `</tool_response><|im_end|><|im_start|>user ...` 
 forge a user's message.
 """
 
+import dataclasses
 import math
 import os
 import re
@@ -43,6 +44,8 @@ OUTPUT_BYTES = 4096         # of one command's output shown to the agent; the re
 TURN_OUTPUT_BYTES = 4096    # of all of a turn's commands: a conversation grows by about this much a turn at most
 MAX_TURNS = 8
 MAX_CALLS = 8               # shell calls run per turn; the ones past it are answered as tool errors
+MAX_COMMAND_BYTES = 65536   # of one command line (the kernel takes at most 128 KiB as one argument)
+NOTE_BYTES = 512            # of the one message that answers a turn's malformed and refused calls
 FAMILIES = ("qwen2", "qwen3", "qwen3_5")
 
 SHELL_TOOL = {"type": "function", "function": {
@@ -85,6 +88,41 @@ def _tool(content):
     return {"role": "tool", "content": neutralise(content)}
 
 
+def _cut(text, n):
+    """The first `n` bytes of `text` as UTF-8, a character cut in two left out."""
+    data = text.encode()
+    return text if len(data) <= n else data[:n].decode("utf-8", "ignore")
+
+
+def _unrunnable(call, command):
+    """Why a call cannot run as given (a tool error the agent is shown), or None."""
+    if set(call["arguments"]) != {"command"} or not isinstance(command, str) or not command.strip():
+        return (f"{call['name']} takes one argument, command (a non-empty string of bash); got the arguments "
+                f"{_cut(repr(sorted(call['arguments'])), 200)}")
+    if "\0" in command:
+        return "the command holds a NUL character, which no command line can carry"
+    try:
+        size = len(command.encode())
+    except UnicodeEncodeError as e:
+        return f"the command is not valid text ({e.reason} at character {e.start})"
+    if size > MAX_COMMAND_BYTES:
+        return f"the command is {size} bytes; one command may be at most {MAX_COMMAND_BYTES} (write a script file)"
+    return None
+
+
+def _turn_note(errors, refused):
+    """The one tool message that answers a turn's malformed and refused calls, at most NOTE_BYTES: however many
+    there are, a turn grows by one message and a few hundred bytes for them."""
+    parts = []
+    if errors:
+        parts.append(f"{len(errors)} malformed call{'s' * (len(errors) > 1)}; the first: {errors[0]}")
+    if refused:
+        parts.append(f"{refused} call{'s' * (refused > 1)} not run: a turn runs at most {MAX_CALLS} and shows at "
+                     f"most {TURN_OUTPUT_BYTES} bytes of output (run {'them' if refused > 1 else 'it'} in the next "
+                     "turn)")
+    return _tool(_cut("error: " + "; ".join(parts), NOTE_BYTES)) if parts else None
+
+
 class TerminalEnv:
     """One episode of one exercise (see the module docstring). close() is always to be called."""
 
@@ -124,33 +162,42 @@ class TerminalEnv:
             return self._finish(text, info, "turn cap" if calls or errors else "answer")
         if not calls and not errors:
             return self._finish(text, info, "answer")
-        messages = [self._call(call, info) for call in calls[:MAX_CALLS]]
-        for _ in calls[MAX_CALLS:]:
-            info["tool_errors"] += 1
-            messages.append(_tool(f"error: at most {MAX_CALLS} shell calls run in one turn; this one was not run"))
-        messages += [_tool(f"error: {e}") for e in errors]
+        messages, refused = [], 0
+        for call in calls:
+            left = TURN_OUTPUT_BYTES - info["shown_bytes"]
+            if len(messages) == MAX_CALLS or left <= 0 or self.ep.ended is not None:
+                refused += 1
+            else:
+                messages.append(self._call(call, info, left))
+        info["tool_errors"] += refused
+        note = _turn_note(errors, refused)
+        if note:
+            messages.append(note)
+            info["shown_bytes"] += len(note["content"].encode())
         if self.ep.ended is not None:
             return self._finish(text, info, self.ep.ended)
         return Reply(messages=messages, info=info)
 
-    def _call(self, call, info):
-        args = call["arguments"]
-        command = args.get("command")
-        if set(args) != {"command"} or not isinstance(command, str) or not command.strip():
+    def _call(self, call, info, left):
+        """One well-formed call: its tool message, its bytes counted in info["shown_bytes"]."""
+        command = call["arguments"].get("command")
+        why = _unrunnable(call, command)
+        if why:
             info["tool_errors"] += 1
-            return _tool(f"error: {call['name']} takes one argument, command (a non-empty string of bash); "
-                         f"got the arguments {sorted(args)}")
-        left = TURN_OUTPUT_BYTES - info["shown_bytes"]
-        if left <= 0:
-            info["tool_errors"] += 1
-            return _tool(f"error: this turn's commands have shown {TURN_OUTPUT_BYTES} bytes of output already; "
-                         "this one was not run (run it in the next turn)")
-        r = self.ep.run(command, min(left, self.output_bytes))
-        info["shown_bytes"] += len(r.output.encode())
-        info["tool_calls"] += 1
-        info["timeouts"] += r.status in ("timeout", "cpu", "budget")
-        info["cut_bytes"] += r.cut_bytes
-        return _tool(r.observation())
+            message = _tool(f"error: {why}")
+        else:
+            keep = min(left, self.output_bytes)
+            r = self.ep.run(command, keep)
+            info["tool_calls"] += 1
+            info["timeouts"] += r.status in ("timeout", "cpu", "budget")
+            # the output as shown: control tokens neutralised and invalid UTF-8 replaced, both of which grow it
+            out = neutralise(r.output)
+            shown = _cut(out, keep)
+            r = dataclasses.replace(r, output=shown, cut_bytes=r.cut_bytes + len(out.encode()) - len(shown.encode()))
+            info["cut_bytes"] += r.cut_bytes
+            message = _tool(r.observation())
+        info["shown_bytes"] += len(message["content"].encode())
+        return message
 
     def _finish(self, text, info, why):
         """Judge the episode: its snapshot and the answer. The verifier runs on the host on a read-only copy;
@@ -164,15 +211,16 @@ class TerminalEnv:
             info["verify_error"] = f"snapshot: {e}"
             return Reply(messages=[], done=True, score=None, info=info)
         try:
-            score = float(self.exercise.verify(Folder(snap.path, snap.skipped), answer))
+            score = float(self.exercise.verify(Folder(snap.path, snap.missing, snap.cut), answer))
             score = min(1.0, max(0.0, score)) if math.isfinite(score) else 0.0
         except VerifierUnavailable as e:
             score, info["verify_error"] = None, str(e)
-        except Exception as e:  # noqa: BLE001 - a verifier that fails on the agent's bytes gives no reward
+        except Exception as e:  # noqa: BLE001 - a verifier that fails on the agent's bytes (Incomplete) gives 0
             score, info["verify_error"] = 0.0, f"{type(e).__name__}: {e}"
         finally:
             snap.close()
             self.ep.close()             # the loop's close() follows; freeing the folder and uid now costs nothing
+            info["host_seconds"] = round(self.ep.host_s, 3)
         return Reply(messages=[], done=True, score=score, info=info)
 
     def close(self):
@@ -231,8 +279,9 @@ class TerminalTask:
 
 def agent_metrics(seqs) -> dict:
     """Per episode, over a rollout's Seqs (one per policy turn, grouped by Seq.episode): the share solved (score 1),
-    the mean score, turns, shell calls run, malformed calls, commands that timed out, and the share that hit the
-    turn cap."""
+    the mean score, turns, shell calls run, malformed calls, commands that timed out, the share that hit the
+    turn cap, the share ended by an error of the environment (episodes.failed) and the host's seconds of work
+    (Episode.host_s: handing the folder over, starting and ending sandboxes, the snapshot, the removal)."""
     eps = {}
     for s in seqs:
         eps.setdefault(s.episode, []).append(s)
@@ -244,4 +293,5 @@ def agent_metrics(seqs) -> dict:
     return {"solved": sum(x == 1.0 for x in scored) / len(eps), "score": sum(scored) / max(len(scored), 1),
             "turns": len(seqs) / len(eps), "tool_calls": per("tool_calls"), "tool_errors": per("tool_errors"),
             "timeouts": per("timeouts"),
-            "turn_cap": sum(s.info.get("ended") == "turn cap" for s in finals) / len(eps)}
+            "turn_cap": sum(s.info.get("ended") == "turn cap" for s in finals) / len(eps),
+            "env_errors": sum("env_error" in s.info for s in finals) / len(eps), "host_seconds": per("host_seconds")}

@@ -6,7 +6,9 @@ The agent wrote every byte a verifier looks at, so each one is hostile input:
 - `Folder` lists the snapshot with a walk that follows nothing (the snapshot holds no symlinks, but a verifier
   does not rely on that), caps the number of entries, and reads a file only if the walk listed it as a regular
   file, with O_NOFOLLOW and O_NONBLOCK, at most `cap` bytes: a file over the cap reads as missing, not as its
-  first megabyte, so a verifier never judges a file it has not seen whole.
+  first megabyte, so a verifier never judges a file it has not seen whole. Nor a folder: a question about a path
+  that something the snapshot left out (a symlink, a fifo, a folder too deep) could change, or about a snapshot
+  cut at its caps, raises Incomplete, and the episode scores 0 with that reason.
 - `probe` is the only way a verifier runs anything of the agent's (a fixed script, a package, a git repository,
   a database): in a fresh sandbox (an Episode of its own, with its own limits) on a copy of the files it names,
   never on the host. The verifier's own files (hidden inputs, its probe script) are copied in last, so they win
@@ -31,35 +33,64 @@ PROBE_LIMITS = Limits(timeout=10, memory_mb=512, nproc=64, fsize_mb=16)
 PROBE_OUTPUT = 65536        # bytes of a probe's output kept
 PROBE_BYTES = 8 << 20       # bytes of the agent's files a probe copies, in all
 PROBE_FILES = 512
+PROBE_PATH = 1024           # bytes of a relative path a probe copies: under the probe's own folder it must stay
+#                             within the kernel's 4096, or the verifier's sandbox would fail to start
 
 
 class VerifierUnavailable(RuntimeError):
     """The verifier's own sandbox could not start (the machine, not the agent): the episode is not scored."""
 
 
+class Incomplete(Exception):
+    """A verifier asked about a part of the snapshot that is not whole (something there was not copied, or the
+    copy was cut at its caps): the episode scores 0, since what is missing may be exactly what is checked."""
+
+
+def _related(missing, rel):
+    # what is missing at `missing` changes the answer about `rel` ("" for everything): the same path, or one
+    # below the other either way round. A trailing "/" names a folder whose contents were left out.
+    missing = missing.rstrip("/")
+    return not rel or missing == rel or missing.startswith(rel + "/") or rel.startswith(missing + "/")
+
+
 class Folder:
     """An episode's snapshot as a verifier reads it: `entries` maps each relative path to "dir", "file" or "exec"
-    (an executable regular file); anything else the walk meets is left out."""
+    (an executable regular file); anything else the walk meets is left out, and a question whose answer it could
+    change raises Incomplete (see `whole`)."""
 
-    def __init__(self, path, skipped=()):
+    def __init__(self, path, missing=None, cut=""):
         self.path = path
-        self.skipped = list(skipped)        # what the snapshot itself left out (Snapshot.skipped)
-        self.entries, self.truncated = _listing(path, MAX_ENTRIES)
+        self.missing = dict(missing or {})  # {relative path: why} the snapshot did not copy (Snapshot.missing)
+        self.entries, self.cut = _listing(path, MAX_ENTRIES, self.missing)
+        self.cut = cut or self.cut          # why the copy or this listing stopped early ("" when whole)
+
+    def whole(self, rel=""):
+        """Raise Incomplete unless everything at and under the relative path `rel` ("" for all), and every folder
+        above it, was copied: a verifier must not read "not there" where the snapshot only left a thing out."""
+        if self.cut:
+            raise Incomplete(f"the snapshot is incomplete: {self.cut}")
+        for m, why in self.missing.items():
+            if _related(m, rel.rstrip("/")):
+                raise Incomplete(f"the snapshot is incomplete under {rel or 'the work folder'}: {m}: {why}")
 
     def files(self, under=""):
         """The regular files at or under the relative folder `under` ("" for all), sorted."""
+        self.whole(under)
         prefix = under.rstrip("/") + "/" if under else ""
         return sorted(p for p, kind in self.entries.items() if kind != "dir" and p.startswith(prefix))
 
     def folders(self, under=""):
+        self.whole(under)
         prefix = under.rstrip("/") + "/" if under else ""
         return sorted(p for p, kind in self.entries.items() if kind == "dir" and p.startswith(prefix))
 
     def executable(self, rel):
+        self.whole(rel)
         return self.entries.get(rel) == "exec"
 
     def read(self, rel, cap=MAX_READ):
         """The bytes of the regular file `rel`, or None: not listed as one, unreadable, or over `cap` bytes."""
+        self.whole(rel)
         if self.entries.get(rel) not in ("file", "exec"):
             return None
         try:
@@ -99,31 +130,35 @@ class Folder:
         return None if text is None else text.splitlines()
 
 
-def _listing(top, cap):
-    """{relative path: kind} of a folder's tree, walked iteratively without following anything, at most `cap`
-    entries (then truncated is True)."""
+def _listing(top, cap, missing):
+    """({relative path: kind}, why it stopped early or "") of a folder's tree, walked iteratively without following
+    anything, at most `cap` entries; what it cannot list or stat goes into `missing`."""
     entries, stack = {}, [""]
     while stack:
         rel = stack.pop()
         try:
             with os.scandir(os.path.join(top, rel) if rel else top) as it:
                 found = sorted(it, key=lambda e: e.name)
-        except OSError:
+        except OSError as e:
+            missing[rel + "/"] = f"cannot list ({e.strerror})"
             continue
         for entry in found:
             if len(entries) >= cap:
-                return entries, True
+                return entries, f"over the verifier's {cap} entries"
             path = f"{rel}/{entry.name}" if rel else entry.name
             try:
                 st = entry.stat(follow_symlinks=False)
-            except OSError:
+            except OSError as e:
+                missing[path] = f"cannot stat ({e.strerror})"
                 continue
             if stat.S_ISDIR(st.st_mode):
                 entries[path] = "dir"
                 stack.append(path)
             elif stat.S_ISREG(st.st_mode):
                 entries[path] = "exec" if st.st_mode & stat.S_IXUSR else "file"
-    return entries, False
+            else:
+                missing[path] = "not a folder or a regular file"
+    return entries, ""
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -132,15 +167,26 @@ def _listing(top, cap):
 def probe(folder, command, take=None, extra=None, limits=PROBE_LIMITS):
     """Run the bash `command` in a fresh sandbox holding a copy of the snapshot's files that `take(rel)` accepts
     (all when None; executable bits kept) and then the verifier's `extra` {path: content}. Returns the
-    CommandResult. None of the agent's files is over-large or over-many: past PROBE_BYTES / PROBE_FILES the copy
-    stops there (what is missing then fails the check, as a missing file would)."""
+    CommandResult. Raises Incomplete when any of those files cannot come across whole: one the snapshot left out
+    (`take` asked of the path, and of it as a folder: a symlink or fifo may stand where a folder should be), any
+    folder whose contents the snapshot left out (they could be anything), one over PROBE_BYTES in all, past
+    PROBE_FILES or with a path over PROBE_PATH; a probe on part of the agent's work could read "not there" as the
+    truth, and a sandbox that cannot start for the agent's paths must not take the episode out of its group."""
+    wanted = (lambda rel: True) if take is None else take
+    if folder.cut:
+        raise Incomplete(f"the snapshot is incomplete: {folder.cut}")
+    for m, why in folder.missing.items():
+        if m.endswith("/") or wanted(m) or wanted(m + "/"):
+            raise Incomplete(f"the snapshot is incomplete: {m}: {why}")
     files, execs, size = {}, [], 0
-    for rel in folder.files():
-        if take is not None and not take(rel):
+    for rel in sorted(p for p, kind in folder.entries.items() if kind != "dir"):
+        if not wanted(rel):
             continue
-        data = folder.read(rel)
+        if len(rel.encode()) > PROBE_PATH:
+            raise Incomplete(f"{rel[:80]}...: a path over the probe's {PROBE_PATH} bytes")
+        data = folder.read(rel, PROBE_BYTES)
         if data is None or size + len(data) > PROBE_BYTES or len(files) >= PROBE_FILES:
-            continue
+            raise Incomplete(f"{rel}: over the probe's {PROBE_FILES} files or {PROBE_BYTES} bytes in all")
         files[rel], size = data, size + len(data)
         if folder.executable(rel):
             execs.append(rel)

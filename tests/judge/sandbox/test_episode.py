@@ -17,6 +17,8 @@ import pytest
 from minigrpo.judge.sandbox import Limits, launch as sandbox_launch
 from minigrpo.judge.sandbox.episode import Episode
 from minigrpo.judge.sandbox.host import pids_of_uid
+from minigrpo.judge.sandbox.mounts import WALK_DEPTH, walk_tree
+from minigrpo.tasks.terminal.verify import Folder, Incomplete
 
 from repo_root import ROOT
 from sandbox_probe import level, need_bwrap, need_cgroup
@@ -171,7 +173,7 @@ def test_the_snapshot_copies_only_plain_files_read_only():
     with episode() as ep:
         ep.run(PLANT)
         t0 = time.monotonic()
-        with ep.snapshot(max_bytes=600 << 10) as snap:
+        with ep.snapshot() as snap:
             assert time.monotonic() - t0 < 5                # the fifo did not block it
             got = {}
             for top, dirs, files in os.walk(snap.path):
@@ -181,14 +183,15 @@ def test_the_snapshot_copies_only_plain_files_read_only():
                     got[os.path.relpath(p, snap.path)] = st
                     assert stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode), p
                     assert st.st_uid == os.geteuid() and not st.st_mode & (stat.S_ISUID | stat.S_ISGID | 0o222), p
-            assert sorted(got) == ["d", "d/e", "d/e/out.txt", "tool", "tool2"]
+            assert sorted(got) == ["d", "d/e", "d/e/out.txt", "sparse", "tool", "tool2"]
             assert stat.S_IMODE(got["tool"].st_mode) == 0o555 and stat.S_IMODE(got["d/e/out.txt"].st_mode) == 0o444
             with open(os.path.join(snap.path, "d/e/out.txt")) as f:
                 assert f.read() == "report\n"
             skipped = "\n".join(snap.skipped)
             for what in ("leak: symlink to '/etc/passwd'", "rootlink: symlink", "up: symlink", "d/e/home: symlink",
-                         "pipe: a fifo", "sparse: 921600 bytes, over the snapshot's"):
+                         "pipe: a fifo"):
                 assert what in skipped, snap.skipped
+            assert not snap.cut
             path = snap.path
         assert not os.path.exists(path)
         assert ep.run("ls d/e").output == "home\nout.txt\n"  # the episode's own folder is untouched
@@ -199,7 +202,15 @@ def test_the_snapshot_caps_the_number_of_entries():
         ep.run("for i in $(seq 1 20); do echo $i > f$i; done")
         with ep.snapshot(max_files=5) as snap:
             assert snap.files == 5 and len(os.listdir(snap.path)) == 5
-            assert len(snap.skipped) == 15 and all("over the snapshot's 5 entries" in s for s in snap.skipped)
+            assert snap.cut.endswith("over the snapshot's 5 entries") and snap.skipped == [snap.cut]
+
+
+def test_the_byte_cap_stops_the_copy_at_the_first_file_past_it_and_sparse_files_count():
+    with episode() as ep:
+        ep.run("truncate -s 900K a-sparse; echo small > b-small; echo small > c-small")
+        with ep.snapshot(max_bytes=600 << 10) as snap:
+            assert snap.cut == "a-sparse: 921600 bytes, over the snapshot's 614400 bytes in all"
+            assert os.listdir(snap.path) == [] and snap.skipped == [snap.cut]    # nothing after it either
 
 
 @pytest.mark.parametrize("mode,lacks", [("bwrap-userns", "user namespace"), ("unshare", "no mount namespace"),
@@ -214,3 +225,30 @@ def test_a_weaker_mode_still_runs_and_names_what_it_lacks(mode, lacks):
         assert any(lacks in w for w in ep.weaknesses), ep.weaknesses
         folder = ep.folder
     assert not os.path.exists(folder) and ep.errors == []
+
+
+def chain(top, depth):
+    """`depth` nested folders d/d/..., each holding a file f, made from the host (relative to open folders)."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.close(os.open("f", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(fd)
+
+
+def test_a_2000_deep_chain_costs_the_host_a_bounded_walk_and_says_what_it_left_out():
+    with episode() as ep:
+        chain(ep.folder, 2000)
+        missing = {}
+        walked = [os.path.relpath(p, ep.folder) for p, _ in walk_tree(ep.folder, missing)]
+        assert len(walked) == 2 * WALK_DEPTH and max(p.count("/") for p in walked) == WALK_DEPTH - 1
+        assert missing == {"d/" * WALK_DEPTH: f"more than {WALK_DEPTH} folders deep: not walked"}
+        assert ep.run("cd d/d && echo ok > g && cat g").output == "ok\n"     # handed over, walked as far
+        assert ep.host_s > 0 and ep.used_s > sum(r.seconds for r in ep.results)     # the host's part charged
+        with ep.snapshot() as snap:
+            assert snap.files == 2 * WALK_DEPTH + 1 and snap.missing == missing and not snap.cut
+            with pytest.raises(Incomplete, match="more than 32 folders deep"):
+                Folder(snap.path, snap.missing, snap.cut).files("d")

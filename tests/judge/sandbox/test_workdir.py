@@ -73,7 +73,7 @@ def test_hand_over_changes_no_link_and_no_file_from_outside(folder, tmp_path):
     assert sorted(owners) == ["hard", "soft", "soft_dir", "sub", "sub/task.txt"]   # nothing followed
 
 
-def test_walk_tree_is_iterative_and_follows_nothing(folder):
+def test_walk_tree_follows_nothing_and_stops_at_its_depth(folder):
     path = folder
     for _ in range(1200):                                           # deeper than Python's recursion limit
         path = os.path.join(path, "d")
@@ -82,5 +82,7 @@ def test_walk_tree_is_iterative_and_follows_nothing(folder):
         except OSError:                                             # the path grew too long: deep enough
             break
     os.symlink("/", os.path.join(folder, "root"))
-    entries = list(walk_tree(folder))
-    assert len(entries) > 900 and all(not p.startswith(os.path.join(folder, "root") + "/") for p, _ in entries)
+    missing = {}
+    entries = list(walk_tree(folder, missing, max_depth=900))
+    assert len(entries) == 901 and all(not p.startswith(os.path.join(folder, "root") + "/") for p, _ in entries)
+    assert list(missing) == ["d/" * 900]
