@@ -115,6 +115,7 @@ def train(args, policy=None, task=None) -> dict:
         bar.update(m)
     bar.close()
     tracker.close()
+    run.release()                                              # the next writer may take the folder
     first_reward, last_reward = run.first_and_last("reward_mean")   # the run's, not only this process's steps
     if dist_info.main:
         print(epoch_summary(run.file("metrics.jsonl")))      # the result: stdout; progress and warnings: stderr
