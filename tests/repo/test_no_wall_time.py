@@ -6,7 +6,9 @@ events or by counts: timestamps compared with each other, never a difference of 
 The check reads every test's syntax tree: a value is a clock reading when it comes from time.perf_counter(),
 time.time() or time.monotonic() (or their _ns forms), directly or through the names it is assigned to, appended to
 or stored in; a duration is a subtraction one of whose sides is a clock reading, and what is computed from one. A
-comparison that has a duration on one side and a number (a literal, or a name bound to one) on the other is flagged.
+comparison that a test asserts (in an assert, or in an `if` that fails the test), with a duration on one side and a
+number (a literal, or a name bound to one) on the other, is flagged. A deadline that bounds a polling loop is not an
+assertion: it keeps a test from hanging and is left alone.
 """
 import ast
 import glob
@@ -86,23 +88,50 @@ def is_number(node, numeric_names) -> bool:
     return isinstance(node, ast.Name) and node.id in numeric_names
 
 
-def numeric_constants(tree) -> set:
-    """Module-level names bound to a number (a budget such as LIMIT_S = 3.9)."""
-    return {t.id for node in tree.body if isinstance(node, ast.Assign) and is_number(node.value, set())
-            for t in node.targets if isinstance(t, ast.Name)}
+def fails_the_test(body) -> bool:
+    """An `if` body that fails the test: it raises, asserts, or calls pytest.fail."""
+    return any(isinstance(n, (ast.Raise, ast.Assert)) or
+               (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "fail")
+               for stmt in body for n in ast.walk(stmt))
+
+
+def asserted(scope):
+    """The comparisons a test asserts: inside an assert, or the condition of an `if` that fails the test."""
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Assert) or (isinstance(node, ast.If) and fails_the_test(node.body)):
+            yield from (n for n in ast.walk(node.test) if isinstance(n, ast.Compare))
+
+
+def numeric_names(statements, names=frozenset()) -> set:
+    """The names these statements bind to a number, or to arithmetic of numbers and such names (a budget such as
+    LIMIT_S = 3.9, or serial = n * delay), to a fixed point; `a, b = 0.3, 2` binds each."""
+    pairs = []
+    for node in statements:
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    pairs.append((t.id, node.value))
+                elif isinstance(t, ast.Tuple) and isinstance(node.value, ast.Tuple) and \
+                        len(t.elts) == len(node.value.elts):
+                    pairs += [(e.id, v) for e, v in zip(t.elts, node.value.elts) if isinstance(e, ast.Name)]
+    names = set(names)
+    while True:
+        more = {name for name, value in pairs if name not in names and is_number(value, names)}
+        if not more:
+            return names
+        names |= more
 
 
 def offenders_in(tree, rel):
-    numeric = numeric_constants(tree)
+    module = numeric_names(tree.body)
     scopes = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     scopes += [m for c in tree.body if isinstance(c, ast.ClassDef) for m in c.body
                if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
     for scope in scopes:
         clock = tainted(scope, lambda v, names: holds_clock(v, names))
         duration = tainted(scope, lambda v, names: is_duration(v, clock, names))
-        for node in ast.walk(scope):
-            if not isinstance(node, ast.Compare):
-                continue
+        numeric = numeric_names(ast.walk(scope), module) - clock - duration
+        for node in asserted(scope):
             sides = [node.left, *node.comparators]
             if any(is_duration(s, clock, duration) for s in sides) and any(is_number(s, numeric) for s in sides):
                 yield f"{rel}::{scope.name}", node.lineno
@@ -152,11 +181,23 @@ def test_d():
     t = {"start": time.time()}
     work()
     assert 1 > round(time.time() - t["start"], 1)
+def test_e():
+    t0 = time.perf_counter()
+    work()
+    if time.perf_counter() - t0 > 5:
+        pytest.fail("too slow")
+def test_f():
+    delay, n = 0.3, 4
+    serial = 2 * n * delay
+    t0 = time.perf_counter()
+    work()
+    wall = time.perf_counter() - t0
+    assert wall < 0.8 * serial
 '''
-    assert check(flagged) == [8, 13, 18, 22]
+    assert check(flagged) == [8, 13, 18, 22, 26, 34]
 
 
-def test_the_check_leaves_order_of_events_and_counts_alone():
+def test_the_check_leaves_order_of_events_counts_and_deadlines_alone():
     fine = '''
 import time
 def test_order():
@@ -169,5 +210,10 @@ def test_order():
 def test_no_clock():
     a, b = 5, 2
     assert a - b < 4
+def test_polls_with_a_deadline():
+    t0 = time.monotonic()
+    while busy() and time.monotonic() - t0 < 20:
+        time.sleep(0.1)
+    assert not busy()
 '''
     assert check(fine) == []
