@@ -16,8 +16,7 @@ only a run writes (a config.json holding the trainer's own keys, run_name, runs_
 beside a checkpoints/ folder) and is marked; any other non-empty folder (a model folder holding its own
 config.json, say) is refused untouched.
 
-One process writes a run folder at a time: whoever marks it holds its lock (minigrpo/run/lock.py) until it is done.
-The name is one folder inside --runs-dir: no separator, not "." or "..".
+One process writes a run folder at a time (its lock: minigrpo/run/lock.py); its name is one folder in --runs-dir.
 """
 import importlib
 import json
@@ -97,8 +96,9 @@ class RunFolder:
                          "only into new, empty or its own run folders: pass another --run-name or --runs-dir")
 
     def mark(self):
-        """Refuse a folder that is not ours; make it (private) and mark it as a run folder. What a pipeline (the
-        mdp pipeline, the revise experiment) does before it writes its first file, on every rerun too."""
+        """Refuse a folder that is not ours, or that another process writes; make it (private), hold it until
+        release() and mark it as a run folder. What a pipeline (the mdp pipeline, the revise experiment) does
+        before it writes its first file, on every rerun too."""
         self.refuse_foreign()
         try:
             os.makedirs(self.path, mode=0o700, exist_ok=True)
@@ -112,7 +112,7 @@ class RunFolder:
                              "--runs-dir you can write") from None
 
     def release(self):
-        """The writer is done: the next may take the folder (what a writer that stops short leaves, exit does)."""
+        """The writer is done: the next may take the folder (one that stops short is let go of at exit)."""
         lock.release(self.path)
 
     def claim(self, fresh: bool):

@@ -85,7 +85,8 @@ def missing_isolation() -> list[str]:
         missing.append("bubblewrap (apt install bubblewrap, or dnf install bubblewrap)" if not shutil.which("bwrap")
                        else "bubblewrap that can start here (it is installed, but could not make its namespaces)")
     if "pool-uid" not in parts:
-        missing.append("a uid of its own per sandbox (run as root: the uid pool needs it)")
+        missing.append("a uid of its own per sandbox (" + ("run as root: the uid pool needs it" if os.geteuid() else
+                       "the pool uids cannot read this Python installation: put it where other users may read") + ")")
     if not any(p.startswith("cgroup-") for p in parts):
         missing.append("a cgroup of its own (root, with cgroup v1 pids+memory+cpuacct or v2 delegating pids and "
                        "memory)")
