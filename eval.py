@@ -164,12 +164,11 @@ def hold_out(out) -> str:
         top, parent = parent, os.path.dirname(parent)
     try:
         os.makedirs(out, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"--out {out}: cannot make it ({e.strerror or e}); pass a folder you can write") from None
-    try:
         lock.hold(out, instead="pass another --out")
     except lock.FolderBusy as e:    # another eval.py writing there: one line naming its pid
         raise UsageError(str(e)) from None
+    except OSError as e:            # a read-only place, a file in the way
+        raise UsageError(f"--out {out}: cannot write there ({e.strerror or e}); pass a folder you can write") from None
     return top
 
 

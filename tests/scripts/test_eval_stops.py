@@ -62,3 +62,10 @@ def test_ctrl_c_keeps_what_the_eval_wrote_and_a_folder_that_was_there(tmp_path, 
     (tmp_path / "mine").mkdir()
     run(["--task", "synthetic", "--model", "tiny", "--out", str(tmp_path / "mine")], capsys, 130)
     assert os.path.isdir(tmp_path / "mine")                           # not this eval's to remove
+
+
+def test_an_out_that_is_a_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "out").write_text("mine\n")
+    line = run(["--task", "synthetic", "--model", "tiny", "--out", str(tmp_path / "out")], capsys, 2)
+    assert line.startswith(f"eval.py: error: --out {tmp_path / 'out'}: cannot write there (")
+    assert (tmp_path / "out").read_text() == "mine\n"
