@@ -40,6 +40,8 @@ import torch
 
 from minigrpo.evals import gsm8k, mdp, revise, soyuz, synthetic, terminal
 from minigrpo.evals.common import UsageError, adapter_base, resolve_adapter, resolve_model
+from minigrpo.run import lock
+from minigrpo.run.flags import WEAK_SANDBOX_HELP, sandbox_refusal
 from minigrpo.run.presets import PRESETS
 from minigrpo.tasks import TASKS
 
@@ -91,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample-seed", type=int, help="the sampler's seed, for --temperature > 0 (default: 0 for mdp, "
                    "whose --seed picks the records; --seed for the other tasks)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--weak-sandbox", action="store_true", help=WEAK_SANDBOX_HELP)
     return p
 
 
@@ -109,6 +112,11 @@ def check_args(args):
         for flag in flags:
             if args.task != task and getattr(args, flag):
                 raise UsageError(f"--{flag.replace('_', '-')} is for --task {task} only")
+    if args.weak_sandbox and args.task != "terminal":
+        raise UsageError(f"--weak-sandbox: only --task terminal runs an agent's commands, not --task {args.task}")
+    refusal = sandbox_refusal(args.task, args.weak_sandbox)
+    if refusal:
+        raise UsageError(refusal)
     if args.group_size and args.task not in ("soyuz", "revise", "terminal"):
         raise UsageError("--group-size is for --task soyuz, revise and terminal only")
     for flag in ("data", "svamp", "math"):
@@ -148,20 +156,59 @@ EVALS = {"gsm8k": gsm8k.eval_gsm8k, "soyuz": soyuz.eval_soyuz, "synthetic": synt
          "mdp": mdp.eval_mdp, "revise": revise.eval_revise, "terminal": terminal.eval_terminal}
 
 
+def hold_out(out) -> str:
+    """Make --out (and its missing parents) and hold it: one writer at a time (minigrpo/run/lock.py). Returns the
+    topmost folder this made ("" when --out existed)."""
+    top, parent = "", os.path.abspath(out)
+    while not os.path.exists(parent):
+        top, parent = parent, os.path.dirname(parent)
+    try:
+        os.makedirs(out, exist_ok=True)
+        lock.hold(out, instead="pass another --out")
+    except lock.FolderBusy as e:    # another eval.py writing there: one line naming its pid
+        raise UsageError(str(e)) from None
+    except OSError as e:            # a read-only place, a file in the way
+        raise UsageError(f"--out {out}: cannot write there ({e.strerror or e}); pass a folder you can write") from None
+    return top
+
+
+def drop_out(out, made) -> str:
+    """Let go of --out after a failed or stopped eval (`made`: hold_out's answer, None if it never got that far):
+    the folders it made are removed while nothing was written into them. What is left, in words."""
+    if made is None:
+        return "nothing was written"
+    lock.release(out)
+    folder = os.path.abspath(out)
+    while made and not os.listdir(folder):
+        os.rmdir(folder)
+        if folder == made:
+            return "nothing was written"
+        folder = os.path.dirname(folder)
+    return f"what it wrote is in {out}" if os.path.isdir(out) and os.listdir(out) else "nothing was written"
+
+
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)  # argparse itself exits 2 on unknown flags or bad values
     args.argv = argv
+    made = None
     try:
         check_args(args)
         resolve_defaults(args)
         torch.manual_seed(args.sample_seed)
-        os.makedirs(args.out, exist_ok=True)
+        made = hold_out(args.out)
         t0 = time.perf_counter()
         result = EVALS[args.task](args, args.out)
-    except UsageError as e:
-        print(f"eval.py: error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    except BaseException as e:
+        left = drop_out(args.out, made)
+        if isinstance(e, UsageError):
+            print(f"eval.py: error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+        if isinstance(e, KeyboardInterrupt):
+            print(f"\neval.py: stopped by Ctrl-C; {left}", file=sys.stderr)
+            raise SystemExit(130) from None
+        raise
+    lock.release(args.out)
     with open(os.path.join(args.out, "report.md"), encoding="utf-8") as f:
         print(f.read())
     print(f"eval.py: wrote {', '.join(sorted(os.listdir(args.out)))} to {args.out} "

@@ -54,6 +54,25 @@ def print_verdict(verdict):
     print(f"reason: {verdict.reason}")
 
 
+def read_answer(path: str) -> str:
+    """The answer's text (stdin for '-'); a file that cannot be read, or is not UTF-8 text, is a ValueError naming
+    --answer and the file."""
+    try:
+        if path == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
+        return data.decode("utf-8")
+    except FileNotFoundError:
+        raise
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--answer {path}: not UTF-8 text (byte {e.start} is {e.object[e.start]:#04x}); the judge "
+                         "grades text answers") from None
+    except OSError as e:
+        raise ValueError(f"--answer {path}: cannot read it ({e.strerror or e})") from None
+
+
 def main(argv=None):
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -61,9 +80,9 @@ def main(argv=None):
         tasks = load_tasks(args.tasks)
         if args.task not in tasks:
             raise ValueError(f"{args.tasks}: no task with id {args.task!r} (have {', '.join(sorted(tasks))})")
-        answer = sys.stdin.read() if args.answer == "-" else open(args.answer).read()
-        judge = make_judge(args.judge, workers=1, timeout=args.timeout, retries=args.retries, hybrid=args.judge_mode == "hybrid",
-                           **backend_options(args))
+        answer = read_answer(args.answer)
+        judge = make_judge(args.judge, workers=1, timeout=args.timeout, retries=args.retries,
+                           hybrid=args.judge_mode == "hybrid", **backend_options(args))
     except FileNotFoundError as e:
         print(f"judge.py: {e.filename}: no such file (check --tasks / --answer)", file=sys.stderr)
         return 2

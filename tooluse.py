@@ -22,6 +22,8 @@ def main(argv=None):
     p.add_argument("--runs-dir", default="runs")
     p.add_argument("--run-name", default="tooluse")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--redo", action="store_true",
+                   help="run the stages of an existing run folder again with a --seed that differs from its own")
     args = p.parse_args(argv)
     if not 0 <= args.seed < 2 ** 32:
         p.error(f"--seed {args.seed}: must be in [0, 2^32)")

@@ -55,18 +55,26 @@ from minigrpo.update import (all_reduce_and_clip, collate, log_probs, micro_batc
 def train(args, policy=None, task=None) -> dict:
     """The GRPO loop. `policy` = (model, tokenizer, trainable params, reference or None) to train a model built
     elsewhere (the mdp pipeline starts GRPO from its SFT weights); default: build it from args.model. `task`: a
-    task object built elsewhere (the mdp pipeline's sizes and prompt style); default: the task args name."""
+    task object built elsewhere (the mdp pipeline's sizes and prompt style); default: the task args name. The run
+    folder has one writer: this run holds it from its claim until the loop ends, however it ends."""
+    run = RunFolder(args.runs_dir, args.run_name)
+    try:
+        return grpo_loop(run, args, policy, task)
+    finally:
+        run.release()
+
+
+def grpo_loop(run, args, policy, task) -> dict:
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     dist_info = init_distributed(device)
     seed_everything(args.seed)
-    run = RunFolder(args.runs_dir, args.run_name)
     if dist_info.main:
-        run.claim(fresh=not args.resume)   # refuse a folder that is not a run's before any work; make, mark it
+        run.claim(fresh=not args.resume)   # refuse a folder not a run's, or written by another: before any work
     os.makedirs(run.path, mode=0o700, exist_ok=True)        # the judge's cache lives there; private to us
     task = task or task_from_args(args)
     train_set = task.examples("train")
-    n_steps = total_steps(args, len(train_set))
+    n_steps = args.steps or args.epochs * math.ceil(len(train_set) / args.tasks_per_step)
     model, tok, params, reference = policy or build_policy(args, device, dtype)
     opt, sched = adamw(params, args.lr, n_steps, args.warmup, args.schedule, args.adam_beta2, args.weight_decay)
     data, step, nonfinite = resume_or_start(run, args, model, opt, sched, dist_info, device, n_steps)
@@ -111,7 +119,7 @@ def train(args, policy=None, task=None) -> dict:
             for rec in sample_records(step, all_seqs, tok):
                 run.append("samples.jsonl", rec)
         t2 = time.perf_counter()
-        if checkpoint_due(step, n_steps, args):
+        if step % args.save_every == 0 or step == n_steps:
             save(run, step, model, tok, params, args, dist_info, trainer_state(step, data, opt, sched, nonfinite))
         t_checkpoint = time.perf_counter() - t2
         bar.update(m)
@@ -366,14 +374,6 @@ def build_policy(args, device, dtype):
     if args.grad_checkpoint:
         enable_activation_checkpointing(model)
     return model, tok, params, reference
-
-
-def total_steps(args, n_train):
-    return args.steps if args.steps else args.epochs * math.ceil(n_train / args.tasks_per_step)
-
-
-def checkpoint_due(step, n_steps, args) -> bool:
-    return step % args.save_every == 0 or step == n_steps
 
 
 def save(run, step, model, tok, params, args, dist_info, state):

@@ -69,9 +69,14 @@ _threads_why = "torch's default"
 
 
 def set_cpu_threads(requested: int | None, given: str = "set by --threads") -> int:
-    """Set torch's CPU threads as pick_threads says; returns the count (train.py records it with the run)."""
+    """Set torch's CPU threads as pick_threads says, with a warning when they outnumber the usable cores; returns
+    the count (train.py records it with the run)."""
     global _threads_why
     n, _threads_why = pick_threads(requested, given)
+    cores = usable_cpus()
+    if n > cores:    # oversubscribed: see pick_threads
+        print(f"warning: {n} CPU threads ({_threads_why}) on {cores} usable cores: the threads wait for each other "
+              f"at every parallel op; use --threads {cores} or fewer", file=sys.stderr)
     torch.set_num_threads(n)
     return n
 

@@ -285,7 +285,7 @@ def run_pipeline(args, trainer, cfg: PipelineConfig | None = None) -> dict:
     dtype = pick_dtype(args.dtype, device)
     torch.manual_seed(args.seed)
     run_dir = os.path.join(args.runs_dir, args.run_name)
-    RunFolder(args.runs_dir, args.run_name).mark()     # a folder that is not a run's: one line, nothing written
+    RunFolder(args.runs_dir, args.run_name).mark()     # not a run's, or another writer's: one line, nothing written
     # eval.py reads the prompt style and the tokenizer from here (a from-scratch model's folder has none)
     atomic_write(os.path.join(run_dir, "pipeline.json"), json.dumps(
         {"model": args.model, "tokenizer": "tiny" if cfg.scratch is not None else args.model, "seed": args.seed,
@@ -399,4 +399,5 @@ def finish(results, invalid, clock, run_dir, args) -> dict:
     bad = ", ".join(f"{k} {n}/{m}" for k, (n, m) in invalid.items() if n)
     print(f"\ninvalid answers: {bad or 'none'}")
     print(f"total {total['wall_s']}s wall, {total['cpu_s']}s cpu; report and weights in {run_dir}")
+    RunFolder(args.runs_dir, args.run_name).release()      # marked (and held) by run_pipeline
     return {"results": results, "run": run_dir, "time": total, "invalid": invalid}

@@ -42,6 +42,7 @@ from minigrpo.evals import report
 from minigrpo.experiments.mdp_pipeline import TINY_MDP, Clock, scratch_model
 from minigrpo.experiments.stages import Stages, experiment_folder, model_stage
 from minigrpo.experiments.supervised import sft_loop
+from minigrpo.run import lock
 from minigrpo.run.plots import read_metrics
 from minigrpo.sampler import sample
 from minigrpo.tasks.revise import RevisionTask, critique, grade, shuffled
@@ -172,15 +173,12 @@ def run_experiment(args, trainer, cfg: ExperimentConfig | None = None) -> dict:
     Returns {"results": {seed: {"base" | arm: metrics}}, "run": folder, "time": ...}."""
     cfg = cfg or ExperimentConfig()
     device = pick_device(args.device)
-    run_dir = experiment_folder(args, cfg)
+    run_dir = experiment_folder(args, cfg, stage_settings(args, cfg))
+    stages = Stages(stage_settings(args, cfg), "revise experiment")
     task, clock, results = RevisionTask(), Clock(), {}
     print(f"revise experiment: {cfg.seeds} seeds x {len(cfg.arms)} arms, {args.steps} GRPO steps each, "
           f"{len(task.examples(cfg.eval_split)[:cfg.eval_limit])} eval prompts x {cfg.eval_samples}; run={run_dir}",
           file=sys.stderr)
-    # each base and arm is a stage; a rerun skips those finished with these settings (minigrpo/experiments/stages.py)
-    quiet = ("quiet", "device", "runs_dir", "run_name", "log_to")
-    stages = Stages({"args": {k: v for k, v in vars(args).items() if k not in quiet}, "config": asdict(cfg)},
-                    "revise experiment")
     for seed in range(args.seed, args.seed + cfg.seeds):
         torch.manual_seed(seed)
         base, tok, result = base_stage(args, cfg, task, seed, device, run_dir, stages)
@@ -199,7 +197,15 @@ def run_experiment(args, trainer, cfg: ExperimentConfig | None = None) -> dict:
         with open(paths[name]) as f:
             print("\n" + f.read().rstrip())
     print(f"\ntotal {total['wall_s']}s wall, {total['cpu_s']}s cpu; report in {run_dir}")
+    lock.release(run_dir)
     return {"results": results, "run": run_dir, "time": total, "paths": paths}
+
+
+def stage_settings(args, cfg) -> dict:
+    """What the results depend on: each base and arm is a stage, which a rerun skips when it finished with these
+    settings (minigrpo/experiments/stages.py), and a rerun with others is refused unless --redo."""
+    quiet = ("quiet", "device", "runs_dir", "run_name", "log_to", "redo", "threads")   # how, not what
+    return {"args": {k: v for k, v in vars(args).items() if k not in quiet}, "config": asdict(cfg)}
 
 
 def log_result(seed, name, m):

@@ -113,13 +113,36 @@ def model_stage(stages, name, folder, device, make, judge):
     return model, tok, result
 
 
-def experiment_folder(args, cfg) -> str:
-    """The experiment's run folder, marked as a run's (a folder that is not one: one line, nothing written), with
-    experiment.json: the arguments and the configuration it ran with."""
+def experiment_folder(args, cfg, settings: dict) -> str:
+    """The experiment's run folder, marked as a run's and held (a folder that is not one, or that another process
+    writes: one line, nothing written), with experiment.json: the arguments and the configuration it ran with.
+    `settings` (the Stages' own) are compared with the folder's last run: a change is refused in one line, as
+    train.py --resume does, unless args.redo (its stages then run again with the new settings)."""
     from dataclasses import asdict
     from minigrpo.run.folder import RunFolder
     run_dir = os.path.join(args.runs_dir, args.run_name)
     RunFolder(args.runs_dir, args.run_name).mark()
+    changed = changed_settings(os.path.join(run_dir, "experiment.json"), settings)
+    if changed and not args.redo:
+        raise SystemExit(f"{run_dir} holds an experiment run with other settings ({'; '.join(changed)}): rerun it "
+                         "with its own flags to continue it, add --redo to run its stages again with these, or pass "
+                         "another --run-name")
     atomic_write(os.path.join(run_dir, "experiment.json"),
                  json.dumps({"args": vars(args), "config": asdict(cfg)}, indent=2, default=str))
     return run_dir
+
+
+def changed_settings(path: str, settings: dict) -> list[str]:
+    """Each flag ("--lr 0.05 (the run's: 1e-05)") and configuration field of `settings` that differs from the run
+    recorded in experiment.json at `path`; a setting the recorded run predates is no change."""
+    try:
+        with open(path) as f:
+            old = json.load(f)
+    except (OSError, ValueError):
+        return []
+    new = json.loads(json.dumps(settings, default=str))      # as experiment.json holds them
+    out = []
+    for part, name in (("args", lambda k: f"--{k.replace('_', '-')}"), ("config", lambda k: f"config {k}")):
+        was = old.get(part) if isinstance(old, dict) and isinstance(old.get(part), dict) else {}
+        out += [f"{name(k)} {v} (the run's: {was[k]})" for k, v in new[part].items() if k in was and was[k] != v]
+    return out

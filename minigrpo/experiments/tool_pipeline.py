@@ -41,6 +41,7 @@ from minigrpo.experiments.mdp_pipeline import TINY_MDP, Clock, scratch_model
 from minigrpo.experiments.stages import Stages, experiment_folder, model_stage
 from minigrpo.experiments.supervised import sft_loop
 from minigrpo.run.flags import build_parser
+from minigrpo.run import lock
 from minigrpo.run.plots import read_metrics
 from minigrpo.sampler import sample
 from minigrpo.tasks import episodes
@@ -250,14 +251,14 @@ def run_experiment(args, trainer, cfg: ExperimentConfig | None = None) -> dict:
     Returns {"results": {"base" | "grpo": metrics}, "run": folder, "time": ..., "paths": ...}."""
     cfg = cfg or ExperimentConfig()
     device = pick_device(args.device)
-    run_dir = experiment_folder(args, cfg)
+    quiet = ("quiet", "device", "runs_dir", "run_name", "threads", "redo")
+    settings = {"args": {k: v for k, v in vars(args).items() if k not in quiet}, "config": asdict(cfg)}
+    run_dir = experiment_folder(args, cfg, settings)
+    stages = Stages(settings, "tool-use experiment")
     task, clock = LookupTask(), Clock()
     print(f"tool-use experiment: base {cfg.base_steps} SFT steps, GRPO {cfg.grpo_steps} steps of "
           f"{cfg.tasks_per_step} keys x {cfg.group_size} episodes, eval {cfg.eval_limit} keys x {cfg.eval_samples}; "
           f"run={run_dir}", file=sys.stderr)
-    quiet = ("quiet", "device", "runs_dir", "run_name", "threads")
-    stages = Stages({"args": {k: v for k, v in vars(args).items() if k not in quiet}, "config": asdict(cfg)},
-                    "tool-use experiment")
     torch.manual_seed(args.seed)
     results = {}
     base, tok, results["base"] = base_stage(args, cfg, task, args.seed, device, run_dir, stages)
@@ -273,6 +274,7 @@ def run_experiment(args, trainer, cfg: ExperimentConfig | None = None) -> dict:
     with open(paths["tool_table.md"]) as f:
         print("\n" + f.read().rstrip())
     print(f"\ntotal {total['wall_s']}s wall, {total['cpu_s']}s cpu; report in {run_dir}")
+    lock.release(run_dir)
     return {"results": results, "run": run_dir, "time": total, "paths": paths}
 
 

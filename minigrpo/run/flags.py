@@ -4,6 +4,7 @@ both. Every resolved value goes to runs/<name>/config.json."""
 import argparse
 import math
 import os
+import sys
 import time
 
 from minigrpo.losses import IS_CORRECTIONS, IS_LEVELS, LOSSES
@@ -11,6 +12,10 @@ from minigrpo.run.folder import TRACKERS, RunFolder, require_tracker
 from minigrpo.run.presets import PRESETS
 from minigrpo.run.resume import check_resume_flags
 from minigrpo.tasks import TASKS, task_class
+
+
+WEAK_SANDBOX_HELP = ("terminal: run the agent's commands even where the full sandbox (bubblewrap, a uid of its own, "
+                     "a cgroup) is missing; what the weaker one lacks is printed")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "shaped final reward, which pays for a bad start (the climb hack)")
     p.add_argument("--experiment", action="store_true",
                    help="revise: the whole experiment (format pretraining, three shaping arms at two seeds, report)")
+    p.add_argument("--redo", action="store_true",
+                   help="--experiment: run the stages of an existing run folder again, with flags that differ from "
+                        "its own (without it such a rerun is refused)")
+    p.add_argument("--weak-sandbox", action="store_true", help=WEAK_SANDBOX_HELP)
     # LoRA (--lora-r 0 = full fine-tune)
     p.add_argument("--lora-r", type=int, default=32, help="LoRA rank; 0 = full fine-tuning (every weight trains)")
     p.add_argument("--lora-alpha", type=float, default=32)
@@ -157,6 +166,9 @@ def resolve_args(argv=None) -> argparse.Namespace:
     check_args(args, given)
     check_task_flags(args, given)
     check_loss_flags(args)
+    refusal = sandbox_refusal(args.task, args.weak_sandbox)
+    if refusal:
+        raise SystemExit(refusal)
     if args.run_name is None:
         args.run_name = f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}"
     # before any work, nothing of it touched (a pipeline's folder too); under torchrun rank 0 alone, as it alone
@@ -180,6 +192,10 @@ def check_task_flags(args, given):
         what = "--task mdp" if args.task == "mdp" else "--experiment"
         raise SystemExit(f"{what}: a pipeline of stages that run in one process (under torchrun every rank would "
                          "run each stage and write the same run folder): run it with python, not torchrun")
+    if args.weak_sandbox and args.task != "terminal":
+        raise SystemExit(f"--weak-sandbox: only --task terminal runs an agent's commands, not --task {args.task}")
+    if args.redo and not args.experiment:
+        raise SystemExit("--redo: only --experiment reads it (it reruns an experiment's stages with changed flags)")
     if args.experiment and args.task != "revise":
         raise SystemExit(f"--experiment: only --task revise has one (--task {args.task} runs one training run; "
                          "--task mdp runs its pipeline without the flag)")
@@ -190,6 +206,24 @@ def check_task_flags(args, given):
         if args.experiment and key in given:
             raise SystemExit(f"{_flag(key, given)}: --experiment sets it for each of its arms (minigrpo/experiments/"
                              "revise_pipeline.py ARMS); drop it, or run one arm without --experiment")
+
+
+def sandbox_refusal(task: str, weak_ok: bool) -> str | None:
+    """--task terminal (train.py, eval.py): the one-line refusal when this machine lacks the full sandbox for the
+    agent's commands and --weak-sandbox was not given; with it, a warning naming what the weaker sandbox lacks."""
+    if task != "terminal":
+        return None
+    from minigrpo.judge.sandbox import isolation, missing_isolation
+    missing = missing_isolation()
+    if not missing:
+        return None
+    if not weak_ok:
+        return (f"--task terminal: the agent's commands run only in the full sandbox, and this machine lacks "
+                f"{'; '.join(missing)}; install what is missing, or pass --weak-sandbox to accept a weaker one")
+    level, weak = isolation()
+    print(f"warning: --weak-sandbox: the agent's commands run in a weaker sandbox ({level}), which lacks: "
+          f"{'; '.join(weak or missing)}", file=sys.stderr)
+    return None
 
 
 def check_loss_flags(args):

@@ -15,6 +15,8 @@ An existing folder is a run folder when it holds the marker. A folder from befor
 only a run writes (a config.json holding the trainer's own keys, run_name, runs_dir, group_size, save_every...,
 beside a checkpoints/ folder) and is marked; any other non-empty folder (a model folder holding its own
 config.json, say) is refused untouched.
+
+One process writes a run folder at a time (its lock: minigrpo/run/lock.py); its name is one folder in --runs-dir.
 """
 import importlib
 import json
@@ -32,6 +34,7 @@ from safetensors import SafetensorError
 
 from minigrpo import checkpoints
 from minigrpo.common import StopRun, atomic_write, mean
+from minigrpo.run import lock
 from minigrpo.run.gap import gap_metrics
 
 
@@ -68,8 +71,24 @@ class RunFolder:
         return {"model", "seed", "prompt"} <= self._json("pipeline.json").keys() or \
             {"args", "config"} <= self._json("experiment.json").keys()
 
+    def check_place(self):
+        """One line when the folder cannot be a run folder: a name that is not one folder inside --runs-dir, or
+        too long for a folder name; a --runs-dir that is a file."""
+        name = self.name
+        if name in ("", ".", "..") or "/" in name or os.sep in name or "\0" in name:
+            raise SystemExit(f"--run-name {name!r}: must name one folder inside --runs-dir (no '/', not '.' or "
+                             "'..'); pass a plain name such as my-run")
+        if len(os.fsencode(name)) > 255:
+            raise SystemExit(f"--run-name: {len(os.fsencode(name))} bytes long, over the 255 a folder name may "
+                             "have; pass a shorter one")
+        if os.path.exists(self.root) and not os.path.isdir(self.root):
+            raise SystemExit(f"--runs-dir {self.root}: is a file, not a folder; pass a folder (it is made if "
+                             "missing)")
+
     def refuse_foreign(self):
-        """One line, and nothing written, when the path exists and is not a run folder (nor an empty folder)."""
+        """One line, and nothing written, when the place cannot hold a run (check_place) or the path exists and is
+        not a run folder (nor an empty folder)."""
+        self.check_place()
         if not os.path.exists(self.path) or self.is_run():
             return
         if os.path.isdir(self.path) and not os.listdir(self.path):
@@ -78,22 +97,32 @@ class RunFolder:
                          "only into new, empty or its own run folders: pass another --run-name or --runs-dir")
 
     def mark(self):
-        """Refuse a folder that is not ours; make it (private) and mark it as a run folder. What a pipeline (the
-        mdp pipeline, the revise experiment) does before it writes its first file, on every rerun too."""
+        """Refuse a folder that is not ours, or that another process writes; make it (private), hold it until
+        release() and mark it as a run folder. What a pipeline (the mdp pipeline, the revise experiment) does
+        before it writes its first file, on every rerun too."""
         self.refuse_foreign()
-        os.makedirs(self.path, mode=0o700, exist_ok=True)
-        os.chmod(self.path, 0o700)     # samples, the judge's cache and checkpoints: nobody else's to read
-        if not os.path.isfile(self.file(MARKER)):   # first: a folder train.py made is never left unmarked
-            atomic_write(self.file(MARKER), "a minigrpo run folder: train.py writes only into folders holding this "
-                                            "file\n")
+        try:
+            os.makedirs(self.path, mode=0o700, exist_ok=True)
+            lock.hold(self.path)       # another live writer: one line naming its pid, nothing written
+            os.chmod(self.path, 0o700)     # samples, the judge's cache and checkpoints: nobody else's to read
+            if not os.path.isfile(self.file(MARKER)):   # first: a folder train.py made is never left unmarked
+                atomic_write(self.file(MARKER), "a minigrpo run folder: train.py writes only into folders holding "
+                                                "this file\n")
+        except OSError as e:           # a read-only --runs-dir, a full disk
+            raise SystemExit(f"--runs-dir {self.root}: cannot write {self.path} ({e.strerror or e}); pass a "
+                             "--runs-dir you can write") from None
+
+    def release(self):
+        """The writer is done: the next may take the folder (one that stops short is let go of at exit)."""
+        lock.release(self.path)
 
     def claim(self, fresh: bool):
-        """Before any work: refuse a folder that is not ours, or (fresh) one that holds a run's logs, so that two
-        runs never interleave their metrics; then make and mark the folder and remove what a kill left."""
-        self.refuse_foreign()
+        """Before any work: refuse a folder that is not ours, or written by another process, or (fresh) one that
+        holds a run's logs, so that two runs never interleave their metrics; then make, mark and hold the folder
+        and remove what a kill left."""
+        self.mark()
         if fresh and os.path.exists(self.file("metrics.jsonl")):
             raise SystemExit(f"{self.path} already holds a run: pass --resume to continue it, or another --run-name")
-        self.mark()
         os.makedirs(self.ckpt_dir, mode=0o700, exist_ok=True)
         self.remove_temporary()
 
@@ -102,7 +131,7 @@ class RunFolder:
         judge's cache. Such a folder, made by a run that then failed on its input, may go again."""
         if not os.path.isdir(self.path):
             return False
-        rest = set(os.listdir(self.path)) - {MARKER, "judge_cache.sqlite"}
+        rest = set(os.listdir(self.path)) - {MARKER, lock.LOCK, "judge_cache.sqlite"}
         return rest <= {"checkpoints"} and not (os.path.isdir(self.ckpt_dir) and os.listdir(self.ckpt_dir))
 
     def remove_temporary(self, say: bool = True):
@@ -129,6 +158,7 @@ class RunFolder:
         if not name:
             raise SystemExit("--resume needs --run-name: the run folder to continue")
         run = RunFolder(root, name)
+        run.check_place()
         path = run.file("config.json")
         if not os.path.exists(path):
             raise SystemExit(f"--resume: {path} does not exist; start the run without --resume first")

@@ -21,6 +21,7 @@ SAFE_TO_CHANGE = {
     "quiet", "log_to", "plan",                              # what it shows and where it logs
     "device", "micro_batch", "grad_checkpoint", "judge_workers",   # memory and concurrency, not the math
     "threads", "decode",                                    # CPU threads; the eager or the compiled decode
+    "weak_sandbox",                                         # the sandbox this machine gives the agent's commands
 }
 IDENTITY = {"resume", "runs_dir", "run_name"}               # which run: never a change
 

@@ -97,7 +97,8 @@ def test_the_table_reads_the_paired_difference():
 def test_a_smoke_run_of_every_stage_writes_the_report(tmp_path, capsys):
     cfg = replace(P.ExperimentConfig(), transcripts=40, base_steps=3, grpo_steps=2, tasks_per_step=2, group_size=2,
                   eval_limit=3, eval_samples=2, max_new_tokens=8)
-    args = argparse.Namespace(seed=0, device="cpu", threads=None, runs_dir=str(tmp_path), run_name="x", quiet=True)
+    args = argparse.Namespace(seed=0, device="cpu", threads=None, runs_dir=str(tmp_path), run_name="x", quiet=True,
+                              redo=False)
     out = P.run_experiment(args, train, cfg)
     res = out["results"]
     assert list(res) == ["base", "grpo"] and all(len(r["episodes"]) == 3 * 2 for r in res.values())

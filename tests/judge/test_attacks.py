@@ -243,10 +243,10 @@ def test_deep_json_does_not_raise():
 def test_regex_bomb_grades_quickly(judge):
     task = TASKS["tweet-thread-launch"]
     bomb = ("#" + "a" * 40 + " ") * 60 + "\n" + "```python\n" * 2000
-    t0 = time.monotonic()
     verdict = judge.grade(task, bomb)
     assert verdict is not None and verdict.score is not None
-    assert time.monotonic() - t0 < 30     # generous: a catastrophic pattern took minutes
+    # each pattern ran to its end on the bomb (one that backtracked without end would say it took over its limit)
+    assert not [r.reason for r in verdict.results if "took over" in r.reason]
 
 
 # -- one sandbox must not hurt another -----------------------------------------------------------------------------

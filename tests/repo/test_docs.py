@@ -16,7 +16,7 @@ README_LIMIT = 15_000
 PATH_ROOTS = ("minigrpo", "tests", "bench", "scripts", "docs", ".ci")
 SKIP_DIRS = {".git", "__pycache__", "runs", "node_modules"}
 # other programs' flags the docs quote: tensorboard's, torchrun's
-FOREIGN_FLAGS = {"--logdir", "--nproc_per_node", "--dist"}     # tensorboard's, torchrun's, pytest-xdist's
+FOREIGN_FLAGS = {"--logdir", "--nproc_per_node", "--dist", "--index-url"}  # tensorboard, torchrun, pytest-xdist, pip
 
 
 def markdown_files():

@@ -4,6 +4,7 @@ minigrpo module those reach, imports inside functions included) may import only 
 numpy, pytest, minigrpo and those helpers."""
 import glob
 import os
+import re
 import sys
 
 from repo_root import ROOT
@@ -41,3 +42,24 @@ def test_the_loss_math_tier_imports_only_torch_numpy_and_pytest():
     assert not bad, "\n".join(bad)
     reached = {os.path.relpath(p, ROOT) for p in files}
     assert {"minigrpo/grpo.py", "minigrpo/losses.py", "minigrpo/logprobs.py", "tests/support/toy_lm.py"} <= reached
+
+
+def readme_section(title):
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        return f.read().split(f"\n## {title}\n")[1].split("\n## ")[0]
+
+
+def test_the_readme_installs_the_tier_with_torchs_cpu_wheel():
+    """On Linux PyPI's torch is the CUDA build (gigabytes): the README's loss-math install takes the CPU-only wheel
+    from PyTorch's CPU index, pinned as scripts/setup.sh pins it, then the rest of the tier."""
+    with open(os.path.join(ROOT, "scripts", "setup.sh")) as f:
+        pinned = re.search(r'torch_spec="\$\{MINIGRPO_TORCH:-(torch==[\d.]+)\}"', f.read()).group(1)
+    section = readme_section("Unit-testing the loss math on a CPU")
+    assert f"pip install {pinned} --index-url https://download.pytorch.org/whl/cpu\n" in section
+    assert "pip install numpy pytest\n" in section and "python -m pytest tests/core" in section
+
+
+def test_the_readme_cpu_times_name_their_thread_count():
+    """train.py picks its CPU threads from the load (minigrpo/common.py pick_threads): a time means little without
+    the count it was measured at."""
+    assert re.search(r"with `--threads \d+`", readme_section("CPU demos"))

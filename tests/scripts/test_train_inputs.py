@@ -258,6 +258,20 @@ def test_threads_come_from_the_flag_then_the_variable_then_the_idle_cores(monkey
     assert common.pick_threads(None)[0] == 2
 
 
+def test_more_threads_than_usable_cores_warn(monkeypatch, capsys):
+    monkeypatch.setattr(common, "usable_cpus", lambda: 2)
+    monkeypatch.setenv("OMP_NUM_THREADS", "64")
+    old = torch.get_num_threads()
+    try:
+        assert common.set_cpu_threads(None) == 64
+        assert common.set_cpu_threads(2) == 2                        # as many as the cores: no warning
+    finally:
+        torch.set_num_threads(old)
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "warning: 64 CPU threads (set by OMP_NUM_THREADS) on 2 usable cores: the threads wait for each other at "
+        "every parallel op; use --threads 2 or fewer"]
+
+
 def test_a_run_says_its_threads_records_them_and_prints_its_table_to_stdout(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     train.main([*SYN, "--tasks-per-step", "2", "--group-size", "2", "--max-new-tokens", "2",

@@ -253,9 +253,8 @@ def test_links_and_fifos_planted_for_the_verifier_are_not_followed():
         env = TerminalEnv(e)
         try:
             env.step(turn(plant), last=False)
-            t0 = time.monotonic()
-            r = env.step("Done.", last=False)
-            assert r.score == 0.0 and time.monotonic() - t0 < 10, plant
+            r = env.step("Done.", last=False)                # returns: the plant is never opened, nor waited on
+            assert r.score == 0.0, plant
         finally:
             env.close()
 

@@ -46,6 +46,7 @@ its own, which do not widen its view of the host filesystem), reading the bound 
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -57,7 +58,7 @@ from minigrpo.judge.sandbox.launch import STUB, Limits, best_mode, launcher_argv
 from minigrpo.judge.sandbox.mounts import INSIDE_UID, WORKDIR, bwrap_command, hand_over, host_folder_command, \
     new_host_folder, python_paths
 
-__all__ = ["Limits", "Sandbox", "isolation", "run", "remove_tree", "python_paths", "WORKDIR"]
+__all__ = ["Limits", "Sandbox", "isolation", "missing_isolation", "run", "remove_tree", "python_paths", "WORKDIR"]
 
 MAX_OUTPUT = 1 << 20            # stdout bytes `run` keeps
 
@@ -73,6 +74,23 @@ def isolation():
     if mode == "plain" and os.geteuid() == 0 and not any("pool uid" in w for w in weak):
         parts.append("pool-uid")
     return "+".join(parts), list(weak)
+
+
+def missing_isolation() -> list[str]:
+    """What this machine lacks of the full isolation (bubblewrap, a pool uid, a cgroup), each with how to get it;
+    empty when it has all three. An agent's commands run only under the full one unless the user accepts less."""
+    parts = isolation()[0].split("+")
+    missing = []
+    if "bwrap" not in parts:
+        missing.append("bubblewrap (apt install bubblewrap, or dnf install bubblewrap)" if not shutil.which("bwrap")
+                       else "bubblewrap that can start here (it is installed, but could not make its namespaces)")
+    if "pool-uid" not in parts:
+        missing.append("a uid of its own per sandbox (" + ("run as root: the uid pool needs it" if os.geteuid() else
+                       "the pool uids cannot read this Python installation: put it where other users may read") + ")")
+    if not any(p.startswith("cgroup-") for p in parts):
+        missing.append("a cgroup of its own (root, with cgroup v1 pids+memory+cpuacct or v2 delegating pids and "
+                       "memory)")
+    return missing
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from minigrpo.judge.sandbox import Limits, Sandbox, remove_tree
+from minigrpo.judge.sandbox import Limits, Sandbox, isolation, remove_tree
 from minigrpo.judge.sandbox.host import UidSlot, add_weakness
 from minigrpo.judge.sandbox.mounts import _write_all, new_host_folder, walk_tree
 
@@ -116,7 +116,8 @@ class Episode:
         self.budget_s, self.output_bytes = float(budget_s), int(output_bytes)
         self.folder_mb, self.folder_files = int(folder_mb), int(folder_files)
         self.mode = _mode
-        self.weaknesses, self.errors = [], []     # what this machine's isolation lacks; cleanup problems
+        # what this machine's isolation lacks (known before any command runs); cleanup problems
+        self.weaknesses, self.errors = list(isolation()[1]) if _mode is None else [], []
         self.used_s = 0.0                         # charged to the budget: each command's wall time with its host work
         self.host_s = 0.0                         # of that, and of the snapshot and close, the host's work
         self.ended = None                         # why the episode is over, once it is

@@ -1,0 +1,64 @@
+"""Where a run folder may be: --run-name names one folder inside --runs-dir. A name that would leave it, a name too
+long for a folder, a --runs-dir that is a file or that cannot be written: one line naming the flag, exit code 2 for
+the flags, no traceback, and nothing written anywhere."""
+import errno
+import os
+
+import pytest
+
+import train
+
+SYN = ["--task", "synthetic", "--model", "tiny", "--quiet", "--steps", "1"]
+
+
+def error_line(argv, capsys):
+    """(exit code, the one line): a usage error prints its line (code 2); a stop inside the run is a SystemExit
+    holding its line, which Python prints (code 1)."""
+    with pytest.raises(SystemExit) as e:
+        train.main([*SYN, *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    if isinstance(e.value.code, str):
+        return 1, e.value.code
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    return e.value.code, err[0]
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/b", "..", ".", "/tmp/abs", ""])
+def test_a_run_name_that_leaves_the_runs_dir_is_refused(name, tmp_path, capsys, monkeypatch):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    monkeypatch.chdir(runs)           # "../escape" from --runs-dir . would land here, beside runs/
+    code, line = error_line(["--runs-dir", ".", "--run-name", name], capsys)
+    assert code == 2 and line.startswith(f"train.py: error: --run-name {name!r}: must name one folder inside")
+    assert not os.listdir(tmp_path / "runs") and sorted(os.listdir(tmp_path)) == ["runs"]
+
+
+def test_a_run_name_that_leaves_the_runs_dir_is_refused_on_resume_too(tmp_path, capsys):
+    code, line = error_line(["--resume", "--runs-dir", str(tmp_path), "--run-name", "../x"], capsys)
+    assert code == 2 and "--run-name '../x': must name one folder inside --runs-dir" in line
+
+
+def test_a_run_name_too_long_for_a_folder_is_refused(tmp_path, capsys):
+    code, line = error_line(["--runs-dir", str(tmp_path), "--run-name", "r" * 300], capsys)
+    assert code == 2 and line == ("train.py: error: --run-name: 300 bytes long, over the 255 a folder name may "
+                                  "have; pass a shorter one")
+    assert not os.listdir(tmp_path)
+
+
+def test_a_runs_dir_that_is_a_file_is_refused(tmp_path, capsys):
+    (tmp_path / "runs").write_text("not a folder\n")
+    code, line = error_line(["--runs-dir", str(tmp_path / "runs"), "--run-name", "r"], capsys)
+    assert code == 2 and line == (f"train.py: error: --runs-dir {tmp_path / 'runs'}: is a file, not a folder; pass "
+                                  "a folder (it is made if missing)")
+    assert (tmp_path / "runs").read_text() == "not a folder\n"
+
+
+def test_a_runs_dir_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatch):
+    """A read-only --runs-dir (root writes through mode bits, so the kernel's answer is played here)."""
+    def read_only(path, *a, **k):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+    monkeypatch.setattr(os, "makedirs", read_only)
+    code, line = error_line(["--runs-dir", str(tmp_path / "ro"), "--run-name", "r"], capsys)
+    assert line == (f"--runs-dir {tmp_path / 'ro'}: cannot write {tmp_path / 'ro' / 'r'} (Read-only file system); "
+                    "pass a --runs-dir you can write")
+    assert code == 1 and not os.path.exists(tmp_path / "ro")
