@@ -287,7 +287,8 @@ def print_plan(args, rows):
               f"G={s['group_size']}, {s['tasks']} tasks per step, max_new_tokens {s['max_new_tokens']}, "
               f"micro-batch {s['micro_batch']}, beta {s['beta']}\n"
               f"longest sampler call: {shape.rollout_rows} rows x {shape.slots} slots (prompt <= {shape.prompt_tokens} "
-              f"tokens); static cache buckets {', '.join(map(str, p['static_buckets'])) or 'none'}; trained micro-batch: {shape.micro_batch} x {shape.train_tokens} tokens "
+              f"tokens); static cache buckets {', '.join(map(str, p['static_buckets'])) or 'none'}; "
+              f"trained micro-batch: {shape.micro_batch} x {shape.train_tokens} tokens "
               f"(task prompt ~{s['prompt_tokens']} tokens, estimated: UTF-8 bytes / 3 + 16"
               + {"soyuz": f"; + answer + {CRITIQUE_TOKENS}-token critique for soyuz's revision turn",
                  "terminal": "; + 7 earlier turns, each with its tool output at the turn's cap"}.get(args.task, "")
