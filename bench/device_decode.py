@@ -87,19 +87,25 @@ def decode_section(sec, M):
         out, ev = profiled(fn, dev) if prof else (fn(), None)
         return time.perf_counter() - t, out, ev
 
-    def steady(path):
+    def ms_per_step(path):
+        if path == "fast" and getattr(M, "fast_compiled", None) is None:
+            raise Skip("the fast path's first call did not run")
         g0 = graphs()
         t1 = min(call(path, k1)[0] for _ in range(c["repeats"]))
         t2 = min(call(path, k2)[0] for _ in range(c["repeats"]))
+        ms = f"{(t2 - t1) / (k2 - k1) * 1000:.2f} ms/step" if t2 > t1 else "n/a: the longer call was not slower (noise)"
+        return dict(minigrpo=ms, note=f"calls of {k1} and {k2} new tokens, the faster of {c['repeats']} each; graphs "
+                                      f"compiled meanwhile: {graphs() - g0}")
+
+    def kernels_per_step(path):
+        if path == "fast" and getattr(M, "fast_compiled", None) is None:
+            raise Skip("the fast path's first call did not run")
         e1, e2 = [call(path, k, prof=True)[2] for k in (p1, p2)]
         (n1, l1), (n2, l2) = counts(e1, dev), counts(e2, dev)
         attention = attention_kernels(attention_ops(e2) - attention_ops(e1), per=p2 - p1)
-        kind = "GPU kernels" if cuda else "aten ops"
         launches = f" ({(l2 - l1) / (p2 - p1):.0f} host launches)" if cuda else ""
-        ms = f"{(t2 - t1) / (k2 - k1) * 1000:.2f} ms/step" if t2 > t1 else "n/a: the longer call was not slower (noise)"
-        return dict(minigrpo=ms,
-                    note=f"{(n2 - n1) / (p2 - p1):.0f} {kind}/step{launches}; attention per step: {attention}; "
-                         f"the faster of {c['repeats']} calls each; graphs compiled meanwhile: {graphs() - g0}")
+        return dict(minigrpo=f"{(n2 - n1) / (p2 - p1):.0f} {'GPU kernels' if cuda else 'aten ops'}/step{launches}",
+                    note=f"torch.profiler, calls of {p1} and {p2} new tokens; attention per step: {attention}")
 
     def fast_first():
         if getattr(M, "fast_compiled", None) is not None:
@@ -110,16 +116,13 @@ def decode_section(sec, M):
         return dict(minigrpo=f"{dt:.1f} s", note=f"compile{' + CUDA graph capture' if cuda else ''} + a {k1}-token "
                                                  f"call; {graphs() - g0} graph(s)")
 
-    def fast():
-        if getattr(M, "fast_compiled", None) is None:
-            raise Skip("the fast path's first call did not run")
-        return steady("fast")
-
-    sec.measure(f"eager path (train.generate), {what}, LoRA r={args.lora_r}", lambda: steady("eager"),
+    sec.measure(f"eager path (train.generate), {what}, LoRA r={args.lora_r}", lambda: ms_per_step("eager"),
                 need=need["eager"])
     sec.measure("fast path (sample(compile=True)): first call", fast_first, need=need["compile"],
                 cap=c["compile_cap"])
-    sec.measure(f"fast path, {what}", fast, need=need["fast"])
+    sec.measure(f"fast path, {what}", lambda: ms_per_step("fast"), need=need["fast"])
+    sec.measure("eager path: kernels per step", lambda: kernels_per_step("eager"), need=need["fast"])
+    sec.measure("fast path: kernels per step", lambda: kernels_per_step("fast"), need=need["fast"])
 
 
 def generate_section(sec, M):
