@@ -60,7 +60,7 @@ FULL = dict(shape="qwen3.5-4b", num_len=256, rows=6, prompt=2880, steps=(8, 56),
                       fast=15, step=25, hf_first=45, hf=15))
 SMALL = dict(shape="tiny-qwen3.5", num_len=64, rows=6, prompt=100, steps=(4, 12), prof=(2, 6), repeats=1,
              train_prompts=(100, 90, 80, 70), train_completions=(28, 24, 20, 16), budget=360,
-             opt_steps=4, gap_tokens=16, compile_cap=200,
+             opt_steps=2, gap_tokens=16, compile_cap=200,
              need=dict(build=15, fp32=5, compare=5, kl=5, steps=10, gap=10, static=10, compile=60, eager=15,
                        fast=10, step=15, hf_first=20, hf=10))
 # each section's share of --budget, in the order they run; the time one leaves unused passes on to the next
