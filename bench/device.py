@@ -58,7 +58,7 @@ FULL = dict(shape="qwen3.5-4b", num_len=256, rows=6, prompt=2880, steps=(8, 56),
             opt_steps=8, gap_tokens=32, compile_cap=240,
             need=dict(build=60, fp32=25, compare=10, kl=15, steps=30, gap=15, static=25, compile=90, eager=30,
                       fast=15, step=25, hf_first=45, hf=15))
-SMALL = dict(shape="tiny-qwen3.5", num_len=64, rows=6, prompt=100, steps=(4, 12), prof=(2, 6), repeats=1,
+SMALL = dict(shape="tiny-qwen3.5", num_len=64, rows=6, prompt=100, steps=(4, 16), prof=(2, 6), repeats=2,
              train_prompts=(100, 90, 80, 70), train_completions=(28, 24, 20, 16), budget=360,
              opt_steps=2, gap_tokens=16, compile_cap=200,
              need=dict(build=15, fp32=5, compare=5, kl=5, steps=10, gap=10, static=10, compile=60, eager=15,

@@ -196,7 +196,7 @@ def gaps(sec, M):
         d, share, moved = gap_stats(M, prompts, got)
         mean, q, top = d.mean().item(), d.quantile(0.95).item(), d.max().item()
         return dict(minigrpo=f"share {share:.2f}; gap mean {mean:.3g}, p95 {q:.3g}, max {top:.3g}",
-                    note=f"{d.numel()} tokens ({len(prompts)} rows x {k}); mean |trainer - base| {moved:.3g}; "
+                    note=f"{d.numel()} tokens ({len(prompts)} rows x {k}); mean abs(trainer - base) {moved:.3g}; "
                          f"{dt:.1f} s" + (" (its first call: compile" + (" + CUDA graph capture)" if cuda else ")")
                                           if path == "fast" else ""))
 
