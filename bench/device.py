@@ -154,9 +154,9 @@ def plan_child(spec):
     s = json.loads(spec)
     cfg = QwenConfig.from_dict(shapes.hf_config(s["shape"]))
     shape = memplan.Shape(s["rows"], s["rows"], s["prompt"], s["slots"], s["batch"], s["seq"], s["completion"])
-    # the train section measures one micro-batch: the fast path's static caches are not in its peak
+    # the static caches of the decode section's one bucket: held through the train section when the fast path ran
     print(json.dumps(memplan.plan(cfg, shape, torch.bfloat16, s["lora_r"], DEFAULT_TARGETS, s["beta"],
-                                  fast_decode=False)))
+                                  fast_decode=True)))
 
 
 def start_plan(c):
@@ -239,10 +239,14 @@ def train_section(sec, M, plan_proc):
         out = dict(minigrpo=f"{state['peak'] / GiB:.2f} GiB max_memory_allocated" if cuda else
                    "not measured on a CPU (its RSS keeps what was freed)")
         if plan:
+            # what the earlier sections still hold counts too: the fast path's caches, the fp32 reference logits
+            caches = plan["static_caches"] if getattr(M, "fast_compiled", None) is not None else 0
+            ref = M.ref_logits.numel() * 4 if getattr(M, "ref_logits", None) is not None else 0
             part = plan["weights"] + plan["trainable"] + plan["activations_ckpt"] + plan["logprob_chunk"]
-            ratio = f" ({part / state['peak']:.2f}x measured)" if cuda else ""
-            out["note"] = (f"plan {part / GiB:.2f} GiB{ratio}: weights, LoRA + grads + AdamW, checkpointed "
-                           f"activations, log-prob chunk; with the rollout {plan['peak_ckpt'] / GiB:.2f} GiB")
+            ratio = f" ({(part + caches + ref) / state['peak']:.2f}x measured)" if cuda else ""
+            out["note"] = (f"plan {(part + caches + ref) / GiB:.2f} GiB{ratio}: weights, LoRA + grads + AdamW, "
+                           f"checkpointed activations, log-prob chunk {part / GiB:.2f}; the fast path's static "
+                           f"caches {caches / GiB:.2f}; the numerics' fp32 reference logits {ref / GiB:.2f}")
         else:
             out["note"] = why
         return out
