@@ -404,8 +404,9 @@ def main(argv=None):
         raise
     if args.plan:             # the memory plan from the model's config.json; nothing is loaded
         from minigrpo.run.memplan import print_plan
-        try:
-            return print_plan(args)
+        from minigrpo.tasks import task_class
+        try:       # the task's class, not a task: building one would start its judge and read its data
+            return print_plan(args, decode_rows(task_class(args.task), args, args.tasks_per_step))
         except CheckpointError as e:    # a config.json value of the wrong type: one line naming file and key
             usage_error(f"--model {args.model}: {first_line(str(e))}")
     if pick_device(args.device).type == "cpu":   # saved in config.json: a resume computes as this run did

@@ -2,34 +2,34 @@
 
     python bench/device.py --out device-run            # CUDA: Qwen3.5-4B shapes, bf16, --budget 450 s
     python bench/device.py --device cpu --small        # the same code at tiny shapes on a CPU: the rehearsal
+    python bench/device.py --device cpu --small --slow-build 600   # the rehearsal of a cold start
     python bench/device.py --only decode --budget 300  # some sections
 
-Sections, in the order they run (the cheap correctness checks first, the compiles last):
-  numerics  bf16 logits of ours and of transformers, each against ours in fp32 on the same random weights
-            (Qwen3.5-4B, all 32 layers; B=2, T=256, one row left-padded): max / mean |dlogits| over the real
-            positions and top-1 agreement; transformers fp32 against ours fp32 (so that a bf16 difference is the
-            dtype's, not the code's); the GRPO KL at step 0 (LoRA B = 0: the policy is the reference, KL exactly 0).
-  train     one soyuz-shaped micro-batch as train.py's policy_update runs it (B=4 x T=2,936, completions up to
-            1,024 tokens, activation checkpointing, beta 0.04, LoRA r=32 on every projection): seconds by phase
-            (reference forward, policy forward, backward, clip + AdamW), the SDPA kernel each forward took
-            (torch.profiler), and the peak memory (torch.cuda.max_memory_allocated) against minigrpo/run/memplan.py's
-            plan for the same shapes (computed on the CPU in a child process while the GPU works).
-  decode    soyuz's revision call in train.py's setup (6 prompts x 1 sample, 2,944 cache slots, the policy built as
-            the preset builds it: LoRA attached, checkpointing on): ms per decode step of the eager path and of the
-            fast path (sample(compile=True)), each from two calls of 8 and 56 new tokens; kernels per step from
-            torch.profiler (calls of 2 and 6 tokens); the fast path's first call (compile + CUDA graph capture) on
-            its own row and budget; each path's sampler-trainer log-prob gap (the trainer's recomputation of the
-            sampled tokens, mean / p95 / max); transformers' generate with a static cache (which transformers
-            compiles on CUDA) on the same prompts, without LoRA.
+The models are built first, in their own section, once (one retry if the first try fails or is stopped): every
+section measures on them. Then the sections, in the order of what they decide (docs/benchmarks.md has each one's
+share of the budget):
+  numerics      ours bf16 against ours fp32 on the same random weights (Qwen3.5-4B, all 32 layers; B=2, T=256, one
+                row left-padded) and the GRPO KL at step 0; then a few AdamW steps at soyuz's lr, and each decode
+                path's sampler-trainer gap and the share of the LoRA update it carries: eager, the fast path's
+                static step uncompiled, and the fast path, whose first call compiles (bench/device_numerics.py).
+  decode        soyuz's revision call (6 prompts x 1 sample, a 3,072-slot cache bucket, the policy as the preset
+                builds it: LoRA attached, checkpointing on): ms per decode step of the eager and the fast path from
+                two calls of 8 and 56 new tokens, kernels per step from torch.profiler (bench/device_decode.py).
+  train         one soyuz-shaped micro-batch as train.py's policy_update runs it (B=4 x T=2,936, completions up to
+                1,024 tokens, activation checkpointing, beta 0.04, LoRA r=32 on every projection): seconds by phase,
+                the SDPA kernel each forward took, and the peak memory (torch.cuda.max_memory_allocated) against
+                minigrpo/run/memplan.py's plan for the same shapes (computed on the CPU in a child process).
+  transformers  transformers' bf16 and fp32 logits against ours fp32, and its generate with a static cache (which
+                transformers compiles on CUDA) on the decode section's prompts, without LoRA.
 
 --small: the tiny Qwen3.5 model (4 layers), T=64 for numerics, 4 x 128 for train, prompts of 70-100 tokens.
+--slow-build SECONDS: the first build waits that long first (a cold start); the retry does not.
 Budgets (bench/device_report.py): each unit says what it needs and is skipped when its section has less left; a
 timer stops a unit at its section's deadline; results.json and table.md under --out are rewritten after every row.
 """
 
 import argparse
 import contextlib
-import copy
 import functools
 import gc
 import importlib
@@ -47,21 +47,25 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path[:0] = [ROOT, HERE]
 import shapes  # noqa: E402
-from device_decode import attention_kernels, decode_section, profiled, sync  # noqa: E402
+from device_decode import attention_kernels, decode_section, generate_section, profiled, sync  # noqa: E402
+from device_numerics import numerics, transformers_numerics  # noqa: E402
 from device_report import Report, Skip  # noqa: E402
 
 GiB = 1024 ** 3
 # need: seconds a unit may take, checked against what its section has left; allot: each section's share of --budget
 FULL = dict(shape="qwen3.5-4b", num_len=256, rows=6, prompt=2880, steps=(8, 56), prof=(2, 6), repeats=2,
             train_prompts=(1912, 1850, 1800, 1700), train_completions=(1024, 1000, 900, 800), budget=450,
-            need=dict(build=60, fp32=40, compare=15, kl=20, step=60, eager=60, gap=20, compile=200, fast=30,
-                      hf_first=150, hf=30), compile_cap=300)
-SMALL = dict(shape="tiny-qwen3.5", num_len=64, rows=6, prompt=100, steps=(4, 20), prof=(2, 6), repeats=2,
-             train_prompts=(100, 90, 80, 70), train_completions=(28, 24, 20, 16), budget=300,
-             need=dict(build=15, fp32=5, compare=5, kl=5, step=20, eager=40, gap=10, compile=120, fast=30,
-                       hf_first=30, hf=20), compile_cap=200)
-ALLOT = {"numerics": 0.15, "train": 0.2, "decode": 0.65}
-SECTIONS = list(ALLOT)
+            opt_steps=8, gap_tokens=32, compile_cap=240,
+            need=dict(build=60, fp32=25, compare=10, kl=15, steps=30, gap=15, static=25, compile=90, eager=30,
+                      fast=15, step=25, hf_first=45, hf=15))
+SMALL = dict(shape="tiny-qwen3.5", num_len=64, rows=6, prompt=100, steps=(4, 16), prof=(2, 6), repeats=2,
+             train_prompts=(100, 90, 80, 70), train_completions=(28, 24, 20, 16), budget=360,
+             opt_steps=2, gap_tokens=16, compile_cap=200,
+             need=dict(build=15, fp32=5, compare=5, kl=5, steps=10, gap=10, static=10, compile=60, eager=15,
+                       fast=10, step=15, hf_first=20, hf=10))
+# each section's share of --budget, in the order they run; the time one leaves unused passes on to the next
+ALLOT = {"build": 0.2, "numerics": 0.42, "decode": 0.14, "train": 0.11, "transformers": 0.13}
+SECTIONS = [s for s in ALLOT if s != "build"]
 
 
 class StandInTokenizer:
@@ -84,6 +88,10 @@ class Models:
     def __init__(self, cfg, device):
         self.cfg, self.device, self.hf = cfg, device, None
 
+    def copy_in(self, dtype):
+        """Ours on cast copies of the weights (the fp32 reference)."""
+        return ours_from(self.hf, self.raw, dtype)
+
 
 def ours_from(hf, raw, dtype=None):
     """Our Qwen on transformers' tensors: shared (dtype None) or cast copies."""
@@ -97,11 +105,13 @@ def ours_from(hf, raw, dtype=None):
     return ours.eval()
 
 
-def build(M):
-    """train.py's soyuz arguments and policy, on random weights: LoRA as build_policy injects it, checkpointing."""
+def build(M, cold=0.0):
+    """train.py's soyuz arguments and policy, on random weights: LoRA as build_policy injects it, checkpointing.
+    cold: seconds to wait first (--slow-build: the rehearsal of a slow first start)."""
     from minigrpo.lora import inject_lora
     from minigrpo.model import enable_activation_checkpointing
     from minigrpo.run.flags import resolve_args
+    time.sleep(cold)
     c = M.cfg
     M.raw = shapes.hf_config(c["shape"])
     M.vocab, M.pad = shapes.TOKENS[c["shape"]]
@@ -120,93 +130,15 @@ def build(M):
                 note=f"{len(M.raw['layer_types'])} layers, bf16, seeded random weights on {M.device.type}")
 
 
-def ensure_models(sec, M):
-    if M.hf is None and not getattr(M, "build_tried", False):
-        M.build_tried = True
-        sec.measure("build: transformers' model, ours on its tensors, + LoRA", lambda: build(M),
-                    need=M.cfg["need"]["build"])
+def build_section(sec, M, cold):
+    """The models, once: a first try within the section's time; if it fails or is stopped, one retry, given at least
+    twice the build's estimate (taken from the last sections: without models no section runs)."""
+    what = "transformers' model, ours on its tensors, + LoRA"
+    sec.measure(f"build: {what}", lambda: build(M, cold), need=0)
     if M.hf is None:
-        raise Skip("the models were not built")
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# numerics
-
-
-@contextlib.contextmanager
-def no_tf32():
-    """fp32 references in full fp32; the bf16 runs keep PyTorch's defaults (cuDNN's TF32 on), as train.py has."""
-    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
-
-
-def numerics(sec, M):
-    from minigrpo import grpo
-    from minigrpo.tasks.base import Seq
-    import train
-    c, need, dev = M.cfg, M.cfg["need"], M.device
-    B, T = 2, c["num_len"]
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, M.vocab - 16, (B, T), generator=g).to(dev)
-    mask = torch.ones(B, T, dtype=torch.long, device=dev)
-    mask[1, :T // 8] = 0
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)  # as ours and generate(); a plain transformers forward uses arange
-    real = mask.bool()
-    ref = {}
-
-    def fp32():
-        ours32 = ours_from(M.hf, M.raw, torch.float32)
-        with torch.no_grad(), no_tf32():
-            ref["logits"] = ours32(ids, attention_mask=mask).float()
-        del ours32
-        return dict(minigrpo=f"mean abs logit {ref['logits'][real].abs().mean().item():.3g}",
-                    note="the reference of the rows below (TF32 off)")
-
-    def compare(side, model_fn):
-        if "logits" not in ref:
-            raise Skip("no fp32 reference")
-        with torch.no_grad():
-            a = model_fn()
-        d = (a - ref["logits"]).abs()[real]
-        top1 = (a.argmax(-1) == ref["logits"].argmax(-1))[real].float().mean().item()
-        return {side: f"max {d.max().item():.3g}, mean {d.mean().item():.2g}, top-1 {100 * top1:.1f}%",
-                "note": f"over {int(real.sum())} real positions"}
-
-    def hf32():
-        m = copy.deepcopy(M.hf).float()
-        with no_tf32():
-            return m(input_ids=ids, attention_mask=mask, position_ids=pos).logits.float()
-
-    def kl_step0():
-        half = T // 2
-        seqs = [Seq(str(i), 0, ids[i, :half][real[i, :half]].tolist(), ids[i, half:].tolist(), [0.0] * (T - half),
-                    "length", "", 0.0, advantage=1.0 - 2 * i) for i in range(B)]
-        b = train.collate(seqs, M.pad, dev)
-        norm = grpo.loss_normalizer([b.mask])
-        M.ours.eval()
-        ref_lp = train.reference_logprobs(M.ours, None, b, M.args, M.vocab)
-        M.ours.train()
-        logp, _ = train.log_probs(M.ours, b, M.args, M.vocab, entropy=True)
-        _, st = grpo.policy_loss(logp, None, b.adv, b.mask, normalizer=norm, ref_logp=ref_lp, beta=M.args.beta,
-                                 kl_kind=M.args.kl)
-        M.ours.eval()
-        kl, dmax = float(st["kl"]), (logp.detach() - ref_lp).abs()[b.mask.bool()].max().item()
-        return dict(minigrpo=f"KL {kl:.3g}: {'exactly 0' if kl == 0.0 else 'NOT 0'}",
-                    note=f"max abs(logp - ref) {dmax:.3g}; policy with grad, train mode, checkpointing; reference "
-                         f"under adapters_disabled, no grad; beta {M.args.beta}")
-
-    sec.measure(f"ours fp32 logits, B={B} T={T}", fp32, need=need["fp32"])
-    sec.measure("ours bf16 (LoRA attached, B = 0) vs ours fp32",
-                lambda: compare("minigrpo", lambda: M.ours(ids, attention_mask=mask).float()), need=need["compare"])
-    sec.measure("transformers bf16 vs ours fp32", lambda: compare(
-        "transformers", lambda: M.hf(input_ids=ids, attention_mask=mask, position_ids=pos).logits.float()),
-        need=need["compare"])
-    sec.measure("transformers fp32 vs ours fp32", lambda: compare("transformers", hf32), need=need["fp32"])
-    sec.measure("KL at step 0 (LoRA B = 0)", kl_step0, need=need["kl"])
+        gc.collect()
+        sec.extend(2 * M.cfg["need"]["build"])
+        sec.measure(f"build, retry: {what}", lambda: build(M), need=0)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -222,9 +154,9 @@ def plan_child(spec):
     s = json.loads(spec)
     cfg = QwenConfig.from_dict(shapes.hf_config(s["shape"]))
     shape = memplan.Shape(s["rows"], s["rows"], s["prompt"], s["slots"], s["batch"], s["seq"], s["completion"])
-    # the train section measures one micro-batch of a model that has not decoded: no merged copy, no static caches
+    # the static caches of the decode section's one bucket: held through the train section when the fast path ran
     print(json.dumps(memplan.plan(cfg, shape, torch.bfloat16, s["lora_r"], DEFAULT_TARGETS, s["beta"],
-                                  fast_decode=False)))
+                                  fast_decode=True)))
 
 
 def start_plan(c):
@@ -307,10 +239,14 @@ def train_section(sec, M, plan_proc):
         out = dict(minigrpo=f"{state['peak'] / GiB:.2f} GiB max_memory_allocated" if cuda else
                    "not measured on a CPU (its RSS keeps what was freed)")
         if plan:
+            # what the earlier sections still hold counts too: the fast path's caches, the fp32 reference logits
+            caches = plan["static_caches"] if getattr(M, "fast_compiled", None) is not None else 0
+            ref = M.ref_logits.numel() * 4 if getattr(M, "ref_logits", None) is not None else 0
             part = plan["weights"] + plan["trainable"] + plan["activations_ckpt"] + plan["logprob_chunk"]
-            ratio = f" ({part / state['peak']:.2f}x measured)" if cuda else ""
-            out["note"] = (f"plan {part / GiB:.2f} GiB{ratio}: weights, LoRA + grads + AdamW, checkpointed "
-                           f"activations, log-prob chunk; with the rollout {plan['peak_ckpt'] / GiB:.2f} GiB")
+            ratio = f" ({(part + caches + ref) / state['peak']:.2f}x measured)" if cuda else ""
+            out["note"] = (f"plan {(part + caches + ref) / GiB:.2f} GiB{ratio}: weights, LoRA + grads + AdamW, "
+                           f"checkpointed activations, log-prob chunk {part / GiB:.2f}; the fast path's static "
+                           f"caches {caches / GiB:.2f}; the numerics' fp32 reference logits {ref / GiB:.2f}")
         else:
             out["note"] = why
         return out
@@ -333,6 +269,12 @@ def train_section(sec, M, plan_proc):
 
 
 # ----------------------------------------------------------------------------------------------------------------
+
+
+def transformers_section(sec, M):
+    """Last, on its own allotment: transformers' logits against ours fp32, then its generate."""
+    transformers_numerics(sec, M)
+    generate_section(sec, M)
 
 
 def environment(report, device):
@@ -365,9 +307,11 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     p.add_argument("--small", action="store_true", help="tiny shapes: the CPU rehearsal of the GPU run")
-    p.add_argument("--budget", type=float, help="seconds for everything, imports included (default 450; --small 300)")
+    p.add_argument("--budget", type=float, help="seconds for everything, imports included (default 450; --small 360)")
     p.add_argument("--out", default=os.path.join("runs", "device"), help="folder for results.json and table.md")
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}")
+    p.add_argument("--slow-build", type=float, default=0.0, metavar="SECONDS",
+                   help="the rehearsal of a cold start: the first build waits SECONDS first (the retry does not)")
     p.add_argument("--plan-child", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.plan_child:
@@ -381,6 +325,8 @@ def main(argv=None):
         p.error("--device cuda: no CUDA device here; use --device cpu --small for the CPU rehearsal")
     if a.budget is not None and not a.budget > 0:
         p.error(f"--budget {a.budget}: give the seconds the run may take, > 0")
+    if not a.slow_build >= 0:
+        p.error(f"--slow-build {a.slow_build}: give the seconds the first build waits, >= 0")
     try:
         import transformers  # noqa: F401  (the parity oracle of the numerics and speed sections)
     except ImportError:
@@ -394,16 +340,17 @@ def main(argv=None):
     plan_proc = start_plan(c) if "train" in sections else None
     M = Models(c, device)
     report.header()
-    share = sum(ALLOT[s] for s in sections)
+    share = ALLOT["build"] + sum(ALLOT[s] for s in sections)
+    run = {"numerics": numerics, "decode": decode_section, "transformers": transformers_section,
+           "train": functools.partial(train_section, plan_proc=plan_proc)}
     try:
-        for name, fn in (("numerics", numerics), ("train", functools.partial(train_section, plan_proc=plan_proc)),
-                         ("decode", decode_section)):
-            if name not in sections:
-                continue
+        build_section(report.section("build", ALLOT["build"] / share * budget), M, a.slow_build)
+        for name in [s for s in ALLOT if s in sections]:
             sec = report.section(name, ALLOT[name] / share * budget)
             try:
-                ensure_models(sec, M)
-                fn(sec, M)
+                if M.hf is None:
+                    raise Skip("the models were not built")
+                run[name](sec, M)
             except Skip as e:
                 report.add(dict(section=name, case="(the rest)", status="skipped", note=f"skipped: {e}"))
     finally:

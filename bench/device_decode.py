@@ -1,4 +1,5 @@
-"""bench/device.py's decode section, and the torch.profiler counts it and the train section read.
+"""bench/device.py's decode section and transformers' generate, and the torch.profiler counts they and the train
+section read.
 
 The sampler is called as train.py calls it (`rollout_call`), on soyuz's revision call: ms per decode step from two
 calls of different lengths (their difference leaves the prefill out), kernels per step from two profiled calls.
@@ -59,27 +60,24 @@ def attention_kernels(events, per=1):
 
 def rollout_call(model, tok, args, prompts, seeds, n):
     """One sampler call as train.py makes it: train.generate, on the path args.decode names ("eager", or "fast":
-    the merged-LoRA static compiled decode), with the call's own rows as the decode batch."""
+    the static-shape compiled decode), with the call's own rows as the decode batch."""
     import train
     return train.generate(model, tok, args, prompts, seeds, n, rows=len(prompts) * n)
 
 
 def decode_section(sec, M):
-    import sampler as sampler_bench  # bench/sampler.py
+    """ms per decode step of the eager and the fast path on soyuz's revision call (device_numerics.gap_prompts: the
+    fast path's graph is the one the numerics section compiled, when it did)."""
     from torch._dynamo.utils import counters
-    from transformers import LogitsProcessor, LogitsProcessorList
 
-    import train
+    from device_numerics import gap_prompts
     from minigrpo import static_decode
-    from minigrpo.tasks.base import Seq
     c, need, dev, cuda = M.cfg, M.cfg["need"], M.device, M.device.type == "cuda"
     args = argparse.Namespace(**vars(M.args))
-    lengths = [c["prompt"] - (c["prompt"] // 16) * i for i in range(c["rows"])]
-    prompts = sampler_bench.prompts_for(lengths, M.vocab)
-    seeds = [train.sample_seed(args, 0, i) for i in range(len(prompts))]
+    prompts, seeds = gap_prompts(M)
     (k1, k2), (p1, p2) = c["steps"], c["prof"]
-    what = f"{len(prompts)} rows x {static_decode.bucket_len(max(lengths) + k2)} slots"
-    samples, graphs = {}, lambda: counters["stats"]["unique_graphs"]
+    what = f"{len(prompts)} rows x {static_decode.bucket_len(max(map(len, prompts)) + k2)} slots"
+    graphs = lambda: counters["stats"]["unique_graphs"]
 
     def call(path, k, prof=False):
         args.decode, args.max_new_tokens = path, k
@@ -89,49 +87,55 @@ def decode_section(sec, M):
         out, ev = profiled(fn, dev) if prof else (fn(), None)
         return time.perf_counter() - t, out, ev
 
-    def steady(path, first=""):
+    def ms_per_step(path):
+        if path == "fast" and getattr(M, "fast_compiled", None) is None:
+            raise Skip("the fast path's first call did not run")
         g0 = graphs()
         t1 = min(call(path, k1)[0] for _ in range(c["repeats"]))
-        runs = [call(path, k2)[:2] for _ in range(c["repeats"])]
-        t2, samples[path] = min(runs, key=lambda r: r[0])
+        t2 = min(call(path, k2)[0] for _ in range(c["repeats"]))
+        ms = f"{(t2 - t1) / (k2 - k1) * 1000:.2f} ms/step" if t2 > t1 else "n/a: the longer call was not slower (noise)"
+        return dict(minigrpo=ms, note=f"calls of {k1} and {k2} new tokens, the faster of {c['repeats']} each; graphs "
+                                      f"compiled meanwhile: {graphs() - g0}")
+
+    def kernels_per_step(path):
+        if path == "fast" and getattr(M, "fast_compiled", None) is None:
+            raise Skip("the fast path's first call did not run")
         e1, e2 = [call(path, k, prof=True)[2] for k in (p1, p2)]
         (n1, l1), (n2, l2) = counts(e1, dev), counts(e2, dev)
         attention = attention_kernels(attention_ops(e2) - attention_ops(e1), per=p2 - p1)
-        kind = "GPU kernels" if cuda else "aten ops"
         launches = f" ({(l2 - l1) / (p2 - p1):.0f} host launches)" if cuda else ""
-        ms = f"{(t2 - t1) / (k2 - k1) * 1000:.2f} ms/step" if t2 > t1 else "n/a: the longer call was not slower (noise)"
-        return dict(minigrpo=ms,
-                    note=f"{(n2 - n1) / (p2 - p1):.0f} {kind}/step{launches}; attention per step: {attention}; "
-                         f"{first}graphs compiled meanwhile: {graphs() - g0}")
-
-    def eager():
-        first = call("eager", k1)[0]
-        return steady("eager", f"first call {first:.1f} s; ")
+        return dict(minigrpo=f"{(n2 - n1) / (p2 - p1):.0f} {'GPU kernels' if cuda else 'aten ops'}/step{launches}",
+                    note=f"torch.profiler, calls of {p1} and {p2} new tokens; attention per step: {attention}")
 
     def fast_first():
+        if getattr(M, "fast_compiled", None) is not None:
+            return dict(minigrpo=f"{M.fast_compiled:.1f} s", note="compiled in the numerics section (its row)")
         g0 = graphs()
         dt = call("fast", k1)[0]
-        samples["fast-compiled"] = True
+        M.fast_compiled = dt
         return dict(minigrpo=f"{dt:.1f} s", note=f"compile{' + CUDA graph capture' if cuda else ''} + a {k1}-token "
                                                  f"call; {graphs() - g0} graph(s)")
 
-    def fast():
-        if "fast-compiled" not in samples:
-            raise Skip("the fast path's first call did not run")
-        return steady("fast")
+    sec.measure(f"eager path (train.generate), {what}, LoRA r={args.lora_r}", lambda: ms_per_step("eager"),
+                need=need["eager"])
+    sec.measure("fast path (sample(compile=True)): first call", fast_first, need=need["compile"],
+                cap=c["compile_cap"])
+    sec.measure(f"fast path, {what}", lambda: ms_per_step("fast"), need=need["fast"])
+    sec.measure("eager path: kernels per step", lambda: kernels_per_step("eager"), need=need["fast"])
+    sec.measure("fast path: kernels per step", lambda: kernels_per_step("fast"), need=need["fast"])
 
-    def gap(path):
-        if path not in samples:
-            raise Skip(f"no {path} samples")
-        got = [s[0] for s in samples[path]]
-        seqs = [Seq(str(i), 1, prompts[i], s.completion_ids, s.logprobs, s.finish_reason, "", 0.0)
-                for i, s in enumerate(got)]
-        b = train.collate(seqs, M.pad, dev)
-        with torch.no_grad():
-            logp = train.log_probs(M.ours, b, args, M.vocab)
-        d = (logp - b.sampled).abs()[b.mask.bool()].double()
-        return dict(minigrpo=f"mean {d.mean().item():.3g}, p95 {d.quantile(0.95).item():.3g}, max {d.max().item():.3g}",
-                    note=f"abs(trainer - sampler) over {d.numel()} tokens (train.log_probs of the sampled sequences)")
+
+def generate_section(sec, M):
+    """transformers' generate with a static cache (which transformers compiles on CUDA) on the decode section's
+    prompts, without LoRA: its first call, then ms per step from a logits processor's clock."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    from device_numerics import gap_prompts
+    from minigrpo import static_decode
+    c, need, dev, cuda = M.cfg, M.cfg["need"], M.device, M.device.type == "cuda"
+    prompts, _ = gap_prompts(M)
+    k2 = c["steps"][1]
+    what = f"{len(prompts)} rows x {static_decode.bucket_len(max(map(len, prompts)) + k2)} slots"
 
     class StepClock(LogitsProcessor):
         def __init__(self):
@@ -142,12 +146,13 @@ def decode_section(sec, M):
             self.times.append(time.perf_counter())
             return scores
 
-    ids = torch.full((len(prompts), max(lengths)), M.pad, dtype=torch.long)
+    L = max(map(len, prompts))
+    ids = torch.full((len(prompts), L), M.pad, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, pr in enumerate(prompts):
-        ids[i, ids.shape[1] - len(pr):], mask[i, ids.shape[1] - len(pr):] = torch.tensor(pr), 1
+        ids[i, L - len(pr):], mask[i, L - len(pr):] = torch.tensor(pr), 1
     ids, mask = ids.to(dev), mask.to(dev)
-    hf_ok = {}
+    ok = {}
 
     def hf_call(k, clock=None):
         kw = dict(logits_processor=LogitsProcessorList([clock])) if clock else {}
@@ -160,12 +165,12 @@ def decode_section(sec, M):
     def hf_first():
         t = time.perf_counter()
         hf_call(k2)
-        hf_ok["first"] = True
+        ok["first"] = True
         return dict(transformers=f"{time.perf_counter() - t:.1f} s",
                     note="compiled by transformers" if cuda else "not compiled: transformers compiles on CUDA only")
 
     def hf_steady():
-        if "first" not in hf_ok:
+        if "first" not in ok:
             raise Skip("its first call did not run")
         clock = StepClock()
         hf_call(k2, clock)
@@ -173,14 +178,6 @@ def decode_section(sec, M):
         return dict(transformers=f"{statistics.median(steps) * 1000:.2f} ms/step",
                     note=f"median over {len(steps)} decode steps (a logits processor's clock); no LoRA")
 
-    sec.measure(f"eager path (train.generate), {what}, LoRA r={args.lora_r}", eager, need=need["eager"])
-    sec.measure("sampler-trainer log-prob gap, eager path", lambda: gap("eager"), need=need["gap"])
-    sec.measure("fast path (sample(compile=True)): first call", fast_first, need=need["compile"],
-                cap=c["compile_cap"])
-    sec.measure(f"fast path, {what}", fast, need=need["fast"])
-    sec.measure("sampler-trainer log-prob gap, fast path", lambda: gap("fast"), need=need["gap"])
     gen = "generate, static cache" + (", compiled" if cuda else "")
     sec.measure(f"transformers {gen}: first call", hf_first, need=need["hf_first"], cap=c["compile_cap"])
     sec.measure(f"transformers {gen}, {what}", hf_steady, need=need["hf"])
-
-

@@ -2,7 +2,9 @@
 
 A run is cut into sections, each with a deadline: section k may run until the start of the run plus the first k
 allotments, so a section that finishes early leaves its time to the next ones and one that runs long cannot eat
-theirs. Inside a section every expensive unit (a model build, a compile, a timed call) is one `Section.measure`:
+theirs; only a section that the others cannot do without (the model build's retry) may `extend` its deadline, and
+then the last sections lose the time. Inside a section every expensive unit (a model build, a compile, a timed
+call) is one `Section.measure`:
   - it declares `need`, the seconds it may take; if less than that is left before the section's deadline, it is
     not started and its row says "skipped" with the numbers;
   - once started, an interval timer (SIGALRM) stops it at the deadline (or at its own `cap`), so that an estimate
@@ -109,6 +111,12 @@ class Section:
 
     def left(self):
         return self.deadline - self.report.elapsed()
+
+    def extend(self, seconds):
+        """At least `seconds` more from now, never past the budget: the sections after this one start later, so
+        the last of them lose the time first."""
+        self.deadline = min(self.report.budget, max(self.deadline, self.report.elapsed() + seconds))
+        self.report._deadline = max(self.report._deadline, self.deadline)
 
     def measure(self, case, fn, need, cap=None):
         """Run fn() -> {"minigrpo": ..., "transformers": ..., "note": ..., "data": ...} as one row, unless it would

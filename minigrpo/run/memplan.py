@@ -9,27 +9,20 @@ What it adds up (bytes, for the resolved preset and model; one process):
   rollout        the sampler's cache for one sampler call: attention K and V for rows x max_len slots, Gated
                  DeltaNet's recurrent state (fp32) and conv state, plus the prefill's transient, bounded by one
                  layer's training activations over the prompts (no_grad keeps less), and the last-position logits
+  static caches  the fast decode path (train.py's default on CUDA) keeps one cache of the run's rows for every
+                 length bucket its calls reach (static_decode.py), through training too: fixed addresses
   training       one micro-batch's saved activations for backward, with and without per-layer checkpointing, plus
                  the log-prob chunk (logprobs.token_logprobs: LOGIT_BYTES of fp32 logits, their exp, and the model-dtype
                  copy of the gradient) and the (rows, H) fp32 d logp / d h that the fused head keeps
 
-peak = weights + trainable + max(rollout, training): the sampler's cache is freed before the loss runs.
+peak = weights + trainable + static caches + max(rollout, training): the sampler's own cache is freed before the
+loss runs.
 
-Activations are not guessed from a formula: one decoder layer of each kind is built at the config's width (random
-values, no checkpoint read), LoRA injected as the run would, and run forward at two lengths on the CPU while
-`torch.autograd.graph.saved_tensors_hooks` adds up every tensor autograd keeps for backward. That gives bytes per
-token and per token^2 (the attention mask SDPA keeps) for this code as it is. The same run measures the layer's
-backward: the most bytes its gradients and temporaries hold beyond the saved activations (a tensor counts from the
-op that makes it until its storage is freed), which is the working set the plan adds on top of the saved ones; with
-checkpointing, one layer is recomputed and backpropagated at a time.
-
-Attention: the attention layer is measured as a padded micro-batch runs it (with a mask: most micro-batches have
-pads). Its one scaled_dot_product_attention call is recorded (attention.Recorder) and attention.cuda_kernel names
-the CUDA kernel that call takes, the same rules the model's attention calls are tested against; what that kernel
-keeps for backward (its autograd node run on meta tensors: torch's own shape functions) replaces what the CPU's
-kernel kept. The memory-efficient kernel keeps what the CPU's does (q, expanded k and v, output, log-sum-exp, the
-mask as a (B, 1, T, S) bias); the math kernel would add its (B, nh, T, S) fp32 scores. A GPU peak is checked by
-bench/device.py, which prints the plan next to the measured step.
+Activations are not guessed from a formula: one decoder layer of each kind is measured on the CPU at the config's
+width (minigrpo/run/layercost.py: what autograd saves, what the backward holds beyond it, the CUDA attention
+kernel's own bytes), at three lengths, and fitted with terms that are all >= 0. With checkpointing each layer keeps
+its input, and one layer is recomputed and backpropagated at a time. A GPU peak is checked by bench/device.py, which
+prints the plan next to the measured step.
 
 A GPU "fits" when peak x 1.1 (allocator fragmentation) + 1 GiB (CUDA context, cuBLAS workspace) <= its memory.
 
@@ -41,18 +34,14 @@ import os
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
-from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from minigrpo import static_decode
-from minigrpo.attention import Recorder, cuda_kernel
 from minigrpo.common import DATA
 from minigrpo.logprobs import LOGIT_BYTES
-from minigrpo.lora import DEFAULT_TARGETS, inject_lora, lora_layers
-from minigrpo.model import Block, Qwen, QwenConfig, RMSNorm, Rotary, attention_mask_4d
+from minigrpo.lora import DEFAULT_TARGETS, inject_lora
+from minigrpo.model import Qwen, QwenConfig
 from minigrpo.pretrained import read_config
+from minigrpo.run.layercost import layer_costs
 
 GiB = 1024 ** 3
 GPUS = [("24 GB", 24e9), ("40 GB", 40e9), ("80 GB", 80e9), ("141 GB", 141e9)]
@@ -110,155 +99,7 @@ def cache_bytes(cfg, rows, slots, dtype_bytes):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# activations, measured on one layer of each kind
-
-
-def _saved_bytes(fn, skip):
-    """Run fn() and add up the storage of every tensor autograd saves for backward (each storage once; the
-    storages in `skip`, e.g. parameters and inputs shared by all layers, not at all)."""
-    return _measure(fn, skip, backward=False)[0]
-
-
-class _LiveBytes(TorchDispatchMode):
-    """Bytes of every tensor storage an op made and that is still alive, and the most at once since `peak` was
-    last set: each op's outputs are counted once, and dropped when their storage is freed."""
-
-    def __init__(self):
-        super().__init__()
-        self.alive, self.live, self.peak = {}, 0, 0
-
-    def sweep(self):
-        for ptr in [p for p, (ref, _) in self.alive.items() if ref.expired()]:
-            self.live -= self.alive.pop(ptr)[1]
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.sweep()
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                st = t.untyped_storage()
-                if st.data_ptr() and st.data_ptr() not in self.alive:
-                    self.alive[st.data_ptr()] = (StorageWeakRef(st), st.nbytes())
-                    self.live += st.nbytes()
-        self.peak = max(self.peak, self.live)
-        return out
-
-
-def _measure(fn, skip, backward=True):
-    """(bytes autograd saves in fn(), bytes its backward holds at most beyond them). The backward runs from a
-    gradient of ones on fn()'s output, so every saved tensor is used and freed as in training."""
-    seen, saved = set(skip), 0
-
-    def pack(t):
-        nonlocal saved
-        st = t.untyped_storage()
-        if st.data_ptr() not in seen:
-            seen.add(st.data_ptr())
-            saved += st.nbytes()
-        return t
-
-    counter = _LiveBytes()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), counter:
-        y = fn()
-        if not backward:
-            return saved, 0
-        counter.sweep()
-        after_forward = counter.peak = counter.live
-        y.backward(torch.ones_like(y))
-    return saved, counter.peak - after_forward
-
-
-@dataclass
-class LayerCost:
-    per_token: float      # bytes per token
-    per_token2: float     # bytes per token^2 of one sequence (the attention mask, CPU and CUDA kernels alike)
-    backward: "LayerCost | None" = None   # the same form for the backward's working set beyond the saved bytes
-
-    def bytes(self, B, T):
-        return B * (self.per_token * T + self.per_token2 * T * T)
-
-    @staticmethod
-    def fit(lengths, measured):
-        """Bytes per token and per token^2 from B=1 measurements at two lengths."""
-        (t1, m1), (t2, m2) = zip(lengths, measured)
-        b = (m2 / t2 - m1 / t1) / (t2 - t1)
-        return LayerCost(m1 / t1 - b * t1, b)
-
-
-def layer_costs(cfg, dtype, lora_r, targets=DEFAULT_TARGETS, lengths=(128, 256)):
-    """{layer kind: LayerCost} of the policy pass with gradients, plus "final_norm", measured on the CPU at the
-    config's width with B = 1 at two lengths, multiples of Gated DeltaNet's 64-token chunk and of at least two
-    chunks (from the second chunk on, each chunk also keeps the incoming state: with one chunk the fit is off)."""
-    costs = {}
-    wdtype = dtype if lora_r > 0 else torch.float32  # a full fine-tune trains fp32 weights (train.build_policy)
-    for kind in dict.fromkeys(cfg.layer_types):
-        with torch.device("meta"):
-            block = Block(cfg, kind)
-        block.to_empty(device="cpu")
-        with torch.no_grad():
-            for p in block.parameters():
-                p.normal_(0, 0.02) if p.ndim > 1 else p.fill_(0.1)
-        block.to(wdtype)
-        if lora_r > 0:
-            inject_lora(block, r=lora_r, alpha=lora_r, targets=targets)
-        rot = _rotary(cfg)
-        measured = []
-        for T in lengths:
-            x = torch.randn(1, T, cfg.hidden_size, dtype=wdtype, requires_grad=True)
-            real = torch.ones(1, T, dtype=torch.bool)
-            mask = attention_mask_4d(real, 0, T)  # as for a padded micro-batch
-            cos, sin = rot(torch.arange(T)[None], x.dtype)
-            shared = [t.untyped_storage().data_ptr() for t in (cos, sin, mask, real)]
-            shared += [p.untyped_storage().data_ptr() for p in block.parameters()]
-            with Recorder() as rec:
-                saved, grads = _measure(lambda: block(x, cos, sin, attn_mask=mask, real_tokens=real), shared)
-            for call in rec.calls:  # the attention layer's one call: what the CUDA kernel keeps instead
-                costs["attention_kernel"] = cuda_kernel(call)
-                saved += kernel_saved_bytes(call, "cuda") - kernel_saved_bytes(call, "cpu")
-            measured.append((saved, grads))
-        costs[kind] = LayerCost.fit(lengths, [m[0] for m in measured])
-        costs[kind].backward = LayerCost.fit(lengths, [m[1] for m in measured])
-        del block
-    norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.family == "qwen3_5").to(wdtype)  # before the head
-    x = torch.randn(1, 128, cfg.hidden_size, dtype=wdtype, requires_grad=True)
-    costs["final_norm"] = LayerCost(_saved_bytes(lambda: norm(x), [norm.weight.untyped_storage().data_ptr()]) / 128, 0)
-    return costs
-
-
-def kernel_saved_bytes(call, where):
-    """Bytes the autograd node of one attention call keeps for backward: where="cpu" as the CPU's SDPA runs it,
-    "cuda" as the CUDA kernel attention.cuda_kernel names for it (run on meta tensors: no GPU, no memory)."""
-    device = "cpu" if where == "cpu" else "meta"
-    q, k, v = (torch.zeros(t[0], dtype=call.dtype, device=device, requires_grad=True) for t in (call.q, call.k, call.v))
-    mask = None if call.mask is None else torch.ones(call.mask[0], dtype=torch.bool, device=device)
-    saved = {}
-
-    def pack(t):  # each storage once (meta tensors have none to compare: each tensor once)
-        saved.setdefault(id(t) if device == "meta" else t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
-        return t
-
-    kernel = cuda_kernel(call)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        if where == "cpu":
-            F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=call.is_causal,
-                                           enable_gqa=call.enable_gqa)
-        elif kernel == "efficient":  # SDPA hands it the mask as a bias of q's dtype, rows padded to 16 slots
-            bias = None
-            if mask is not None:
-                S = mask.shape[-1]
-                bias = torch.zeros(mask.shape[:-1] + (-(-S // 16) * 16,), dtype=call.dtype, device=device)
-                bias = bias[..., :S].expand(q.shape[:-1] + (S,))
-            torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, 0.0, call.is_causal)
-        elif kernel == "flash":
-            torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, call.is_causal)
-        else:
-            torch.ops.aten._scaled_dot_product_attention_math(q, k, v, mask, 0.0, call.is_causal,
-                                                             enable_gqa=call.enable_gqa)
-    return sum(saved.values())
-
-
-def _rotary(cfg):
-    return Rotary(cfg.head_dim, cfg.rope_theta, cfg.partial_rotary_factor)
+# activations (per layer: layercost.py)
 
 
 def activation_bytes(cfg, costs, B, T, dtype_bytes, checkpointing):
@@ -296,27 +137,30 @@ class Shape:
     micro_batch: int        # sequences per forward/backward
     train_tokens: int       # their padded length
     completion_tokens: int  # columns whose log-prob is computed
-    other_slots: tuple = ()  # cache lengths of the run's other sampler calls (soyuz's turn 0)
+    shortest_slots: int = 0  # the cache length of the run's shortest sampler call (0: every call is `slots` long)
 
 
-def fast_decode_bytes(cfg, shape, s, lora_r, targets):
-    """(merged copy, static caches) the fast decode path keeps for the whole run (minigrpo/merged.py,
-    static_decode.py): a weight of its own for every adapted projection, and one cache of the run's rows per length
-    bucket its calls use, each kept (fixed addresses for the compiled graph) through training too."""
-    merged = 0
-    if lora_r > 0:
-        with torch.device("meta"):
-            model = Qwen(cfg)
-            inject_lora(model, r=lora_r, alpha=lora_r, targets=targets)
-        merged = sum(m.base_layer.weight.numel() for _, m in lora_layers(model)) * s
-    buckets = {static_decode.bucket_len(n) for n in (shape.slots, *shape.other_slots)}
-    rows = shape.rollout_rows       # train.py sizes them for the run's largest call (train.decode_rows)
-    return merged, sum(sum(cache_bytes(cfg, rows, b, s)) for b in buckets)
+def buckets_reached(shape):
+    """The static cache lengths (static_decode.bucket_len) a run's calls land in: every bucket from the shortest
+    call's to the longest's, since the prompts in between (answers of any length, conversations of any number of
+    turns) reach each of them."""
+    lo, hi = static_decode.bucket_len(shape.shortest_slots or shape.slots), static_decode.bucket_len(shape.slots)
+    out = [lo]
+    while out[-1] < hi:
+        out.append(static_decode.bucket_len(out[-1] + 1))
+    return out
+
+
+def static_cache_bytes(cfg, shape, dtype_bytes):
+    """The caches the fast decode path keeps for the whole run (static_decode.py): one of the run's rows
+    (train.decode_rows, the largest call's) for each length bucket its calls reach, kept through training too
+    (fixed addresses for the compiled graph)."""
+    return sum(sum(cache_bytes(cfg, shape.rollout_rows, b, dtype_bytes)) for b in buckets_reached(shape))
 
 
 def plan(cfg, shape, dtype, lora_r, targets=DEFAULT_TARGETS, beta=0.0, costs=None, fast_decode=True):
-    """{part: bytes} and the derived peaks; costs: layer_costs(...) (measured here when None). fast_decode: the
-    run samples with the static compiled decode (train.py's default on CUDA), whose copy and caches stay."""
+    """{part: bytes} and the derived peaks; costs: layercost.layer_costs(...) (measured here when None). fast_decode:
+    the run samples with the static compiled decode (train.py's default on CUDA), whose caches stay."""
     s = torch.finfo(dtype).bits // 8
     total, trainable = param_counts(cfg, lora_r, targets)
     costs = costs or layer_costs(cfg, dtype, lora_r, targets)
@@ -334,10 +178,12 @@ def plan(cfg, shape, dtype, lora_r, targets=DEFAULT_TARGETS, beta=0.0, costs=Non
     p["rollout"] = kv + gdn + p["prefill"]
     B, T = shape.micro_batch, shape.train_tokens
     p["logprob_chunk"] = logprob_bytes(cfg, B * shape.completion_tokens, s)
-    p["activations"] = activation_bytes(cfg, costs, B, T, s, checkpointing=False)
-    p["activations_ckpt"] = activation_bytes(cfg, costs, B, T, s, checkpointing=True)
-    p["merged_copy"], p["static_caches"] = fast_decode_bytes(cfg, shape, s, lora_r, targets) if fast_decode else (0, 0)
-    kept = p["weights"] + p["trainable"] + p["merged_copy"] + p["static_caches"]
+    a = s if lora_r > 0 else 4      # a full fine-tune trains fp32 weights: its activations are fp32 too
+    p["activations"] = activation_bytes(cfg, costs, B, T, a, checkpointing=False)
+    p["activations_ckpt"] = activation_bytes(cfg, costs, B, T, a, checkpointing=True)
+    p["static_caches"] = static_cache_bytes(cfg, shape, s) if fast_decode else 0
+    p["static_buckets"] = buckets_reached(shape) if fast_decode else []
+    kept = p["weights"] + p["trainable"] + p["static_caches"]
     for name, act in (("peak", p["activations"]), ("peak_ckpt", p["activations_ckpt"])):
         p[name] = kept + max(p["rollout"], act + p["logprob_chunk"])
     return p
@@ -357,8 +203,7 @@ def format_plan(p, header):
     rows = [("weights", "weights"), ("trainable (fp32 weights + grads + AdamW m, v)", "trainable"),
             ("rollout: attention K/V cache", "kv_cache"), ("rollout: Gated DeltaNet state + conv", "gdn_state"),
             ("rollout: prefill transient (bound: one layer's training activations) + last logits", "prefill"),
-            ("fast decode: merged LoRA copy of the adapted weights (kept)", "merged_copy"),
-            ("fast decode: static caches, one per length bucket (kept)", "static_caches"),
+            (f"fast decode: static caches, {len(p['static_buckets'])} length buckets (kept)", "static_caches"),
             ("training: activations, no checkpointing", "activations"),
             ("training: activations, per-layer checkpointing", "activations_ckpt"),
             ("training: log-prob chunk + d logp/dh", "logprob_chunk"),
@@ -376,57 +221,62 @@ def format_plan(p, header):
 # from train.py's resolved arguments
 
 
-def prompt_tokens(task):
-    """The longest prompt, in tokens, estimated without a tokenizer: UTF-8 bytes / 3 (Qwen's BPE averages 3.5-4.5
-    bytes per token on English and code) + 16 for the chat template. soyuz: its bundled tasks; gsm8k: the system
-    prompt and a 900-character question (GSM8K's longest are about that); mdp: the mdp run's "full" prompt, ~330
-    tokens with the template (experiments/mdp_pipeline.py), rounded up."""
+def prompt_range(task):
+    """(shortest, longest) prompt in tokens, estimated without a tokenizer: UTF-8 bytes / 3 (Qwen's BPE averages
+    3.5-4.5 bytes per token on English and code) + 16 for the chat template. soyuz: its bundled tasks; gsm8k: the
+    system prompt and a question of 100 to 900 characters (GSM8K's shortest and longest are about that); mdp: the
+    mdp run's "full" prompt, ~330 tokens with the template (experiments/mdp_pipeline.py), rounded up."""
     if task == "soyuz":
         with open(os.path.join(DATA, "soyuz_tasks.json")) as f:
-            longest = max(len(t["prompt"].encode()) for t in json.load(f))
-        return longest // 3 + 16
+            sizes = [len(t["prompt"].encode()) // 3 + 16 for t in json.load(f)]
+        return min(sizes), max(sizes)
     if task == "gsm8k":
         from minigrpo.tasks.gsm8k import SYSTEM_PROMPT
-        return (len(SYSTEM_PROMPT.encode()) + 900) // 3 + 16
+        return (len(SYSTEM_PROMPT.encode()) + 100) // 3 + 16, (len(SYSTEM_PROMPT.encode()) + 900) // 3 + 16
     if task == "terminal":          # the system turn (with the shell tool's schema, ~250 tokens) + the instruction
         from minigrpo.tasks.terminal.task import SYSTEM, catalogue
-        return (len(SYSTEM.encode()) + max(len(e.instruction.encode()) for e in catalogue())) // 3 + 16 + 250
-    return {"mdp": 400}.get(task, 64)
+        sizes = [(len(SYSTEM.encode()) + len(e.instruction.encode())) // 3 + 16 + 250 for e in catalogue()]
+        return min(sizes), max(sizes)
+    P = {"mdp": 400}.get(task, 64)
+    return P, P
 
 
-def run_shape(args):
-    """(Shape, settings dict) of the run train.py would start, per process. soyuz samples one task's G answers per
-    call (chunk 1), then its G revisions, whose prompts hold the answer and the critique: those are the longest
-    calls and sequences. mdp: the GRPO stage of its pipeline (experiments/mdp_pipeline.PIPELINES)."""
+def run_shape(args, rows):
+    """(Shape, settings dict) of the run train.py would start, per process. rows: the rows of its largest sampler
+    call (train.decode_rows). soyuz samples its answers, then one revision per answer, whose prompts hold the
+    answer and the critique; terminal's last turn holds every earlier turn: those are the longest calls and
+    sequences, with one prompt per row. mdp: the GRPO stage of its pipeline (experiments/mdp_pipeline.PIPELINES),
+    every task's samples in one call, whatever `rows` says."""
     if args.task == "mdp":
         from minigrpo.experiments.mdp_pipeline import pipeline_config
         c = pipeline_config(args.model)
         s = dict(lora_r=c.lora_r, group_size=c.group_size, tasks=c.grpo_tasks, max_new_tokens=c.max_new_tokens,
                  micro_batch=c.batch * 2, beta=c.grpo_beta, targets=DEFAULT_TARGETS)
+        rows = c.grpo_tasks * c.group_size
     else:
         s = dict(lora_r=args.lora_r, group_size=args.group_size, tasks=args.tasks_per_step,
                  max_new_tokens=args.max_new_tokens, micro_batch=args.micro_batch, beta=args.beta,
                  targets=args.lora_targets.split(",") if args.lora_targets else DEFAULT_TARGETS)
-    P, new, G = prompt_tokens(args.task), s["max_new_tokens"], s["group_size"]
+    (short, P), new, G = prompt_range(args.task), s["max_new_tokens"], s["group_size"]
     if args.task == "soyuz":
         longest = P + new + CRITIQUE_TOKENS  # a revision's prompt: task, answer, critique
-        shape = Shape(G, G, longest, longest + new, s["micro_batch"], longest + new, new, (P + new,))
+        shape = Shape(rows, rows, longest, longest + new, s["micro_batch"], longest + new, new, short + new)
     elif args.task == "terminal":           # the last turn's prompt: every earlier turn and its tool output
         from minigrpo.tasks.terminal.task import MAX_TURNS, TURN_OUTPUT_BYTES
         longest = P + (MAX_TURNS - 1) * (new + TURN_OUTPUT_BYTES // 3 + 64)   # + 64: the tool turns' template
-        rows = G                            # one exercise's episodes per sampler call (TerminalTask.chunk)
-        shape = Shape(rows, rows, longest, longest + new, s["micro_batch"], longest + new, new, (P + new,))
+        shape = Shape(rows, rows, longest, longest + new, s["micro_batch"], longest + new, new, short + new)
     else:
-        shape = Shape(s["tasks"], s["tasks"] * G, P, P + new, s["micro_batch"], P + new, new)
+        shape = Shape(max(1, rows // G), rows, P, P + new, s["micro_batch"], P + new, new, short + new)
     s["prompt_tokens"] = P
     return shape, s
 
 
-def print_plan(args):
+def print_plan(args, rows):
+    """Print the plan of the run train.py's `args` would start, whose largest sampler call has `rows` rows."""
     import sys
     dtype = getattr(torch, args.dtype) if args.dtype else torch.bfloat16
     cfg, source = load_config(args.model)
-    shape, s = run_shape(args)
+    shape, s = run_shape(args, rows)
     print(f"memory plan: measuring one layer of each kind on the CPU at {args.model}'s width...", file=sys.stderr)
     fast = getattr(args, "decode", None) != "eager"      # on CUDA train.py decodes with the fast path
     p = plan(cfg, shape, dtype, s["lora_r"], s["targets"], s["beta"], fast_decode=fast)
@@ -437,7 +287,8 @@ def print_plan(args):
               f"G={s['group_size']}, {s['tasks']} tasks per step, max_new_tokens {s['max_new_tokens']}, "
               f"micro-batch {s['micro_batch']}, beta {s['beta']}\n"
               f"longest sampler call: {shape.rollout_rows} rows x {shape.slots} slots (prompt <= {shape.prompt_tokens} "
-              f"tokens); trained micro-batch: {shape.micro_batch} x {shape.train_tokens} tokens "
+              f"tokens); static cache buckets {', '.join(map(str, p['static_buckets'])) or 'none'}; "
+              f"trained micro-batch: {shape.micro_batch} x {shape.train_tokens} tokens "
               f"(task prompt ~{s['prompt_tokens']} tokens, estimated: UTF-8 bytes / 3 + 16"
               + {"soyuz": f"; + answer + {CRITIQUE_TOKENS}-token critique for soyuz's revision turn",
                  "terminal": "; + 7 earlier turns, each with its tool output at the turn's cap"}.get(args.task, "")

@@ -1,6 +1,7 @@
-"""bench/device.py, the one-command GPU measurement, rehearsed on the CPU with tiny shapes; and its bookkeeping
-(bench/device_report.py): a unit that would overrun its section is skipped, one that overruns anyway is stopped,
-a failing unit keeps the others' rows, and results.json is valid after every row (so also after a kill)."""
+"""bench/device.py, the one-command GPU measurement, rehearsed on the CPU with tiny shapes (a slow first build
+included: the models are built once, first, with one retry); and its bookkeeping (bench/device_report.py): a unit
+that would overrun its section is skipped, one that overruns anyway is stopped, a failing unit keeps the others'
+rows, and results.json is valid after every row (so also after a kill)."""
 
 import json
 import os
@@ -16,11 +17,12 @@ import pytest
 from repo_root import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "bench"))
+import device  # noqa: E402
 import device_decode  # noqa: E402
 import device_report  # noqa: E402
 from minigrpo.pretrained import load_pretrained
 
-SECTIONS = {"numerics", "train", "decode"}
+SECTIONS = {"build", "numerics", "decode", "train", "transformers"}
 
 
 def run_script(out, *flags, timeout=900):
@@ -51,10 +53,54 @@ def test_device_script_small_on_cpu(tmp_path):
     assert {r["status"] for r in rows} <= {"ok", "skipped", "stopped"}
     ok = {r["case"]: r for r in rows if r["status"] == "ok"}
     assert "top-1" in ok["ours bf16 (LoRA attached, B = 0) vs ours fp32"]["minigrpo"]   # the first cheap checks ran
+    assert [r["section"] for r in rows][0] == "build" and rows[0]["status"] == "ok"     # built once, first
     assert "torch" in doc["env"][0] and any("fla:" in line for line in doc["env"])
     with open(tmp_path / "table.md") as f:
         assert f.read().count("\n| ") == len(rows) + 1             # the header and one line per row
     assert "total " in out.stdout.splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_a_slow_first_build_still_yields_the_numerics_and_decode_rows(tmp_path):
+    """--slow-build: the first build waits past its section's time and is stopped; the retry builds, and the
+    numerics (bf16 logits, the sampler-trainer gap after the optimizer steps) and decode rows still come."""
+    out = run_script(tmp_path, "--slow-build", "900", "--only", "numerics,decode", "--budget", "300")
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = load(tmp_path)["rows"]
+    assert [r["status"] for r in rows[:2]] == ["stopped", "ok"] and "retry" in rows[1]["case"], rows[:2]
+    ok = {r["case"].split(",")[0]: r for r in rows if r["status"] == "ok"}
+    assert "top-1" in ok["ours bf16 (LoRA attached"]["minigrpo"], out.stdout
+    assert "share" in ok["sampler vs trainer after the steps"]["minigrpo"], out.stdout
+    decode = [r for r in rows if r["section"] == "decode"]
+    assert decode and not [r for r in decode if "not built" in r.get("note", "")], out.stdout
+
+
+def test_a_build_that_fails_or_overruns_is_retried_once(tmp_path, monkeypatch):
+    """The first build is stopped at its section's end (a cold start) or fails; one retry follows, given at least
+    twice the build's estimate even past the section's end, and the later sections start that much later."""
+    calls = []
+
+    def fake_build(M, cold=0.0):
+        calls.append(cold)
+        time.sleep(max(cold, 0))
+        if cold < 0:
+            raise RuntimeError("CUDA error: initialization error")
+        M.hf = object()
+        return {"minigrpo": "built"}
+
+    monkeypatch.setattr(device, "build", fake_build)
+    for cold, first in ((30.0, "stopped"), (-1.0, "error")):
+        r = report(tmp_path, budget=100)
+        M = device.Models(dict(device.SMALL, need=dict(device.SMALL["need"], build=10)), None)
+        sec = r.section("build", 0.5)
+        device.build_section(sec, M, cold)
+        rows = load(tmp_path)["rows"][-2:]
+        assert [x["status"] for x in rows] == [first, "ok"] and M.hf is not None
+        assert calls[-2:] == [cold, 0.0] and sec.deadline >= 20 and r.section("next", 10).deadline >= 30
+    r = report(tmp_path, budget=100)
+    M = device.Models(device.SMALL, None)
+    device.build_section(r.section("build", 5), M, 0.0)
+    assert calls[-1] == 0.0 and len(calls) == 5 and load(tmp_path)["rows"][-1]["case"].startswith("build:")
 
 
 def test_tiny_budget_skips_every_section_and_exits_0(tmp_path):
@@ -67,7 +113,8 @@ def test_tiny_budget_skips_every_section_and_exits_0(tmp_path):
 
 
 def test_bad_flags_are_one_line(tmp_path):
-    for flags, word in ((["--only", "numerics,speed"], "--only"), (["--budget", "0"], "--budget")):
+    for flags, word in ((["--only", "numerics,speed"], "--only"), (["--budget", "0"], "--budget"),
+                        (["--slow-build", "-5"], "--slow-build")):
         out = run_script(tmp_path, *flags, timeout=300)
         assert out.returncode == 2 and word in out.stderr and "Traceback" not in out.stderr
 
@@ -146,6 +193,39 @@ def test_sections_pass_unused_time_on_and_never_past_the_budget(tmp_path):
     r = report(tmp_path, budget=100)
     a, b, c = r.section("a", 30), r.section("b", 30), r.section("c", 80)
     assert (a.deadline, b.deadline, c.deadline) == (30, 60, 100)
+
+
+def test_share_of_the_update_the_sampler_carries():
+    """device_numerics.gap_stats: 1 when the sampler's log-probs are the trainer's, 0 when they are the base
+    model's (the adapters off), in between for a sampler halfway; the gap is |trainer - sampler| per token."""
+    import torch
+    import device_numerics
+    import train
+    from minigrpo.lora import inject_lora
+    from minigrpo.tasks.base import Seq
+
+    model = load_pretrained("tiny-qwen3.5").eval()
+    for p in inject_lora(model, r=4, alpha=4):
+        if p.shape[0] != 4:                                         # B (out x r), not A (r x in)
+            torch.nn.init.normal_(p, std=0.05, generator=torch.Generator().manual_seed(p.numel()))
+    M = SimpleNamespace(ours=model, pad=256, vocab=261, device=torch.device("cpu"),
+                        args=SimpleNamespace(temperature=1.0, beta=0.04))
+    prompts, completions = [[5, 6, 7, 8], [9, 10]], [[11, 12, 13], [14, 15, 16, 17]]
+    b = train.collate([Seq(str(i), 1, p, c, [0.0] * len(c), "length", "", 0.0)
+                       for i, (p, c) in enumerate(zip(prompts, completions))], M.pad, M.device)
+    with torch.no_grad():
+        t, base = train.log_probs(model, b, M.args, M.vocab), train.reference_logprobs(model, None, b, M.args, M.vocab)
+    per_row = lambda lp: [lp[i][b.mask[i].bool()].tolist() for i in range(2)]
+
+    def drawn(lp):
+        return [SimpleNamespace(completion_ids=c, logprobs=r, finish_reason="length")
+                for c, r in zip(completions, per_row(lp))]
+
+    gap, share, moved = device_numerics.gap_stats(M, prompts, drawn(t))
+    assert share == pytest.approx(1) and gap.max().item() < 1e-6 and moved > 1e-3
+    gap, share, _ = device_numerics.gap_stats(M, prompts, drawn(base))
+    assert share == pytest.approx(0, abs=1e-6) and gap.mean().item() == pytest.approx(moved, rel=1e-5)
+    assert device_numerics.gap_stats(M, prompts, drawn((t + base) / 2))[1] == pytest.approx(0.5, abs=1e-5)
 
 
 def test_rollout_call_picks_the_path_from_args(tmp_path):

@@ -1,6 +1,10 @@
-"""The memory plan's arithmetic (minigrpo/run/memplan.py): exact parameter and cache counts, per-layer activation costs
-that add up to what autograd saves for the whole model, and (slow) the plan within 25% of a real step's peak RSS."""
+"""The memory plan's arithmetic (minigrpo/run/memplan.py, minigrpo/run/layercost.py): exact parameter and cache
+counts, per-layer activation costs that add up to what autograd saves for the whole model and that hold at a length
+four times the longest measured, every preset's plan >= 0 part by part and growing with length, the static caches a
+run keeps, and (slow) the plan within 25% of a real step's peak RSS."""
 
+import dataclasses
+import functools
 import json
 import os
 import sys
@@ -13,7 +17,8 @@ from minigrpo import attention, model as model_mod
 from minigrpo.lora import DEFAULT_TARGETS, inject_lora
 from minigrpo.model import Qwen, QwenConfig
 from minigrpo.pretrained import load_pretrained
-from minigrpo.run import memplan
+from minigrpo.run import layercost, memplan
+from minigrpo.run.presets import PRESETS
 
 from repo_root import ROOT
 
@@ -36,30 +41,113 @@ def test_counts_equal_a_built_model(kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_layer_costs_add_up_to_the_whole_model(kind):
-    """Per-layer costs measured on lone layers (B=1, two lengths) x the layer count = what the full model's
+    """Per-layer costs measured on lone layers (B=1, three lengths) x the layer count = what the full model's
     forward saves for backward at another batch size and length, with LoRA on, left padding included."""
     model = load_pretrained(kind)
     params = inject_lora(model, r=8, alpha=8)
-    costs = memplan.layer_costs(model.config, torch.float32, lora_r=8)
+    costs = layercost.layer_costs(model.config, torch.float32, lora_r=8)
     B, T = 3, 192
     ids = torch.randint(0, 250, (B, T), generator=torch.Generator().manual_seed(0))
     attn = torch.ones(B, T, dtype=torch.long)
     attn[1, :40] = 0
     skip = [p.untyped_storage().data_ptr() for p in model.parameters()]
-    measured = memplan._saved_bytes(lambda: model.hidden(ids, attention_mask=attn), skip)
+    measured = layercost.saved_bytes(lambda: model.hidden(ids, attention_mask=attn), skip)
     planned = sum(costs[k].bytes(B, T) for k in model.config.layer_types) + costs["final_norm"].bytes(B, T)
     assert abs(planned / measured - 1) < 0.05, (planned, measured)
     assert params  # LoRA was on
 
 
-def test_train_py_plan_prints_the_table(capsys):
-    """--plan reads the config only: the soyuz preset with the tiny hybrid model, and the mdp pipeline's GRPO stage."""
+def test_fit_keeps_every_term_non_negative():
+    """A backward working set of fixed LoRA gradients plus bytes per token: a free two-length fit reads the fixed
+    part as a negative T^2 term; the non-negative fit recovers the parts and never extrapolates below zero."""
+    lengths = (128, 256, 512)
+    c = layercost.LayerCost.fit(lengths, [900_000 + 47_000 * T for T in lengths])
+    assert c.fixed == pytest.approx(900_000, rel=1e-6) and c.per_token == pytest.approx(47_000, rel=1e-6)
+    assert c.per_token2 == 0 and c.bytes(1, 13_644) > 0
+    mask_and_tokens = layercost.LayerCost.fit(lengths, [250_000 * T + 2 * T * T for T in lengths])
+    assert mask_and_tokens.per_token2 == pytest.approx(2, rel=1e-6) and mask_and_tokens.fixed == pytest.approx(0)
+    noisy = layercost.LayerCost.fit(lengths, [5e6 - 10 * T for T in lengths])      # shrinks with length: no term
+    assert min(noisy.fixed, noisy.per_token, noisy.per_token2) >= 0
+    with pytest.raises(ValueError, match="three or more lengths"):
+        layercost.LayerCost.fit((128, 256), [1, 2])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fit_holds_at_a_long_length(kind):
+    """Fitted at 128-512 tokens, each layer's saved bytes and backward working set at 2,048 tokens (measured
+    directly, at a small width) are what the fit says, within 3%."""
+    cfg = QwenConfig.tiny(kind)
+    costs = layercost.layer_costs(cfg, torch.bfloat16, lora_r=8)
+    for k in dict.fromkeys(cfg.layer_types):
+        saved, backward = layercost.measure_layer(cfg, layercost.layer(cfg, k, torch.bfloat16, 8), 2048)
+        assert costs[k].bytes(1, 2048) == pytest.approx(saved, rel=0.03), k
+        assert costs[k].backward.bytes(1, 2048) == pytest.approx(backward, rel=0.03), k
+
+
+@functools.lru_cache(maxsize=None)
+def costs_of(model, dtype, lora_r, targets):
+    return layercost.layer_costs(memplan.load_config(model)[0], dtype, lora_r, targets)
+
+
+def longer(shape, k):
+    """The same run with every length k times as long."""
+    return dataclasses.replace(shape, prompt_tokens=shape.prompt_tokens * k, slots=shape.slots * k,
+                               train_tokens=shape.train_tokens * k, completion_tokens=shape.completion_tokens * k,
+                               shortest_slots=shape.shortest_slots * k)
+
+
+@pytest.mark.parametrize("task", sorted(PRESETS))
+def test_every_preset_plan_is_non_negative_grows_with_length_and_keeps_the_layer_inputs(task):
+    """For every preset's run (the rows train.decode_rows gives it), at its lengths and at 2x and 4x them: every part
+    >= 0, no part shrinking and the peaks growing as the lengths grow, and the checkpointed activations at least the
+    layer inputs they keep (L x B x T x H in the activations' dtype)."""
+    import train
+    from minigrpo.run.flags import resolve_args
+    from minigrpo.tasks import task_class
+    args = resolve_args(["--task", task, "--run-name", "plan-test"])
+    shape, s = memplan.run_shape(args, train.decode_rows(task_class(task), args, args.tasks_per_step))
+    cfg = memplan.load_config(args.model)[0]
+    costs = costs_of(args.model, torch.bfloat16, s["lora_r"], tuple(s["targets"]))
+    width = 2 if s["lora_r"] > 0 else 4     # a full fine-tune trains, and so computes in, fp32
+    before = None
+    for k in (1, 2, 4):
+        sh = longer(shape, k)
+        p = memplan.plan(cfg, sh, torch.bfloat16, s["lora_r"], s["targets"], s["beta"], costs=dict(costs))
+        parts = {n: v for n, v in p.items() if isinstance(v, (int, float))}
+        assert min(parts.values()) >= 0, (k, parts)
+        inputs = cfg.num_hidden_layers * sh.micro_batch * sh.train_tokens * cfg.hidden_size * width
+        assert p["activations_ckpt"] >= inputs, (k, p["activations_ckpt"], inputs)
+        if before:
+            assert all(parts[n] >= before[n] for n in parts), (k, {n: (before[n], parts[n]) for n in parts})
+            assert p["peak"] > before["peak"] and p["peak_ckpt"] > before["peak_ckpt"]
+        before = parts
+
+
+def test_checkpointed_inputs_are_in_the_activations_dtype():
+    """With checkpointing each layer keeps its input: bf16 under LoRA, fp32 in a full fine-tune (whose weights, and
+    so activations, are fp32); with every measured cost zero that and the bool mask are all that is left."""
+    cfg = QwenConfig.tiny("tiny")
+    zero = layercost.LayerCost(0, 0, 0, backward=layercost.LayerCost(0, 0))
+    costs = {k: zero for k in (*cfg.layer_types, "final_norm")}
+    shape = memplan.Shape(1, 4, 32, 64, 2, 300, 100)
+    L, H = cfg.num_hidden_layers, cfg.hidden_size
+    for lora_r, width in ((8, 2), (0, 4)):
+        p = memplan.plan(cfg, shape, torch.bfloat16, lora_r, costs=costs)
+        assert p["activations_ckpt"] == L * 2 * 300 * H * width + 2 * 300 * 300
+
+
+def test_train_py_plan_prints_the_table(capsys, monkeypatch):
+    """--plan reads the config only: the soyuz preset with the tiny hybrid model, and the mdp pipeline's GRPO stage;
+    its sampler rows are train.decode_rows', whatever that function says."""
     import train
     for argv in (["--task", "soyuz", "--model", "tiny-qwen3.5"], ["--task", "mdp"]):
         p = train.main([*argv, "--plan"])
         out = capsys.readouterr().out
         assert "| weights |" in out and "fits with --grad-checkpoint: 24 GB" in out
         assert p["peak_ckpt"] <= p["peak"] and p["params"] > 0
+    monkeypatch.setattr(train, "decode_rows", lambda task, args, n: 7)
+    train.main(["--task", "soyuz", "--model", "tiny-qwen3.5", "--plan"])
+    assert "longest sampler call: 7 rows x" in capsys.readouterr().out
 
 
 @pytest.mark.slow
@@ -106,7 +194,7 @@ def test_plan_assumes_the_kernel_the_model_takes(name, monkeypatch):
     kernel's: the memory-efficient kernel keeps a bias of ~2 bytes (bf16) per token^2; were the call to fall to math
     (the old masked GQA call), the plan would name math and count its (nh, T, S) fp32 scores."""
     cfg = narrow(name)
-    costs = memplan.layer_costs(cfg, torch.bfloat16, lora_r=8)
+    costs = layercost.layer_costs(cfg, torch.bfloat16, lora_r=8)
     assert {costs["attention_kernel"]} == model_training_kernels(cfg) == {"efficient"}
     assert 1.5 < costs["full_attention"].per_token2 < 2.5
     p = memplan.plan(cfg, memplan.Shape(1, 4, 64, 128, 2, 512, 128), torch.bfloat16, 8, costs=costs)
@@ -114,7 +202,7 @@ def test_plan_assumes_the_kernel_the_model_takes(name, monkeypatch):
     assert "the memory-efficient kernel" in memplan.format_plan(p, "header")
     old = lambda q, k, v, mask: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
     monkeypatch.setattr(model_mod, "attend", old)
-    slow = memplan.layer_costs(cfg, torch.bfloat16, lora_r=8)
+    slow = layercost.layer_costs(cfg, torch.bfloat16, lora_r=8)
     assert {slow["attention_kernel"]} == model_training_kernels(cfg) == {"math"}
     assert slow["full_attention"].per_token2 > cfg.num_attention_heads * 4
 
@@ -130,38 +218,34 @@ def test_kernel_saved_bytes_by_kernel():
     assert attention.cuda_kernel(masked) == "efficient" and attention.cuda_kernel(causal) == "flash"
     qkvo = 4 * q.numel() * 2
     lse = B * nh * T * 4
-    assert memplan.kernel_saved_bytes(causal, "cuda") == qkvo + lse + 16 + 8       # + the RNG state
-    eff = memplan.kernel_saved_bytes(masked, "cuda")
+    assert layercost.kernel_saved_bytes(causal, "cuda") == qkvo + lse + 16 + 8       # + the RNG state
+    eff = layercost.kernel_saved_bytes(masked, "cuda")
     assert eff == qkvo + B * nh * 128 * 4 + B * T * 112 * 2 + 16  # log-sum-exp rows padded to 32, bias to 16
-    assert abs(eff - memplan.kernel_saved_bytes(masked, "cpu")) < 0.02 * eff
+    assert abs(eff - layercost.kernel_saved_bytes(masked, "cpu")) < 0.02 * eff
     math_call = attention.Call.of(q, q[:, :2], q[:, :2], attn_mask=mask, enable_gqa=True)
     assert attention.cuda_kernel(math_call) == "math"
-    assert memplan.kernel_saved_bytes(math_call, "cuda") > B * nh * T * T * 4
+    assert layercost.kernel_saved_bytes(math_call, "cuda") > B * nh * T * T * 4
 
 
-def test_fast_decode_terms_are_what_the_fast_path_keeps():
-    """The plan's merged copy and static caches equal the bytes merged.py and static_decode.py really keep after a
-    run's two kinds of sampler call (two length buckets), on a model with both kinds of layer."""
-    from minigrpo import merged, sampler, static_decode
-    torch.manual_seed(0)
+def test_static_caches_are_what_the_fast_path_keeps():
+    """The plan's static caches equal the bytes static_decode.py keeps after a run's calls, whose lengths reach every
+    bucket from the shortest call's (108 slots -> 256) to the longest's (458 -> 512), the one between (384)
+    included, on a model with both kinds of layer: the run's rows, once per bucket."""
+    from minigrpo import sampler, static_decode
     m = load_pretrained("tiny-qwen3.5", dtype=torch.bfloat16)
-    inject_lora(m, r=4, alpha=8)
-    rows, new, prompts = 4, 8, {100: [[5] * 100, [6] * 90], 300: [[7] * 300, [8] * 280]}
-    for L, ps in prompts.items():          # 108 slots -> the 256 bucket, 308 -> 384
-        sampler.sample(m, ps, n=2, max_new_tokens=new, seed=[1, 2], static=True, rows=rows)
-    copy = merged.decode_model(m)
-    kept_copy = sum(t.numel() * t.element_size() for t in copy.merged_weights.values())
-    caches = static_decode._pool[copy].values()
-    kv_state = sum(t.numel() * t.element_size() for c in caches for t in c.k + c.v + c.conv + c.state
-                   if t is not None)
-    shape = memplan.Shape(2, rows, 300, 300 + new, 4, 300 + new, new, (100 + new,))
-    planned_copy, planned_caches = memplan.fast_decode_bytes(m.config, shape, 2, 4, DEFAULT_TARGETS)
-    assert len(caches) == 2 and (planned_copy, planned_caches) == (kept_copy, kv_state)
-    p = memplan.plan(m.config, shape, torch.bfloat16, 4, fast_decode=True)
-    q = memplan.plan(m.config, shape, torch.bfloat16, 4, fast_decode=False, costs=None)
-    assert p["peak_ckpt"] - q["peak_ckpt"] == pytest.approx(kept_copy + kv_state, rel=0.02)
-    static_decode.release(copy)
-    merged.release(m)
+    rows, new = 4, 8
+    for L in (100, 300, 450):       # a short turn-0 prompt, a revision of a middling answer, the longest
+        sampler.sample(m, [[5] * L, [6] * (L - 10)], n=2, max_new_tokens=new, seed=[1, 2], static=True, rows=rows)
+    caches = static_decode._pool[m].values()
+    kept = sum(t.numel() * t.element_size() for c in caches for t in c.k + c.v + c.conv + c.state if t is not None)
+    shape = memplan.Shape(2, rows, 450, 450 + new, 4, 450 + new, new, 100 + new)
+    assert memplan.buckets_reached(shape) == [256, 384, 512] and len(caches) == 3
+    assert memplan.static_cache_bytes(m.config, shape, 2) == kept
+    costs = layercost.layer_costs(m.config, torch.bfloat16, 4)
+    p = memplan.plan(m.config, shape, torch.bfloat16, 4, costs=costs, fast_decode=True)
+    q = memplan.plan(m.config, shape, torch.bfloat16, 4, costs=costs, fast_decode=False)
+    assert p["peak_ckpt"] - q["peak_ckpt"] == pytest.approx(kept) and q["static_caches"] == 0
+    static_decode.release(m)
 
 
 def test_plan_of_a_bad_config_is_one_line(tmp_path, capsys):
