@@ -1,0 +1,110 @@
+"""A previous red team's attacks, replayed: each scores no more than the task's honest-wrong answer (.bad.md).
+
+What paid them was never the trick (each scored what the same code scores without it) but criteria an answer meets
+by not doing the work: "returns None for a malformed line" (a parse_line that always returns None), "the injection
+finds nothing" and "a stacked statement drops no table" (functions that run no SQL), "two accounts' I/O overlaps"
+and "the I/O is still awaited" (the unfixed code, with no lock at all), and a suite's "uses parametrize / a fixture /
+pytest.raises" (a suite that tests nothing). Each such criterion now counts only beside the behaviour it guards
+(`only_if`), and async-race-fix c6 asks what per-account locks do: one account's operations in turn, another's
+beside them."""
+
+import pytest
+
+from judging import TASKS, fenced
+from test_forgery_harness import RACE_TRICK, SUITE, SUITE_TRICK
+from test_attacks import assert_no_gain
+
+UNFIXED_ACCOUNTS = TASKS["async-race-fix"]["prompt"].split("```python\n", 1)[1].split("```", 1)[0]
+
+ONE_LOCK_FOR_ALL = """
+import asyncio
+
+
+class Account:
+    def __init__(self, balance=0, lock=asyncio.Lock()):     # one default lock: every account shares it
+        self.balance, self._lock = balance, lock
+
+    async def _io(self):
+        await asyncio.sleep(0)
+
+    async def withdraw(self, amount):
+        if amount <= 0:
+            raise ValueError("amount must be > 0")
+        async with self._lock:
+            if self.balance < amount:
+                return False
+            await self._io()
+            self.balance -= amount
+            return True
+
+    async def deposit(self, amount):
+        if amount <= 0:
+            raise ValueError("amount must be > 0")
+        async with self._lock:
+            current = self.balance
+            await self._io()
+            self.balance = current + amount
+
+
+async def transfer(src, dst, amount):
+    if amount <= 0:
+        raise ValueError("amount must be > 0")
+    if src.balance < amount:
+        return False
+    if await src.withdraw(amount):
+        await dst.deposit(amount)
+        return True
+    return False
+"""
+
+NOTHING_PARSED = """
+def parse_line(line):
+    return None
+
+def summarize(lines):
+    return {"requests": 0, "malformed": 0, "status": {}, "bytes": 0, "top_paths": []}
+"""
+
+NO_SQL_RUN = """
+def find_user(conn, username):
+    return None
+
+def search_products(conn, term, max_price):
+    return []
+
+def list_users(conn, order_by="username"):
+    raise ValueError(order_by)
+"""
+
+REPLAYED = {     # name: (task, answer)
+    "race_unfixed_gather_one_at_a_time": ("async-race-fix", UNFIXED_ACCOUNTS.replace(
+        "import asyncio\n", "import asyncio\n" + RACE_TRICK, 1)),
+    "race_unfixed": ("async-race-fix", UNFIXED_ACCOUNTS),
+    "log_parser_that_parses_nothing": ("regex-log-parser", NOTHING_PARSED),
+    "sql_that_runs_nothing": ("sql-injection-fix", NO_SQL_RUN),
+    "suite_reading_the_implementation": ("pytest-slugify-tests", SUITE.replace("{trick}", SUITE_TRICK)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(REPLAYED))
+def test_a_replayed_attack_scores_no_more_than_the_honest_wrong_answer(judge, name):
+    task_id, answer = REPLAYED[name]
+    assert_no_gain(judge, task_id, fenced(answer))
+
+
+@pytest.mark.slow
+def test_one_lock_for_every_account_fails_the_per_account_criteria(judge):
+    """Not an attack: a fix that serialises every account (0.5, above the honest-wrong answer's 0.33, for its
+    sequential behaviour); but a lock no inspection finds (a default argument) still fails c6 and what needs it."""
+    got = {r.id: r.passed for r in judge.grade(TASKS["async-race-fix"], fenced(ONE_LOCK_FOR_ALL)).results}
+    assert got["c6"] is False and got["c7"] is False and got["c10"] is False, got
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["log_parser_that_parses_nothing", "sql_that_runs_nothing"])
+def test_an_answer_that_does_nothing_scores_zero(judge, name):
+    """Safety criteria ("finds nothing", "drops no table", "None for garbage") pay only an answer that works: a
+    do-nothing answer met three of sql-injection-fix's ten (0.3) and one of regex-log-parser's."""
+    task_id, answer = REPLAYED[name]
+    assert judge.grade(TASKS[task_id], fenced(answer)).score == 0.0
