@@ -8,9 +8,12 @@ pytest.raises" (a suite that tests nothing). Each such criterion now counts only
 (`only_if`), and async-race-fix c6 asks what per-account locks do: one account's operations in turn, another's
 beside them."""
 
+import ast
+
 import pytest
 
-from judging import TASKS, fenced
+from judging import TASKS, fenced, reference
+from minigrpo.judge.answer_code import extract_code
 from test_forgery_harness import RACE_TRICK, SUITE, SUITE_TRICK
 from test_attacks import assert_no_gain
 
@@ -108,3 +111,31 @@ def test_an_answer_that_does_nothing_scores_zero(judge, name):
     do-nothing answer met three of sql-injection-fix's ten (0.3) and one of regex-log-parser's."""
     task_id, answer = REPLAYED[name]
     assert judge.grade(TASKS[task_id], fenced(answer)).score == 0.0
+
+
+class _DoNothing(ast.NodeTransformer):
+    def visit_FunctionDef(self, node):
+        node.body = [ast.Return(ast.Constant(None))]
+        return node
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+
+def do_nothing(task_id):
+    """The reference answer's module with every function body `return None`: its names, its declarations, no work."""
+    tree = _DoNothing().visit(ast.parse(extract_code(reference(task_id))))
+    return fenced(ast.unparse(ast.fix_missing_locations(tree)))
+
+
+# click runs a CLI's declared options itself: a command declared right and doing nothing still rejects --top 0,
+# names a missing file and documents its options (c3, c7, c8, and c9, its declarations, beside c3)
+DECLARATIONS_DO_WORK = {"click-wordfreq-cli": 0.4}
+
+
+@pytest.mark.slow
+def test_the_reference_names_doing_nothing_score_at_most_0_1_on_every_code_task(judge):
+    code = sorted(t for t, task in TASKS.items() if task["family"] != "writing")
+    futures = {t: judge.submit(TASKS[t], do_nothing(t)) for t in code}
+    scores = {t: f.result().score for t, f in futures.items()}
+    high = {t: s for t, s in scores.items() if s > DECLARATIONS_DO_WORK.get(t, 0.1)}
+    assert not high, high
