@@ -51,6 +51,8 @@ def unpaired(task):
         if other is not None:
             if not _behaviour(checks.get(other) or {"type": "none"}):
                 out.append((cid, f"only_if {other} is not a behaviour criterion"))
+            elif checks[other].get("only_if") is not None:     # one step: what decides never depends on order
+                out.append((cid, f"only_if {other}, which counts only beside another"))
         elif not (check["type"] == "all" and any(_behaviour(p) for p in check["checks"])):
             out.append((cid, "an inspection with no behaviour criterion beside it"))
     return out
@@ -72,8 +74,10 @@ def test_the_pairing_check_flags_an_inspection_standing_alone():
         {"id": "c6", "check": {"type": "ast", "calls": ["f"], "only_if": "c5"}},
         {"id": "c7", "check": {"type": "all", "checks": [{"type": "ast", "calls": ["f"]},
                                                           {"type": "python", "test": "x", "evidence": "answer"}]}},
+        {"id": "c8", "check": {"type": "python", "test": "assert f(0) == 0", "only_if": "c1"}},
+        {"id": "c9", "check": {"type": "ast", "calls": ["f"], "only_if": "c8"}},
     ]}
-    assert [cid for cid, _ in unpaired(task)] == ["c3", "c5", "c6"]
+    assert [cid for cid, _ in unpaired(task)] == ["c3", "c5", "c6", "c9"]
 
 
 # -- the decoys: the same code with and without one live line that names the inspected thing ---------------------
