@@ -153,3 +153,9 @@ def test_the_reference_names_doing_nothing_score_at_most_0_1_on_every_code_task(
     scores = {t: f.result().score for t, f in futures.items()}
     high = {t: s for t, s in scores.items() if s > DECLARATIONS_DO_WORK.get(t, 0.1)}
     assert not high, high
+
+
+@pytest.mark.slow
+def test_the_encoder_structure_alone_earns_only_its_dumps_options(judge):
+    v = judge.grade(TASKS["json-custom-encoder"], fenced(ENCODER_SCAFFOLD))
+    assert [r.id for r in v.results if r.passed] == ["c9"], [(r.id, r.reason) for r in v.results]
