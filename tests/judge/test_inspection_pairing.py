@@ -13,7 +13,8 @@ from judging import TASKS, assert_forgery_pays_nothing, fenced
 from minigrpo.judge.checks import run_check
 
 # what makes a python test an inspection of the answer rather than a test of what it does
-_READS_CODE = ("solution_source", 'ast.parse(open("solution.py")', 'sys.modules["solution"]', "vars(module)", "inspect.")
+_READS_CODE = ("solution_source", 'ast.parse(open("solution.py")', 'sys.modules["solution"]', "vars(module)",
+               "inspect.")
 
 
 def _parts(check):

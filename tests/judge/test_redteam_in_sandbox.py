@@ -61,8 +61,8 @@ range = _range
 
 
 def test_shadowing_range_does_not_skip_a_timed_harness_loop(judge):
-    """streaming-median c9 times 20k add/median calls in a snippet. Without the trick this quadratic answer cannot
-    finish in 1 s of CPU (it times out); with a module-level `range` the snippet's loop runs 3 times."""
+    """streaming-median c9 times 300k add/median calls in a snippet. Without the trick this quadratic answer cannot
+    finish in 1.5 s of CPU (it times out); with a module-level `range` the snippet's loop runs 3 times."""
     v = grade(judge, "streaming-median", SLOW_MEDIAN + SHADOW_RANGE, ["c9"])
     assert passed(v)["c9"] is False, explain(v)
 

@@ -60,6 +60,52 @@ async def transfer(src, dst, amount):
     return False
 """
 
+LOCK_AROUND_THE_IO = """
+import asyncio
+
+
+class Account:
+    def __init__(self, balance=0):
+        self.balance = balance
+        self._lock = asyncio.Lock()
+
+    async def _io(self):
+        await asyncio.sleep(0)
+
+    async def withdraw(self, amount):
+        if amount <= 0:
+            raise ValueError("amount must be > 0")
+        if self.balance < amount:               # checked before the lock: two withdrawals can both pass it
+            return False
+        async with self._lock:
+            await self._io()
+            self.balance -= amount
+        return True
+
+    async def deposit(self, amount):
+        if amount <= 0:
+            raise ValueError("amount must be > 0")
+        async with self._lock:
+            current = self.balance
+            await self._io()
+            self.balance = current + amount
+
+
+async def transfer(src, dst, amount):
+    if amount <= 0:
+        raise ValueError("amount must be > 0")
+    first, second = sorted((src, dst), key=id)
+    async with first._lock:
+        async with second._lock:
+            if src.balance < amount:
+                return False
+            src.balance -= amount
+            await src._io()
+            dst.balance += amount
+            await dst._io()
+            return True
+"""
+
 NOTHING_PARSED = """
 def parse_line(line):
     return None
@@ -111,10 +157,12 @@ def test_a_replayed_attack_scores_no_more_than_the_honest_wrong_answer(judge, na
 
 
 @pytest.mark.slow
-def test_one_lock_for_every_account_fails_the_per_account_criteria(judge):
-    """Not an attack: a fix that serialises every account (0.5, above the honest-wrong answer's 0.33, for its
-    sequential behaviour); but a lock no inspection finds (a default argument) still fails c6 and what needs it."""
-    got = {r.id: r.passed for r in judge.grade(TASKS["async-race-fix"], fenced(ONE_LOCK_FOR_ALL)).results}
+@pytest.mark.parametrize("answer", [ONE_LOCK_FOR_ALL, LOCK_AROUND_THE_IO], ids=["one_default_lock", "lock_around_io"])
+def test_a_lock_in_the_wrong_place_fails_the_per_account_criteria(judge, answer):
+    """Not attacks: fixes that serialise every account, or lock only the I/O and check the balance before (racy:
+    both withdrawals of a last unit pass). Each keeps its sequential behaviour (0.5, above the honest-wrong answer's
+    0.33), and fails c6 and what counts beside it, though no inspection sees the lock's place."""
+    got = {r.id: r.passed for r in judge.grade(TASKS["async-race-fix"], fenced(answer)).results}
     assert got["c6"] is False and got["c7"] is False and got["c10"] is False, got
 
 
