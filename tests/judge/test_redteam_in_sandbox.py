@@ -343,6 +343,8 @@ def test_loops_hidden_in_exec_are_still_loops(judge):
     hidden = NP_CHECK + "exec(" + repr(NP_LOOPS_BODY.replace("    SNIFF\n", "")) + ")\n"
     v = grade(judge, "numpy-pairwise-distances", hidden, ["c1", "c10"])
     assert v.score <= plain.score, explain(v)
+    inspection = next(c["check"] for c in TASKS["numpy-pairwise-distances"]["criteria"] if c["id"] == "c10")
+    assert run_check(inspection, fenced(hidden))[0] is False     # the inspection itself, not only its pairing
 
 
 REPLACE_LOOP = '''
