@@ -290,9 +290,9 @@ def check_code(check, code):
 def validate_ast_check(check):
     """Raise ValueError (one line) if an ast check has unknown keys, names nothing, has an item that is not a name
     or a call (loops: a name), or an entry that is not a list of names or patterns."""
-    unknown = set(check) - {"type", "must", "any", "entry", *AST_KINDS}
+    unknown = set(check) - {"type", "must", "any", "entry", "only_if", *AST_KINDS}
     if unknown:
-        raise ValueError(f"keys {sorted(unknown)} unknown (kinds: {', '.join(AST_KINDS)}; must, any, entry)")
+        raise ValueError(f"keys {sorted(unknown)} unknown (kinds: {', '.join(AST_KINDS)}; must, any, entry, only_if)")
     if not any(check.get(kind) for kind in AST_KINDS):
         raise ValueError(f"names nothing to look for (kinds: {', '.join(AST_KINDS)})")
     entry = check.get("entry", [])

@@ -10,7 +10,7 @@ naive answer written here fails it -- on the budget: every naive is correct and 
 
 Calibration (CPU seconds measured here, 2 shared cores under load; naive with the budget lifted):
   criterion                   reference    naive                               budget
-  streaming-median c9         0.04-0.05    statistics.median per call: > 20   1.0
+  streaming-median c9 (300k)  0.5-0.75     sorted-list insert: 3-6             1.5
   weighted-choice c9          0.01-0.02    linear scan per sample: 3.6         0.5
   lru-cache c9                0.14-0.21    recency list scans: 12              1.0
   trie-autocomplete c10       0.02-0.04    scan every word: 4.6                1.0
@@ -19,10 +19,10 @@ Calibration (CPU seconds measured here, 2 shared cores under load; naive with th
   numpy-pairwise c9           0.13-0.17    Python loops: 6.7                   1.0
   vectorize-loop-fix c8       0.10-0.18    the original loops: 3.2             0.7
   pandas-sales-pivot c8       0.22-0.23    one row-wise apply: 2.1             0.7
-  pathlib c6 (3 GB sparse)    0.006-0.01   hash every file: 2.1                0.5
+  pathlib c6 (32 GB sparse)   < 0.01       read every file, zeros unhashed: 1-2  0.25
 Memory (MB the call adds to the sandbox's peak):
   numpy-pairwise c8           46           4 broadcast chunks: 410             160 (and a 1024 MB sandbox)
-  pathlib c7 (2 x 256 MB)     0.5-0.75     read_bytes(): 257                   64
+  pathlib c7 (2 x 28 MB data) < 1          read_bytes(): 24-30                 14 (files written first)
   file-handle c7 (24 MB log)  ~0           readlines(): 165, read(): 186       24 beyond the log
 """
 

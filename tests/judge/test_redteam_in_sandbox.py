@@ -61,8 +61,8 @@ range = _range
 
 
 def test_shadowing_range_does_not_skip_a_timed_harness_loop(judge):
-    """streaming-median c9 times 20k add/median calls in a snippet. Without the trick this quadratic answer cannot
-    finish in 1 s of CPU (it times out); with a module-level `range` the snippet's loop runs 3 times."""
+    """streaming-median c9 times 300k add/median calls in a snippet. Without the trick this quadratic answer cannot
+    finish in 1.5 s of CPU (it times out); with a module-level `range` the snippet's loop runs 3 times."""
     v = grade(judge, "streaming-median", SLOW_MEDIAN + SHADOW_RANGE, ["c9"])
     assert passed(v)["c9"] is False, explain(v)
 
@@ -343,6 +343,8 @@ def test_loops_hidden_in_exec_are_still_loops(judge):
     hidden = NP_CHECK + "exec(" + repr(NP_LOOPS_BODY.replace("    SNIFF\n", "")) + ")\n"
     v = grade(judge, "numpy-pairwise-distances", hidden, ["c1", "c10"])
     assert v.score <= plain.score, explain(v)
+    inspection = next(c["check"] for c in TASKS["numpy-pairwise-distances"]["criteria"] if c["id"] == "c10")
+    assert run_check(inspection, fenced(hidden))[0] is False     # the inspection itself, not only its pairing
 
 
 REPLACE_LOOP = '''
