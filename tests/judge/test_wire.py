@@ -1,11 +1,15 @@
-"""The driver/sandbox channel keeps in-process semantics for honest answers: mutations of shared containers are
-seen on both sides, identity is kept, a new container stored into an old one arrives whole, exceptions keep their
-class, and a test that needs in-process objects gets them through in_sandbox."""
-
+"""The driver/sandbox channel keeps in-process semantics for honest answers where a criterion needs them: in one
+about mutation ("shared": true) mutations of shared containers are seen on both sides, identity is kept, a new
+container stored into an old one arrives whole; everywhere else containers cross as copies, so the answer cannot
+change what the test holds. Exceptions keep their class, and a test that needs in-process objects gets them through
+in_sandbox. A value costs what it is: one that holds the same list many times counts each time, on both kinds of
+channel, and fails its case as too large instead of reaching a comparison."""
 
 import pytest
 
+from minigrpo.judge import wire
 from minigrpo.judge.checks import run_python_checks
+from minigrpo.judge.driver_answer import TOO_LARGE
 
 CODE = '''
 class Oops(ValueError):
@@ -23,21 +27,78 @@ def nest(d):
 def same(xs):
     return xs
 
+def clear(xs):
+    xs.clear()
+    return len(xs)
+
 def fail():
     raise Oops("no")
+
+def dag(levels):              # the same list twice at every level: 2 ** levels leaves as a tree
+    node = []
+    for _ in range(levels):
+        node = [node, node]
+    return node
+
+def fill_with_dag(xs, levels):
+    xs.append(dag(levels))
 '''
 
-TESTS = {
+SHARED = {
     "new container into an old one": 'acc = [0]\nr = keep(acc)\nassert r == [1, 2] and acc == [0, [1, 2]] and acc[1] is r',
     "nested dict": 'd = {}\nk = nest(d)\nassert d == {"k": {"x": [3]}} and d["k"] is k',
     "identity": 'xs = [1]\nassert same(xs) is xs',
+    "a mutation is seen": 'xs = [1, 2]\nassert clear(xs) == 0 and xs == []',
+}
+COPIED = {
+    "a mutation stays in the answer": 'xs = [1, 2]\nassert clear(xs) == 0 and xs == [1, 2]',
+    "a copy comes back": 'xs = {1: [2]}\nys = same(xs)\nassert ys == xs and ys is not xs and ys[1] is not xs[1]',
+    "sets and bytearrays": 'assert same({1, (2, 3)}) == {1, (2, 3)} and same(bytearray(b"ab")) == bytearray(b"ab")',
+    "a small DAG arrives as a tree": 'v = dag(3)\nw = [[], []]\nassert v == [[w, w], [w, w]] and v[0] is not v[1]',
     "exception class": 'assert raises(ValueError, fail) and raises(Oops, fail) and not raises(KeyError, fail)',
     "in_sandbox": 'assert in_sandbox("result = [keep([]), same((1, 2))]") == [[1, 2], (1, 2)]',
 }
 
 
-@pytest.mark.parametrize("name", list(TESTS))
-def test_honest_semantics_survive_the_channel(name):
-    [(passed, reason)] = run_python_checks([{"type": "python", "test": TESTS[name], "timeout": 10}],
-                                           f"```python\n{CODE}\n```")
+def run(test, shared=False):
+    check = {"type": "python", "test": test, "timeout": 10, **({"shared": True} if shared else {})}
+    [(passed, reason)] = run_python_checks([check], f"```python\n{CODE}\n```")
+    return passed, reason
+
+
+@pytest.mark.parametrize("name", list(SHARED))
+def test_a_mutation_criterion_shares_containers(name):
+    passed, reason = run(SHARED[name], shared=True)
     assert passed is True, reason
+
+
+@pytest.mark.parametrize("name", list(COPIED))
+def test_containers_cross_as_copies_by_default(name):
+    passed, reason = run(COPIED[name])
+    assert passed is True, reason
+
+
+@pytest.mark.parametrize("test, shared", [
+    ("dag(64)", False), ("dag(64)", True), ("raises(Exception, dag, 64)", False),
+    ("in_sandbox('result = dag(64)')", False), ("xs = []\nfill_with_dag(xs, 64)\nassert xs == [dag(3)]", True),
+], ids=["returned", "returned_shared", "under_raises", "in_sandbox", "synced_into_a_shared_input"])
+def test_a_reply_that_stands_for_an_exponential_value_fails_its_case_as_too_large(test, shared):
+    passed, reason = run(test, shared)
+    assert passed is False and reason.startswith(TOO_LARGE), reason
+
+
+def test_the_size_of_a_value_counts_every_reference_as_a_copy():
+    codec = wire.Codec("d", None)
+    leaf = list(range(1000))
+    assert codec.encode([leaf] * 1000)[1][0] == ["L", leaf]           # a million parts: under the cap, sent as a tree
+    with pytest.raises(wire.TooLarge):
+        codec.encode([[leaf] * 1000] * 100)                      # a hundred million parts
+    shared = wire.Codec("c", None, share=True)
+    node = []
+    for _ in range(40):
+        node = [node, node]
+    message = shared.encode(node)                                # a few entries: one per level
+    with pytest.raises(wire.TooLarge):
+        peer = wire.Codec("d", None, share=True)
+        peer.preregister({"ok": message})
+        peer.check_size(peer.decode(message))
