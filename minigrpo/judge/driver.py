@@ -44,8 +44,8 @@ timeout, in CPU seconds. A criterion that fails is charged the CPU it used, and 
 or stalled (no CPU progress for STALL_S while the driver waits for the answer, its own work not counted); a passing
 one costs nothing (it did the work it was given). Once the budget is spent the remaining criteria fail at once, so a
 sleeping or spinning answer costs about ANSWER_BUDGET criteria's time, not one time-out per criterion, and an honest
-answer that is slow on one performance criterion is still graded on the rest. The answer's module itself (its top-
-level code, run again in each criterion's fresh sandbox) gets IMPORT_CPU_S of CPU: a module that does not finish
+answer that is slow on one performance criterion is still graded on the rest. The answer's module itself (its
+top-level code, run again in each criterion's fresh sandbox) gets IMPORT_CPU_S of CPU: a module that does not finish
 importing in that time, or stalls while importing, fails that criterion and the rest at once, since it would not on
 the next one either. An honest module imports in well under a second, its libraries (pandas, sqlalchemy, fastapi)
 included.

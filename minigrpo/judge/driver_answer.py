@@ -164,19 +164,28 @@ class Broker:
 OVER_LIMIT = "over the criterion's CPU-time limit"
 
 class _Awaited:
-    """The driver's read end of the answer's pipe: the answer is awaited only while the driver blocks in a read
-    here, so the driver's own work between two reads (decoding a reply, running a callback, comparing) never
-    counts as the answer's stall."""
+    """One end of the answer's pipe, as the driver uses it: the answer is awaited only while the driver blocks in
+    a read or write here, so the driver's own work in between (decoding a reply, running a callback, comparing)
+    never counts as the answer's stall."""
 
     def __init__(self, f, answer):
         self.f, self.answer = f, answer
 
-    def read(self, n):
+    def _blocking(self, op, *args):
         self.answer.awaiting = True
         try:
-            return self.f.read(n)
+            return op(*args)
         finally:
             self.answer.awaiting = False
+
+    def read(self, n):
+        return self._blocking(self.f.read, n)
+
+    def write(self, data):
+        return self._blocking(self.f.write, data)
+
+    def flush(self):
+        return self._blocking(self.f.flush)
 
     def close(self):
         self.f.close()
@@ -198,7 +207,8 @@ class Answer:
             raise CaseFatal("the broker sent no channel")
         self.id, self.t0 = reply["id"], time.monotonic()
         self.endpoint = DriverEndpoint(_Awaited(os.fdopen(fds[0], "rb", buffering=0), self),
-                                       os.fdopen(fds[1], "wb", buffering=0), self._proxy, self._serve, share)
+                                       _Awaited(os.fdopen(fds[1], "wb", buffering=0), self), self._proxy, self._serve,
+                                       share)
         self.cpu_budget, self.over_budget = None, OVER_LIMIT     # a limit inside cpu_s, and what breaking it is
         self.imported = False           # the answer's module ran to its end in this sandbox
         self.closed = threading.Event()

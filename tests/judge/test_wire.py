@@ -7,9 +7,11 @@ channel, and fails its case as too large instead of reaching a comparison."""
 
 import pytest
 
+from judging import fenced
 from minigrpo.judge import wire
 from minigrpo.judge.checks import run_python_checks
-from minigrpo.judge.driver_answer import TOO_LARGE
+from minigrpo.judge.driver_answer import STALL_S, TOO_LARGE
+from redteam import only
 
 CODE = '''
 class Oops(ValueError):
@@ -102,3 +104,50 @@ def test_the_size_of_a_value_counts_every_reference_as_a_copy():
         peer = wire.Codec("d", None, share=True)
         peer.preregister({"ok": message})
         peer.check_size(peer.decode(message))
+
+
+DAG_SAMPLER = '''
+import math
+
+
+class WeightedSampler:
+    def __init__(self, items, weights):
+        if len(items) != len(weights) or not items:
+            raise ValueError("items and weights must be non-empty and of one length")
+        if any(not math.isfinite(w) or w < 0 for w in weights) or not sum(weights) > 0:
+            raise ValueError("bad weights")
+
+    def sample(self, rng):
+        rng.random()
+        node = []
+        for _ in range(64):           # 64 levels of the same list twice: a few entries on a shared channel
+            node = [node, node]
+        return node
+
+    def sample_many(self, rng, k):
+        if k < 0:
+            raise ValueError("k < 0")
+        return [self.sample(rng) for _ in range(k)]
+'''
+
+
+def test_a_sampler_that_returns_an_exponential_value_fails_on_its_size_not_as_a_stall(judge):
+    """weighted-choice answered with a 64-level DAG of shared lists: comparing two such values in the driver takes
+    2^64 steps, which was charged to the answer as a stall. Each criterion that draws a sample now fails as too
+    large, on copied channels (c3: 5,000 samples from a snippet, c5: two samples compared) and a shared one (c8).
+    One criterion per grade: a failed case is charged its whole timeout, which would leave the next one unrun."""
+    futures = {cid: judge.submit(only("weighted-choice", [cid]), fenced(DAG_SAMPLER)) for cid in ["c3", "c5", "c8"]}
+    reasons = {cid: [(r.passed, r.reason) for r in f.result().results] for cid, f in futures.items()}
+    assert all(not ok and reason.startswith(TOO_LARGE) for [(ok, reason)] in reasons.values()), reasons
+
+
+SLOW_CALLBACK = "def f(callback):\n    return callback() + 1\n"
+
+
+def test_the_drivers_own_work_is_not_the_answers_stall():
+    """The answer waits on a callback of the test's that keeps the driver busy past the stall limit: that is the
+    driver's time, not the answer's, so the criterion passes (the stall clock runs only while the driver waits for
+    the answer)."""
+    test = f"import time\nassert f(lambda: time.sleep({STALL_S + 1}) or 1) == 2\n"
+    [(ok, reason)] = run_python_checks([{"type": "python", "test": test, "timeout": 10}], fenced(SLOW_CALLBACK))
+    assert ok is True, reason
