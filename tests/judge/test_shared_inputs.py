@@ -7,7 +7,7 @@ own data after the call."""
 import pytest
 
 from judging import TASKS, fenced
-from minigrpo.judge.checks import run_python_checks
+from minigrpo.judge.checks import run_python_checks, validate_check
 from passed_containers import misplaced_reads
 from redteam import grade, passed
 
@@ -32,7 +32,6 @@ def test_no_test_decides_on_a_container_the_answer_could_change():
 
 def test_only_criteria_about_mutation_share_containers():
     shared = {where: text for where, text, check in python_checks() if "shared" in check}
-    assert all(check.get("shared", False) in (True, False) for _, _, check in python_checks())
     words = ("mutat", "alias", "copied", "changes to")
     assert shared and all(any(w in text.lower() for w in words) for text in shared.values()), shared
 
@@ -115,3 +114,8 @@ def test_a_container_the_test_keeps_is_unchanged_by_the_answer():
             "assert xs == [1, 2] and first == [1, 1, 1]")
     [(ok, reason)] = run_python_checks([{"type": "python", "test": test, "timeout": 10}], fenced(code))
     assert ok is True, reason
+
+
+def test_shared_must_be_a_boolean():
+    with pytest.raises(ValueError, match="'shared'"):
+        validate_check({"type": "python", "test": "pass", "shared": "yes"}, "task t: criterion c1")
