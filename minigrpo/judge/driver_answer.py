@@ -257,14 +257,14 @@ class Answer:
         codec = self.endpoint.codec
         target = codec.decode(message["target"])
         op, kind = message.get("op"), wire.call_only_kind(target)
+        args = [codec.decode(a) for a in message.get("args", [])] if op == "call" else []
+        kwargs = {str(k): codec.decode(v) for k, v in message.get("kwargs", [])} if op == "call" else {}
+        try:
+            codec.check_size(args, kwargs)      # and the shared containers the message refilled, whatever its op
+        except wire.TooLarge:
+            self.failure = self.failure or TOO_LARGE
+            raise CaseFatal(self.failure) from None
         if op == "call" and kind == "callable":
-            args = [codec.decode(a) for a in message.get("args", [])]
-            kwargs = {str(k): codec.decode(v) for k, v in message.get("kwargs", [])}
-            try:
-                codec.check_size(args, kwargs)
-            except wire.TooLarge:
-                self.failure = self.failure or TOO_LARGE
-                raise CaseFatal(self.failure) from None
             return target(*args, **kwargs)
         if op == "unary" and kind == "iterator" and message.get("name") in ("iter", "next"):
             return next(target) if message["name"] == "next" else target

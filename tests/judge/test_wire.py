@@ -42,8 +42,10 @@ def dag(levels):              # the same list twice at every level: 2 ** levels 
         node = [node, node]
     return node
 
-def fill_with_dag(xs, levels):
+def fill_with_dag(xs, levels, then=None):
     xs.append(dag(levels))
+    if then is not None:
+        next(then)            # the DAG crosses in this step's sync, not in a reply
 '''
 
 SHARED = {
@@ -83,7 +85,9 @@ def test_containers_cross_as_copies_by_default(name):
 @pytest.mark.parametrize("test, shared", [
     ("dag(64)", False), ("dag(64)", True), ("raises(Exception, dag, 64)", False),
     ("in_sandbox('result = dag(64)')", False), ("xs = []\nfill_with_dag(xs, 64)\nassert xs == [dag(3)]", True),
-], ids=["returned", "returned_shared", "under_raises", "in_sandbox", "synced_into_a_shared_input"])
+    ("xs = []\nfill_with_dag(xs, 64, iter(range(3)))", True),
+], ids=["returned", "returned_shared", "under_raises", "in_sandbox", "synced_into_a_shared_input",
+        "synced_before_a_step"])
 def test_a_reply_that_stands_for_an_exponential_value_fails_its_case_as_too_large(test, shared):
     passed, reason = run(test, shared)
     assert passed is False and reason.startswith(TOO_LARGE), reason
