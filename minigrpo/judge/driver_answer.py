@@ -117,7 +117,7 @@ def _exception_mirror(name, base):
 class DriverEndpoint(wire_rpc.Endpoint):
     share_exception_classes = False     # a test's exception crosses by name and base only, never as a handle
 
-    def __init__(self, rfile, wfile, make_proxy, handle, share):
+    def __init__(self, rfile, wfile, make_proxy, handle, share=False):
         super().__init__("d", rfile, wfile, make_proxy, handle, call_only=True, share=share)
 
     def exception(self, name, base, text, handle):
