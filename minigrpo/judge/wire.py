@@ -182,7 +182,6 @@ class Codec(SharedContainers):
         self.sent = {}                              # mid -> snapshot as last sent or received (to find changes)
         self.counter = 0
         self.size, self.copied = 0, {}              # parts of the value being encoded; id -> (value, encoding, parts)
-        self.touched = []                           # shared containers the message being decoded filled or named
 
     def _new_id(self, prefix):
         self.counter += 1
@@ -329,7 +328,6 @@ class Codec(SharedContainers):
             if tag == "M":
                 return self._decode_shared(e[1], e[2], e[3], depth)
             if tag == "R":
-                self.touched.append(self.shared[e[1]])
                 return self.shared[e[1]]
             if tag in ("dt", "date", "time", "td", "tz", "dec", "frac", "uuid", "path"):
                 return decode_stdlib(self, e, depth)
@@ -362,12 +360,11 @@ class Codec(SharedContainers):
         return proxy
 
     def check_size(self, *values):
-        """On a shared channel, once a message is decoded: refuse it if its values and the shared containers it
-        filled or named, counted as if copied, are over MAX_ITEMS. Measured at the end, since a later part of
-        the message may refill a container an earlier part refers to."""
+        """On a shared channel, once a message is decoded: refuse it if its values and every shared container,
+        counted as if copied, are over MAX_ITEMS. All of them, measured at the end: a message (or a run of them)
+        may refill a container that others refer to, so only the whole shows the size."""
         if not self.share:
             return          # copies: the message's own bytes are the value's size
         memo, self.size = {}, 0
-        for v in (*values, *self.touched):
+        for v in (*values, *self.shared.values()):
             self.count(_expanded(v, memo, 0))
-        self.touched = []

@@ -38,8 +38,8 @@ def _unchanged(v, snap):
 
 
 class SharedContainers:
-    """The shared-container half of wire.Codec: `shared` (id -> container), `shared_ids`, `sent` (id -> snapshot
-    as last sent or received) and `touched` (what the message being decoded filled or named) live on the codec."""
+    """The shared-container half of wire.Codec: `shared` (id -> container), `shared_ids` and `sent` (id ->
+    snapshot as last sent or received) live on the codec."""
 
     def _contents(self, v, depth=0):
         if type(v) is dict:
@@ -67,7 +67,6 @@ class SharedContainers:
             self.shared[mid], self.shared_ids[id(obj)] = obj, mid
         self._fill(obj, contents, depth)
         self.sent[mid] = _snapshot(obj)
-        self.touched.append(obj)
         return obj
 
     def _fill(self, obj, contents, depth=0):
@@ -98,7 +97,6 @@ class SharedContainers:
     def preregister(self, message):
         """Create (empty) every container the message body sends in full that we do not hold yet, so that a sync
         entry naming it (an old container that now holds a new one) resolves before the body is decoded."""
-        self.touched = []
         if not self.share:
             return
         stack = [v for k, v in message.items() if k != "sync"] if isinstance(message, dict) else []
@@ -122,4 +120,3 @@ class SharedContainers:
                 raise ProtocolError("sync of an unknown container")
             self._fill(obj, contents)
             self.sent[mid] = _snapshot(obj)
-            self.touched.append(obj)

@@ -42,6 +42,13 @@ def dag(levels):              # the same list twice at every level: 2 ** levels 
         node = [node, node]
     return node
 
+def chain_top_down(xs, tick, levels):
+    nodes = [[] for _ in range(levels + 1)]
+    xs.append(nodes[levels])            # the top, in the test's list
+    for k in range(levels, 0, -1):      # each level filled after the level above refers to it: one message each
+        nodes[k].extend([nodes[k - 1], nodes[k - 1]])
+        tick()
+
 def fill_with_dag(xs, levels, then=None):
     xs.append(dag(levels))
     if then is not None:
@@ -85,9 +92,9 @@ def test_containers_cross_as_copies_by_default(name):
 @pytest.mark.parametrize("test, shared", [
     ("dag(64)", False), ("dag(64)", True), ("raises(Exception, dag, 64)", False),
     ("in_sandbox('result = dag(64)')", False), ("xs = []\nfill_with_dag(xs, 64)\nassert xs == [dag(3)]", True),
-    ("xs = []\nfill_with_dag(xs, 64, iter(range(3)))", True),
+    ("xs = []\nfill_with_dag(xs, 64, iter(range(3)))", True), ("xs = []\nchain_top_down(xs, lambda: 0, 64)", True),
 ], ids=["returned", "returned_shared", "under_raises", "in_sandbox", "synced_into_a_shared_input",
-        "synced_before_a_step"])
+        "synced_before_a_step", "built_top_down_over_many_messages"])
 def test_a_reply_that_stands_for_an_exponential_value_fails_its_case_as_too_large(test, shared):
     passed, reason = run(test, shared)
     assert passed is False and reason.startswith(TOO_LARGE), reason
