@@ -11,7 +11,9 @@ missing_packages, sandbox_isolation. Everything else is the package's own.
     driver_host.py    the judge's side of python checks: it starts the driver confined and brokers its sandboxes
     driver.py         the check driver: runs the hidden tests; driver_answer.py is its end of one answer
     standins.py       what a test hands an answer instead of its own objects (a database stays in the driver)
-    wire_values.py, wire.py, wire_rpc.py    the plain-data channel between the driver and an answer
+    wire*.py          the plain-data channel between the driver and an answer (wire.py: its codec; wire_rpc.py:
+                      requests and the answer's server; wire_values.py, wire_shared.py: library values, shared
+                      containers)
     sandbox/          the sandbox: one process tree, contained (host.py, launch.py, mounts.py)
 
 The policy writes the answers, so it is an adversary. The design: three processes, each seeing only what it needs.

@@ -296,6 +296,8 @@ def validate_check(check, where="check"):
         validate_check(check["check"], f"{where}.check")
     if check["type"] == "python" and check.get("evidence", "driver") not in ("driver", "answer"):
         raise ValueError(f"{where}: python check 'evidence' must be \"driver\" or \"answer\"")
+    if check["type"] == "python" and type(check.get("shared", False)) is not bool:
+        raise ValueError(f"{where}: python check 'shared' (containers keep reference semantics) must be true or false")
     if check.get("target", "text") not in TARGETS:
         raise ValueError(f"{where}: target {check['target']!r} unknown (one of {', '.join(TARGETS)})")
     try:

@@ -41,13 +41,14 @@ Helpers a test sees besides the answer's names:
 
 One budget per answer: what its failing criteria may cost together is ANSWER_BUDGET times its largest criterion
 timeout, in CPU seconds. A criterion that fails is charged the CPU it used, and its whole timeout when it timed out
-or stalled (no CPU progress for STALL_S while a reply is awaited); a passing one costs nothing (it did the work it
-was given). Once the budget is spent the remaining criteria fail at once, so a sleeping or spinning answer costs
-about ANSWER_BUDGET criteria's time, not one time-out per criterion, and an honest answer that is slow on one
-performance criterion is still graded on the rest. The answer's module itself (its top-level code, run again in
-each criterion's fresh sandbox) gets IMPORT_CPU_S of CPU: a module that does not finish importing in that time,
-or stalls while importing, fails that criterion and the rest at once, since it would not on the next one either.
-An honest module imports in well under a second, its libraries (pandas, sqlalchemy, fastapi) included.
+or stalled (no CPU progress for STALL_S while the driver waits for the answer, its own work not counted); a passing
+one costs nothing (it did the work it was given). Once the budget is spent the remaining criteria fail at once, so a
+sleeping or spinning answer costs about ANSWER_BUDGET criteria's time, not one time-out per criterion, and an honest
+answer that is slow on one performance criterion is still graded on the rest. The answer's module itself (its
+top-level code, run again in each criterion's fresh sandbox) gets IMPORT_CPU_S of CPU: a module that does not finish
+importing in that time, or stalls while importing, fails that criterion and the rest at once, since it would not on
+the next one either. An honest module imports in well under a second, its libraries (pandas, sqlalchemy, fastapi)
+included.
 
 Reasons name the criterion's line and the kind of failure (assertion, the answer raised X, not plain data,
 exited, timed out); they never quote the test or anything the answer printed.
@@ -112,7 +113,7 @@ def run_criterion(broker, index, code, check, cpu_s):
     check on the answer's code."""
     answer = None
     try:
-        answer = Answer(broker, index, cpu_s)
+        answer = Answer(broker, index, cpu_s, share=check.get("shared") is True)
         return (*_run_test(answer, code, check, cpu_s), True)
     except (CaseFatal, Exception):     # CaseFatal is no Exception: the answer's own `except Exception` misses it
         return (*_failed(answer, cpu_s), answer is None or answer.imported or not answer.failure)
@@ -178,9 +179,9 @@ def _scope(answer, code, names, module):
         """The check's `implementation` in a sandbox of its own: its public names as proxies. A suite answer gets
         them through stand_in functions of the test's, so it reaches the implementation only by calls, which the
         test can count, and never its source, names or docstrings."""
-        other = Answer(answer.broker, answer.index, answer.cpu_s, role="implementation")
+        other = Answer(answer.broker, answer.index, answer.cpu_s, role="implementation", share=answer.share)
         answer.companions.append(other)
-        return _SolutionModule(public_names(other.request("import")) or {})
+        return _SolutionModule(public_names(other.request("import", share=answer.share)) or {})
 
     helpers = {"__name__": "__criterion__", "implementation": implementation, "__builtins__": builtins,
                "raises": raises, "deadline": deadline,

@@ -19,6 +19,7 @@ from minigrpo.judge import wire, wire_rpc
 WALL_FACTOR = 3         # a criterion's wall-clock limit, in multiples of its `timeout` (which is CPU seconds)
 WATCH_EVERY = 0.05      # seconds between two readings of the sandbox's CPU and wall time
 STALL_S = 3.0           # no CPU progress for this long while the driver awaits a reply: the answer sleeps or blocks
+TOO_LARGE = "the answer's reply is too large (over the message cap, counted as if copied)"
 
 
 class CaseFailed(Exception):
@@ -116,8 +117,8 @@ def _exception_mirror(name, base):
 class DriverEndpoint(wire_rpc.Endpoint):
     share_exception_classes = False     # a test's exception crosses by name and base only, never as a handle
 
-    def __init__(self, rfile, wfile, make_proxy, handle):
-        super().__init__("d", rfile, wfile, make_proxy, handle, call_only=True)
+    def __init__(self, rfile, wfile, make_proxy, handle, share=False):
+        super().__init__("d", rfile, wfile, make_proxy, handle, call_only=True, share=share)
 
     def exception(self, name, base, text, handle):
         if handle is not None:
@@ -162,24 +163,54 @@ class Broker:
 
 OVER_LIMIT = "over the criterion's CPU-time limit"
 
+class _Awaited:
+    """One end of the answer's pipe, as the driver uses it: the answer is awaited only while the driver blocks in
+    a read or write here, so the driver's own work in between (decoding a reply, running a callback, comparing)
+    never counts as the answer's stall."""
+
+    def __init__(self, f, answer):
+        self.f, self.answer = f, answer
+
+    def _blocking(self, op, *args):
+        self.answer.awaiting = True
+        try:
+            return op(*args)
+        finally:
+            self.answer.awaiting = False
+
+    def read(self, n):
+        return self._blocking(self.f.read, n)
+
+    def write(self, data):
+        return self._blocking(self.f.write, data)
+
+    def flush(self):
+        return self._blocking(self.f.flush)
+
+    def close(self):
+        self.f.close()
+
+
 class Answer:
     """The answer's sandboxed process (made by the broker) and the driver's end of its channel, with its time
     limits: `cpu_s` CPU seconds of the whole sandbox, WALL_FACTOR times that in wall seconds, and no stall longer
-    than STALL_S while a reply is awaited. CPU time does not grow when the machine is loaded, so an honest answer
-    passes on a busy host (8 judge workers on 2 cores, beside training) as on an idle one."""
+    than STALL_S while the driver waits for the answer. CPU time does not grow when the machine is loaded, so an
+    honest answer passes on a busy host (8 judge workers on 2 cores, beside training) as on an idle one. `share`:
+    containers keep reference semantics (a criterion about mutation); else they cross as copies."""
 
-    def __init__(self, broker, index, cpu_s, role="answer"):
+    def __init__(self, broker, index, cpu_s, role="answer", share=False):
         self.broker, self.index, self.cpu_s, self.failure, self.stalled = broker, index, cpu_s, None, False
+        self.share, self.awaiting = share, False
         self.companions = []            # other sandboxes of the same criterion (an implementation), closed with it
         reply, fds = broker.ask(op="start", criterion=index, cpu_s=cpu_s, role=role)
         if len(fds) != 2:
             raise CaseFatal("the broker sent no channel")
         self.id, self.t0 = reply["id"], time.monotonic()
-        self.endpoint = DriverEndpoint(os.fdopen(fds[0], "rb", buffering=0), os.fdopen(fds[1], "wb", buffering=0),
-                                       self._proxy, self._serve)
+        self.endpoint = DriverEndpoint(_Awaited(os.fdopen(fds[0], "rb", buffering=0), self),
+                                       _Awaited(os.fdopen(fds[1], "wb", buffering=0), self), self._proxy, self._serve,
+                                       share)
         self.cpu_budget, self.over_budget = None, OVER_LIMIT     # a limit inside cpu_s, and what breaking it is
         self.imported = False           # the answer's module ran to its end in this sandbox
-        self.waiting = 0                # requests in flight (nested callbacks count once each)
         self.closed = threading.Event()
         threading.Thread(target=self._watch, daemon=True).start()
 
@@ -187,7 +218,7 @@ class Answer:
         last_cpu, last_progress = -1.0, time.monotonic()
         while not self.closed.wait(WATCH_EVERY):
             now, cpu = time.monotonic(), self.cpu_seconds()
-            if cpu != last_cpu or not self.waiting:
+            if cpu != last_cpu or not self.awaiting:
                 last_cpu, last_progress = cpu, now
             reason = self._over_limit(cpu, now)
             if reason is None and now - last_progress > STALL_S:
@@ -226,9 +257,14 @@ class Answer:
         codec = self.endpoint.codec
         target = codec.decode(message["target"])
         op, kind = message.get("op"), wire.call_only_kind(target)
+        args = [codec.decode(a) for a in message.get("args", [])] if op == "call" else []
+        kwargs = {str(k): codec.decode(v) for k, v in message.get("kwargs", [])} if op == "call" else {}
+        try:
+            codec.check_size(args, kwargs)      # and the shared containers the message refilled, whatever its op
+        except wire.TooLarge:
+            self.failure = self.failure or TOO_LARGE
+            raise CaseFatal(self.failure) from None
         if op == "call" and kind == "callable":
-            args = [codec.decode(a) for a in message.get("args", [])]
-            kwargs = {str(k): codec.decode(v) for k, v in message.get("kwargs", [])}
             return target(*args, **kwargs)
         if op == "unary" and kind == "iterator" and message.get("name") in ("iter", "next"):
             return next(target) if message["name"] == "next" else target
@@ -239,17 +275,17 @@ class Answer:
     def request(self, op, **fields):
         if self.failure:
             raise CaseFatal(self.failure)
-        self.waiting += 1
         try:
             result = self.endpoint.request(op, **fields)
         except wire.PeerGone:
             self.failure = self.failure or self._gone()
             raise CaseFatal(self.failure) from None
+        except wire.TooLarge:
+            self.failure = self.failure or TOO_LARGE
+            raise CaseFatal(self.failure) from None
         except wire.ProtocolError as e:
             self.failure = self.failure or f"the answer's reply is not plain data ({e})"
             raise CaseFatal(self.failure) from None
-        finally:
-            self.waiting -= 1
         self.check_cpu()
         return result
 
@@ -278,7 +314,7 @@ class Answer:
         """Run the answer's module; its top-level code gets `cpu_seconds` of CPU of its own, since a module that
         does not finish importing in that time is not going to on the next criterion either (driver.py)."""
         self.limit_cpu(cpu_seconds, f"timed out: its module's top-level code used over {cpu_seconds:g}s of CPU")
-        names = self.request("import")
+        names = self.request("import", share=self.share)
         self.cpu_budget, self.over_budget, self.imported = None, OVER_LIMIT, True
         return names
 

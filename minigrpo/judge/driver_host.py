@@ -33,18 +33,18 @@ import socket
 import threading
 import time
 
-from minigrpo.judge import driver, driver_answer, standins, wire, wire_rpc, wire_values
+from minigrpo.judge import driver, driver_answer, standins, wire, wire_rpc, wire_shared, wire_values
 from minigrpo.judge.sandbox import Limits, Sandbox
 
-# The answer's program: the channel's codec (wire_values.py, wire.py), then its request/reply and server
+# The answer's program: the channel's codec (wire_values.py, wire_shared.py, wire.py), then its request/reply and server
 # (wire_rpc.py), compiled here once and handed over as marshalled bytecode (the child runs this same interpreter).
-_CHILD_SOURCE = "\n".join(open(m.__file__).read() for m in (wire_values, wire, wire_rpc))
+_CHILD_SOURCE = "\n".join(open(m.__file__).read() for m in (wire_values, wire_shared, wire, wire_rpc))
 CHILD_PROGRAM = "import binascii as _b, marshal as _m\nexec(_m.loads(_b.a2b_base64(%r)))\n" % binascii.b2a_base64(
     marshal.dumps(compile(_CHILD_SOURCE, "<sandbox child>", "exec")), newline=False).decode()
 
-# The driver's program: wire_values, wire, wire_rpc, standins, driver_answer and driver as modules of packages
-# `minigrpo` and `minigrpo.judge` made in memory; the bytecode comes as a file in the driver's work folder (too
-# long for a command line).
+# The driver's program: wire_values, wire_shared, wire, wire_rpc, standins, driver_answer and driver as modules of
+# packages `minigrpo` and `minigrpo.judge` made in memory; the bytecode comes as a file in the driver's work folder
+# (too long for a command line).
 DRIVER_FILE = "driver.bin"
 DRIVER_PROGRAM = r"""
 import marshal, sys, types
@@ -73,7 +73,7 @@ WATCHDOG_EVERY = 0.1        # seconds between the broker's own checks of each an
 @functools.lru_cache(maxsize=None)
 def driver_bundle():
     parts = []
-    for module in (wire_values, wire, wire_rpc, standins, driver_answer, driver):
+    for module in (wire_values, wire_shared, wire, wire_rpc, standins, driver_answer, driver):
         with open(module.__file__, encoding="utf-8") as f:
             parts.append((module.__name__, compile(f.read(), f"<{module.__name__}>", "exec")))
     return marshal.dumps(parts)
@@ -232,7 +232,7 @@ _REASONS = [re.compile(p + _WHERE) for p in (
     r"the answer's module did not list its names", r"not run: the answer spent its time budget on earlier criteria",
     rf"timed out: its module's top-level code used over {_NUMBER}s of CPU",
     r"not run: the answer's module did not finish importing on an earlier criterion",
-    re.escape(STOPPED))]
+    re.escape(STOPPED), re.escape(driver_answer.TOO_LARGE))]
 _PREFIXES = ("the answer's reply is not plain data", "the judge's broker is gone", "the sandbox could not be started")
 
 

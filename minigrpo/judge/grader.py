@@ -17,16 +17,21 @@ is a declared environment gap (a package it requires is not installed); machine-
 locally, which is cheaper and cannot be talked into a pass. hybrid=False (`--judge-mode llm`) hands every criterion
 to the LLM, as the soyuz run did.
 
-Failures never pay: a machine check that fails or raises on an answer fails its criterion (never "unchecked"), and
-a grader call that fails after its retries gives None, which the trainer counts: `JUDGE_DOWN_STEPS` steps in a row
-in which every grader call failed stop the run (see minigrpo/tasks/soyuz.py).
+Failures never pay, and nothing an answer writes voids its own grade: a machine check that fails or raises on an
+answer fails its criterion (never "unchecked"). When the grader's every attempt on an answer fails, one probe (a
+fixed prompt without the answer) tells whose failure it was: the grader grades the probe, so the answer's text broke
+its reply or its call, and the criteria it was asked fail; or the grader is down, and they are unchecked while the
+machine-checked criteria still count (grade() returns None only when nothing was checked at all). The trainer counts
+grader failures: `JUDGE_DOWN_STEPS` steps in a row in which every grader call failed stop the run (see
+minigrpo/tasks/soyuz.py); a task whose verdict has no score UNSCORED_WARN times in a row is logged and counted in
+stats()["unscored_tasks"].
 
 Hardening. The answer is written by the policy being trained, so it is an adversary: the prompt fences it between
 two lines of a random delimiter that does not occur in it and tells the grader it is data, not instructions. The
-reply must contain exactly one JSON object with a verdict for exactly the listed criterion ids (prose around it is
-fine); anything else is invalid and retried. A reply over `max_output` bytes, a non-zero exit, an HTTP error or a
-call past `timeout` is a failed attempt. After `retries` retries with exponential backoff, grade() returns None:
-counted in stats(), logged, never raised (the grpo side drops None rewards from their group).
+reply must contain exactly one JSON object with a verdict for each listed criterion id once (prose around it is
+fine; ids it grades beyond those, which an answer can plant, are ignored); anything else is invalid and retried. A
+reply over `max_output` bytes, a non-zero exit, an HTTP error or a call past `timeout` is a failed attempt, retried
+`retries` times with exponential backoff: counted in stats(), logged, never raised.
 
 Throughput: submit() hands the grading to a pool of `workers` threads so judging overlaps generation. Verdicts go
 to an SQLite cache (cache_path: a file, or a run folder that gets judge_cache.sqlite) keyed by the judge's spec and
@@ -51,7 +56,14 @@ __all__ = ["CriterionResult", "Verdict", "Judge", "make_judge", "run_check", "bu
            "InvalidVerdict", "BackendError", "load_tasks", "validate_task"]
 
 log = logging.getLogger("minigrpo.judge")
-PROMPT_VERSION = 5     # part of the cache key: change it when the prompt or the machine checks change meaning
+PROMPT_VERSION = 6     # part of the cache key: change it when the prompt or the machine checks change meaning
+UNSCORED_WARN = 3      # a task whose verdict has no score this many times in a row: a warning and a count
+# The probe: a prompt without any answer of the policy's, which a working grader grades (see Judge._unanswered)
+PROBE_TASK = {"id": "probe", "prompt": "Greet the reader.", "criteria": [{"id": "p1", "text": "The answer greets."}]}
+PROBE_ANSWER = "Hello, reader!"
+ANSWER_BROKE = ("failed: the grader's every attempt on this answer failed while it grades a probe without it (the "
+                "answer's text broke the reply or the call)")
+GRADER_DOWN = "unchecked: the grader failed on every attempt and on a probe without this answer (it is down)"
 
 
 @dataclasses.dataclass
@@ -194,16 +206,19 @@ def _json_objects(text):
 
 def parse_verdict(text, ids):
     """Verdict from a grader's reply; raises InvalidVerdict unless it holds exactly one verdict object grading
-    exactly `ids` (each once, passed a JSON boolean)."""
+    each of `ids` once (passed a JSON boolean). Other ids it grades are ignored: an answer can plant a checklist
+    line that a grader follows, and that must not void the verdict on the ids asked."""
     objects = [o for o in _json_objects(text) if isinstance(o, dict) and "criteria" in o]
     if len(objects) != 1:
         raise InvalidVerdict(f"expected one JSON object with 'criteria', found {len(objects)}")
     items = objects[0]["criteria"]
     if not isinstance(items, list) or not all(isinstance(x, dict) for x in items):
         raise InvalidVerdict("'criteria' is not a list of objects")
-    got = [x.get("id") for x in items]
-    if not all(isinstance(i, str) for i in got) or sorted(got) != sorted(ids) or len(set(got)) != len(got):
-        raise InvalidVerdict(f"graded ids {got}, expected exactly {list(ids)}")
+    asked = set(ids)
+    items = [x for x in items if isinstance(x.get("id"), str) and x["id"] in asked]
+    got = [x["id"] for x in items]
+    if sorted(got) != sorted(ids):
+        raise InvalidVerdict(f"graded ids {got} of those asked, expected each of {list(ids)} once")
     if not all(isinstance(x.get("passed"), bool) for x in items):
         raise InvalidVerdict("every 'passed' must be true or false")
     by_id = {x["id"]: x for x in items}
@@ -249,7 +264,8 @@ class Judge:
         self.pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="judge")
         self.lock = threading.Lock()
         self.counts = {"graded": 0, "calls": 0, "cache_hits": 0, "failures": 0, "invalid": 0, "errors": 0,
-                       "latency_s": 0.0}
+                       "answer_broke": 0, "probes": 0, "latency_s": 0.0}
+        self.unscored = {}        # task id -> verdicts in a row without a score
         self.last_error = None    # the last failed call's error: the line that stops a run on a judge that is down
 
     def submit(self, task, answer):
@@ -257,25 +273,37 @@ class Judge:
         return self.pool.submit(self.grade, task, answer)
 
     def grade(self, task, answer):
-        """Verdict, or None when the grader failed after its retries. Raises only for a malformed task."""
+        """Verdict, or None when the grader is down and nothing else could be checked. Raises only for a
+        malformed task."""
         validate_task(task)
         key = self._cache_key(task, answer)
         if self.cache and (hit := self.cache.get(key)) is not None:
             self._count(cache_hits=1)
-            return hit
+            return self._scored(task, hit)
         t0 = time.monotonic()
-        verdict = self._grade(task, answer)
-        self._count(graded=1, latency_s=time.monotonic() - t0, failures=verdict is None)
-        if verdict is None:
-            log.warning("judge %s: task %s failed after %d attempts; reward None", self.spec, task.get("id"),
-                        self.retries + 1)
+        verdict, complete = self._grade(task, answer)
+        self._count(graded=1, latency_s=time.monotonic() - t0)
+        if not complete:
+            log.warning("judge %s: task %s: the grader failed after %d attempts (%s)", self.spec, task.get("id"),
+                        self.retries + 1, "reward None" if verdict is None else verdict.reason)
         elif self.cache:
             self.cache.put(key, verdict)
+        return self._scored(task, verdict)
+
+    def _scored(self, task, verdict):
+        """Count a task's verdicts in a row without a score; warn once when they reach UNSCORED_WARN."""
+        tid = task.get("id")
+        with self.lock:
+            n = self.unscored[tid] = self.unscored.get(tid, 0) + 1 if verdict is None or verdict.score is None else 0
+        if n == UNSCORED_WARN:
+            log.warning("judge %s: task %s has had no score %d times in a row (%s)", self.spec, tid, n,
+                        "no criterion checked" if verdict is not None else "the grader failed")
         return verdict
 
     def stats(self):
         with self.lock:
             s = dict(self.counts)
+            s["unscored_tasks"] = sum(n >= UNSCORED_WARN for n in self.unscored.values())
         s["mean_latency_s"] = s.pop("latency_s") / s["graded"] if s["graded"] else 0.0
         return s
 
@@ -283,6 +311,7 @@ class Judge:
         self.pool.shutdown(wait=True)
 
     def _grade(self, task, answer):
+        """(verdict or None, whether every criterion asked of the grader was graded)."""
         machine = {}
         if self.backend is None or self.hybrid:
             machine = self._machine(task["criteria"], answer)
@@ -291,15 +320,32 @@ class Judge:
                        for c in task["criteria"]]
             v = Verdict(results)
             v.reason = f"{v.passed}/{v.checked} machine checks passed, {v.total - v.checked} criteria unchecked"
-            return v
+            return v, True
         # the LLM grades what has no machine check, or whose check is a declared environment gap (None); a
         # machine check that ran decides its criterion, pass or fail
         ask = [c for c in task["criteria"] if c["id"] not in machine or machine[c["id"]].passed is None]
         llm = self._ask(task, answer, ask) if ask else Verdict([], "all criteria machine-checked")
+        complete = llm is not None
         if llm is None:
-            return None
+            llm = self._unanswered(ask)
         by_id = {**machine, **{r.id: r for r in llm.results}}
-        return Verdict([by_id[c["id"]] for c in task["criteria"]], llm.reason)
+        v = Verdict([by_id[c["id"]] for c in task["criteria"]], llm.reason)
+        return (None if v.checked == 0 else v), complete
+
+    def _unanswered(self, criteria):
+        """The criteria asked of the grader when its every attempt failed. A probe without this answer tells
+        whose failure it was: the grader grades it, so this answer's text broke the reply or the call, and they
+        fail; or it does not (the grader is down), and they stay unchecked."""
+        self._count(probes=1)
+        try:
+            parse_verdict(self.backend(build_prompt(PROBE_TASK, PROBE_ANSWER), self.timeout), ["p1"])
+            up = True
+        except Exception as e:      # BackendError, InvalidVerdict, anything: the grader does not work
+            log.info("judge %s: probe failed: %s", self.spec, e)
+            up = False
+        self._count(answer_broke=up, failures=not up)
+        reason = ANSWER_BROKE if up else GRADER_DOWN
+        return Verdict([CriterionResult(c["id"], False if up else None, reason) for c in criteria], reason)
 
     def _machine(self, criteria, answer):
         """{id: CriterionResult} of the criteria that have a machine check. Python checks of one answer go to one

@@ -1,6 +1,7 @@
 """The narrow channel between the trusted check driver and the sandboxed answer: framing and the value codec
-(stdlib only: this file's source, followed by minigrpo/judge/wire_rpc.py's, is the program the sandboxed child runs,
-since the child cannot see the project tree). Requests, replies and the child's server are in wire_rpc.py.
+(stdlib only: wire_values.py's, wire_shared.py's, this file's and minigrpo/judge/wire_rpc.py's source are the program
+the sandboxed child runs, since the child cannot see the project tree). Requests, replies and the child's server are
+in wire_rpc.py.
 
 Messages are length-prefixed JSON. Values cross as type-tagged plain data, decided by exact type (`type(v) is
 int`, never isinstance), so an answer's subclass of a builtin, an always-equal object or anything else that is not
@@ -8,32 +9,38 @@ plain data never reaches the driver as something it could compare:
 
     None, bool, int, float, complex, str, bytes, tuple, frozenset,
     StandIn (an object made of members: functions and plain data)    by value
-    list, dict, set, bytearray                                          shared: see below
+    list, dict, set, bytearray                                          by value; shared where the criterion
+                                                                        is about mutation: see below
     datetime, date, time, timedelta, timezone, Decimal, Fraction,
     UUID, PurePath, numpy arrays/scalars, pandas DataFrame/Series       by value (the few library types tests compare)
     anything else (functions, classes, instances, coroutines)           a handle: the peer gets a proxy whose calls,
                                                                         attribute reads and a few operations travel
                                                                         back over the channel
 
-Mutable containers keep reference semantics at every message boundary: each side gives a container it sends an id,
-and before each message the sender re-sends the contents of every shared container that changed since it was last
-sent; the receiver updates its copy in place. So "does not mutate its input", "returns a fresh list" and "a mutable
-default is not shared between calls" are tested as they would be in one process, while the values themselves are
-always plain data.
+Mutable containers cross as copies unless the criterion is about mutation (its check says `"shared": true`):
+a test's data then stays out of the answer's reach, and what the test reads after a call is what it held before.
+On a shared channel they keep reference semantics at every message boundary (wire_shared.py), so "does not mutate
+its input", "returns a fresh list" and "a mutable default is not shared between calls" are tested as they would be
+in one process, while the values themselves are always plain data.
+
+A value costs what it is: its size is counted as if every reference were copied (a value that holds the same list
+twice counts it twice), on encoding and, on a shared channel, on decoding too; one over MAX_ITEMS is refused
+(TooLarge), so a reply of a few entries that stands for an exponentially large value never reaches a comparison.
 """
 
 import base64
 import builtins
 import json
-import operator
 import struct
 
-if __name__ != "__main__":      # imported; in the child's program wire_values.py's source has just defined these
-    from minigrpo.judge.wire_values import ProtocolError, decode_library, decode_stdlib, encode_library, \
+if __name__ != "__main__":      # imported; in the child's program wire_values.py's and wire_shared.py's source has
+    from minigrpo.judge.wire_values import ProtocolError, TooLarge, decode_library, decode_stdlib, encode_library, \
         library_types, stdlib_value
+    from minigrpo.judge.wire_shared import MUTABLE, SharedContainers     # just defined these
 
 MAX_MESSAGE = 16 << 20      # bytes; a longer message is a protocol error (the case fails)
 MAX_DEPTH = 200             # nesting of a value; deeper is a protocol error
+MAX_ITEMS = MAX_MESSAGE // 2    # a value's parts, counted as if copied: each costs at least 2 bytes of a message
 _PLAIN_EXC = {}             # builtin exception classes by name, filled below
 
 
@@ -96,7 +103,7 @@ def send_message(stream, message):
     except (ValueError, RecursionError) as e:
         raise ProtocolError(f"unencodable message: {type(e).__name__}") from None
     if len(data) > MAX_MESSAGE:
-        raise ProtocolError(f"message of {len(data)} bytes")
+        raise TooLarge(f"message of {len(data)} bytes")
     try:
         stream.write(struct.pack(">I", len(data)) + data)
         stream.flush()
@@ -121,7 +128,7 @@ def _read_exact(stream, n):
 def read_message(stream):
     (n,) = struct.unpack(">I", _read_exact(stream, 4))
     if n > MAX_MESSAGE:
-        raise ProtocolError(f"message of {n} bytes")
+        raise TooLarge(f"message of {n} bytes")
     try:
         return json.loads(_read_exact(stream, n))
     except (ValueError, RecursionError) as e:
@@ -131,7 +138,6 @@ def read_message(stream):
 # ---------------------------------------------------------------------------------------------------------------
 # Values
 
-_MUTABLE = (list, dict, set, bytearray)
 _NATIVE = frozenset({type(None), bool, int, float, str})
 
 
@@ -139,55 +145,81 @@ def _all_native(values):
     return set(map(type, values)) <= _NATIVE
 
 
-def _snapshot(v):
-    """What a shared container holds now, by identity: the objects in it (a dict: its keys, then its values), or a
-    bytearray's bytes."""
-    if type(v) is bytearray:
-        return bytes(v)
-    if type(v) is dict:
-        return list(v), list(v.values())
-    return list(v)      # list; a set in its (stable while unchanged) iteration order
+def _expanded(v, memo, depth):
+    """The parts of v counted as if every reference were copied; memo (id -> parts) makes a DAG cost its distinct
+    nodes to measure, and a cycle adds nothing."""
+    t = type(v)
+    if t not in (list, tuple, dict, set, frozenset, StandIn):
+        return 1
+    if id(v) in memo:
+        return memo[id(v)]
+    if depth > MAX_DEPTH:
+        raise ProtocolError("value nested too deeply")
+    memo[id(v)] = 0
+    parts = vars(v).values() if t is StandIn else [*v.keys(), *v.values()] if t is dict else v
+    memo[id(v)] = n = 1 + sum(_expanded(x, memo, depth + 1) for x in parts)
+    return n
 
 
-def _unchanged(v, snap):
-    """Whether v holds the very objects its snapshot does, in the same order. By identity, not ==: 1 -> True or
-    1 -> 1.0 is a change (the wire keeps exact types), and an unchanged container costs no encoding to check."""
-    if type(v) is bytearray:
-        return v == snap
-    if type(v) is dict:
-        return type(snap) is tuple and len(v) == len(snap[0]) and all(map(operator.is_, v, snap[0])) \
-            and all(map(operator.is_, v.values(), snap[1]))
-    return type(snap) is list and len(v) == len(snap) and all(map(operator.is_, v, snap))
-
-
-class Codec:
+class Codec(SharedContainers):
     """One side's view of the shared values: its handles (objects the peer may call) and its shared containers.
 
     `side` is "c" (the sandboxed child) or "d" (the driver); ids made here carry it, so both sides' ids never clash.
-    `make_proxy(handle, kind, info)` builds the local stand-in for a peer object.
+    `make_proxy(handle, kind, info)` builds the local stand-in for a peer object. With `share` mutable containers
+    keep reference semantics (a criterion about mutation); without, they cross as copies and the peer may not
+    send a shared one.
 
     With `call_only` (the driver's side) only functions and iterators get a handle, as kind "callable" or
     "iterator": the peer may call the one and step the other, and nothing else of them is reachable (see
     `callable_kind`); any other object is refused, so no object of the driver but those ever crosses."""
 
-    def __init__(self, side, make_proxy, call_only=False):
-        self.side, self.make_proxy, self.call_only = side, make_proxy, call_only
+    def __init__(self, side, make_proxy, call_only=False, share=False):
+        self.side, self.make_proxy, self.call_only, self.share = side, make_proxy, call_only, share
         self.handles, self.handle_ids = {}, {}      # hid -> object we own; id(obj) -> hid
         self.proxies = {}                           # peer hid -> local proxy
         self.proxy_refs = {}                        # id(proxy) -> the peer's handle it stands for
         self.shared, self.shared_ids = {}, {}       # mid -> container; id(container) -> mid
         self.sent = {}                              # mid -> snapshot as last sent or received (to find changes)
         self.counter = 0
+        self.size, self.copied = 0, {}              # parts of the value being encoded; id -> (value, encoding, parts)
 
     def _new_id(self, prefix):
         self.counter += 1
         return f"{self.side}{prefix}{self.counter}"
+
+    def count(self, parts):
+        self.size += parts
+        if self.size > MAX_ITEMS:
+            raise TooLarge(f"a value of over {MAX_ITEMS} parts, counted as if copied")
 
     # -- encode ------------------------------------------------------------------------------------------------
     def encode(self, v, depth=0):
         t = type(v)
         if t in _NATIVE:                   # JSON keeps these exactly (ints of any size, NaN and infinities too)
             return v
+        if depth:
+            return self._encode_counted(v, t, depth)
+        self.size, self.copied = 0, {}
+        try:
+            return self._encode_counted(v, t, 0)
+        finally:
+            self.copied = {}
+
+    def _encode_counted(self, v, t, depth):
+        """An object met again in the same value (a DAG) reuses its encoding, and its parts count again: what
+        the peer decodes is a tree of that size."""
+        seen = self.copied.get(id(v))
+        if seen is not None and seen[0] is v:
+            self.count(seen[2])
+            return seen[1]
+        before = self.size
+        e = self._encode(v, t, depth)
+        self.count(1)
+        if not (self.share and t in MUTABLE):     # a shared container crosses once, then as a reference
+            self.copied[id(v)] = (v, e, self.size - before)
+        return e
+
+    def _encode(self, v, t, depth):
         if depth > MAX_DEPTH:
             raise ProtocolError("value nested too deeply")
         if t is complex:
@@ -200,8 +232,8 @@ class Codec:
             return ["Z", self._items(v, depth)]
         if t is StandIn:
             return ["S", self._pairs(vars(v), depth)]
-        if t in _MUTABLE:
-            return self._encode_shared(v, depth)
+        if t in MUTABLE:
+            return self._encode_shared(v, depth) if self.share else self._encode_copy(v, t, depth)
         if t.__module__ == "collections" and t.__name__ in ("OrderedDict", "defaultdict", "Counter", "deque"):
             # stdlib containers whose comparison we trust: sent as a plain dict / list (by value)
             return ["D", self._pairs(v, depth)] if isinstance(v, dict) else ["L", self._items(v, depth)]
@@ -219,29 +251,21 @@ class Codec:
         return self._encode_handle(v)
 
     def _items(self, values, depth):
-        return list(values) if _all_native(values) else [self.encode(x, depth + 1) for x in values]
+        if _all_native(values):
+            self.count(len(values))
+            return list(values)
+        return [self.encode(x, depth + 1) for x in values]
 
     def _pairs(self, d, depth):
         if _all_native(d.keys()) and _all_native(d.values()):
+            self.count(len(d))
             return list(map(list, d.items()))
         return [[self.encode(k, depth + 1), self.encode(x, depth + 1)] for k, x in d.items()]
 
-    def _contents(self, v, depth=0):
-        if type(v) is dict:
-            return self._pairs(v, depth)
-        if type(v) is bytearray:
-            return base64.b64encode(bytes(v)).decode()
-        return self._items(v, depth)      # list, set
-
-    def _encode_shared(self, v, depth):
-        mid = self.shared_ids.get(id(v))
-        if mid is not None and self.shared.get(mid) is v:
-            return ["R", mid]
-        mid = self._new_id("m")
-        self.shared[mid], self.shared_ids[id(v)] = v, mid
-        contents = self._contents(v, depth)
-        self.sent[mid] = _snapshot(v)          # as the next sync will see it (nested containers by reference)
-        return ["M", mid, type(v).__name__, contents]
+    def _encode_copy(self, v, t, depth):
+        if t is bytearray:
+            return ["B", base64.b64encode(bytes(v)).decode()]
+        return ["D", self._pairs(v, depth)] if t is dict else ["L" if t is list else "E", self._items(v, depth)]
 
     def _encode_handle(self, v):
         if self.call_only:
@@ -291,10 +315,16 @@ class Codec:
                 return StandIn(**{str(k): self.decode(x, depth + 1) for k, x in e[1]})
             if tag == "Z":
                 return frozenset(self._decode_items(e[1], depth))
+            if tag == "E":
+                return set(self._decode_items(e[1], depth))
+            if tag == "B":
+                return bytearray(base64.b64decode(e[1]))
             if tag == "L":
                 return self._decode_items(e[1], depth)
             if tag == "D":
                 return {self.decode(k, depth + 1): self.decode(x, depth + 1) for k, x in e[1]}
+            if tag in ("M", "R") and not self.share:
+                raise ProtocolError("a shared container on a channel that copies")
             if tag == "M":
                 return self._decode_shared(e[1], e[2], e[3], depth)
             if tag == "R":
@@ -316,31 +346,6 @@ class Codec:
             raise ProtocolError("malformed container")
         return items[:] if _all_native(items) else [self.decode(x, depth + 1) for x in items]
 
-    def _decode_shared(self, mid, kind, contents, depth):
-        if not isinstance(mid, str) or mid[:1] == self.side:
-            raise ProtocolError("shared id not the peer's")
-        obj = self.shared.get(mid)
-        if obj is None:
-            obj = {"list": list, "dict": dict, "set": set, "bytearray": bytearray}[kind]()
-            self.shared[mid], self.shared_ids[id(obj)] = obj, mid
-        self._fill(obj, contents, depth)
-        self.sent[mid] = _snapshot(obj)
-        return obj
-
-    def _fill(self, obj, contents, depth=0):
-        if type(obj) is list:
-            obj[:] = self._decode_items(contents, depth)
-        elif type(obj) is dict:
-            items = [(self.decode(k, depth + 1), self.decode(x, depth + 1)) for k, x in contents]
-            obj.clear()
-            obj.update(items)
-        elif type(obj) is set:
-            items = self._decode_items(contents, depth)
-            obj.clear()
-            obj.update(items)
-        else:
-            obj[:] = base64.b64decode(contents)
-
     def _decode_handle(self, hid, kind, info):
         if not isinstance(hid, str) or not isinstance(info, dict):
             raise ProtocolError("bad handle")
@@ -354,35 +359,12 @@ class Codec:
             self.proxy_refs[id(proxy)] = ["H", hid, str(kind), info]
         return proxy
 
-    # -- shared-container sync ---------------------------------------------------------------------------------
-    def changes(self):
-        """[[mid, contents], ...] of the shared containers whose contents changed since last sent or received."""
-        out = []
-        for mid, obj in list(self.shared.items()):
-            if not _unchanged(obj, self.sent.get(mid)):
-                out.append([mid, self._contents(obj)])
-                self.sent[mid] = _snapshot(obj)
-        return out
-
-    def preregister(self, message):
-        """Create (empty) every container the message body sends in full that we do not hold yet, so that a sync
-        entry naming it (an old container that now holds a new one) resolves before the body is decoded."""
-        stack = [v for k, v in message.items() if k != "sync"] if isinstance(message, dict) else []
-        while stack:
-            e = stack.pop()
-            if type(e) is list:
-                if len(e) == 4 and e[0] == "M" and isinstance(e[1], str) and e[1][:1] != self.side \
-                        and e[1] not in self.shared and e[2] in ("list", "dict", "set", "bytearray"):
-                    obj = {"list": list, "dict": dict, "set": set, "bytearray": bytearray}[e[2]]()
-                    self.shared[e[1]], self.shared_ids[id(obj)] = obj, e[1]
-                stack.extend(e)
-            elif type(e) is dict:
-                stack.extend(e.values())
-
-    def apply(self, changes):
-        for mid, contents in changes or ():
-            obj = self.shared.get(mid)
-            if obj is None:
-                raise ProtocolError("sync of an unknown container")
-            self._fill(obj, contents)
-            self.sent[mid] = _snapshot(obj)
+    def check_size(self, *values):
+        """On a shared channel, once a message is decoded: refuse it if its values and every shared container,
+        counted as if copied, are over MAX_ITEMS. All of them, measured at the end: a message (or a run of them)
+        may refill a container that others refer to, so only the whole shows the size."""
+        if not self.share:
+            return          # copies: the message's own bytes are the value's size
+        memo, self.size = {}, 0
+        for v in (*values, *self.shared.values()):
+            self.count(_expanded(v, memo, 0))

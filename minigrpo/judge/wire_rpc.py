@@ -14,7 +14,8 @@ interrupt) is reported as `exit`, which the driver treats as a failed case, neve
 import sys
 
 if __name__ != "__main__":      # imported; in the child's program wire.py's source has just defined these names
-    from minigrpo.judge.wire import _PLAIN_EXC, Codec, PeerGone, ProtocolError, builtin_base, read_message, send_message
+    from minigrpo.judge.wire import _PLAIN_EXC, Codec, PeerGone, ProtocolError, TooLarge, builtin_base, read_message, \
+        send_message
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -26,8 +27,8 @@ class Endpoint:
 
     share_exception_classes = True      # an exception of a class of ours crosses with a handle to its class
 
-    def __init__(self, side, rfile, wfile, make_proxy, handle, call_only=False):
-        self.codec = Codec(side, make_proxy, call_only)
+    def __init__(self, side, rfile, wfile, make_proxy, handle, call_only=False, share=False):
+        self.codec = Codec(side, make_proxy, call_only, share)
         self.rfile, self.wfile, self.handle = rfile, wfile, handle
 
     def exception(self, name, base, text, handle):
@@ -56,7 +57,12 @@ class Endpoint:
                 self.reply_to(message)
                 continue
             if "ok" in message:
-                return self.codec.decode(message["ok"])
+                value = self.codec.decode(message["ok"])
+                self.codec.check_size(value)
+                return value
+            self.codec.check_size()
+            if "too_large" in message:
+                raise TooLarge("the peer's reply, counted as if copied, is over the cap")
             if "raise" in message:
                 name, base, text = (str(x)[:500] for x in message["raise"][:3])
                 raise self.exception(name, base, text, message.get("handle"))
@@ -65,9 +71,13 @@ class Endpoint:
             raise ProtocolError("message is neither a request nor a reply")
 
     def reply_to(self, message):
+        """Answer one request. A result over the cap is answered as such (`too_large`), never as an exception
+        the requesting code could catch."""
         try:
             value = self.handle(message)
             reply = {"ok": self.codec.encode(value)}
+        except TooLarge:
+            reply = {"too_large": True}
         except (PeerGone, ProtocolError):
             raise
         except Exception as e:      # the handled code raised: send it over by name
@@ -78,7 +88,10 @@ class Endpoint:
             reply = {"exit": type(e).__name__}
             self.send(reply)
             raise
-        self.send(reply)
+        try:
+            self.send(reply)
+        except TooLarge:
+            self.send({"too_large": True})
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -102,7 +115,8 @@ def serve(rfile, wfile):
 
     def handle(message):
         op, codec = message.get("op"), endpoint.codec
-        if op == "import":
+        if op == "import":      # the driver says whether this criterion shares containers (one about mutation)
+            codec.share = message.get("share") is True
             mod = namespace()
             names = getattr(mod, "__all__", None) or [n for n in vars(mod) if not n.startswith("_")]
             # the answer's own names; modules it imported stay here (the test imports its own)

@@ -20,6 +20,10 @@ class ProtocolError(Exception):
     """The peer sent something that is not a well-formed message, or a value we refuse to encode."""
 
 
+class TooLarge(ProtocolError):
+    """A value or message over the channel's cap (wire.MAX_MESSAGE bytes, wire.MAX_ITEMS parts counted by value)."""
+
+
 def stdlib_value(v, t, codec, depth):
     """The encoding of a datetime-family, Decimal, Fraction, UUID or path value, else None. Their modules are
     looked up, never imported: a value of one of these types exists only once its module is, and the sandboxed

@@ -204,5 +204,6 @@ class SoyuzTask:
     # -- metrics as the soyuz run reports them ------------------------------------------------------------------------
 
     def step_metrics(self, seqs) -> dict:
-        return recovery_metrics(seqs)
+        # tasks whose verdict has had no score several times in a row (the judge logs each once): no reward signal
+        return {**recovery_metrics(seqs), "judge_unscored_tasks": self.judge.stats().get("unscored_tasks", 0)}
 

@@ -135,6 +135,9 @@ def test_parser_accepts_prose_and_rejects_wrong_ids():
             parse_verdict(text, IDS)
     with pytest.raises(InvalidVerdict):
         parse_verdict(json.dumps({"criteria": [{"id": 1, "passed": True}]}), ["1"])
+    extra = json.dumps({"criteria": [{"id": i, "passed": True} for i in IDS] + [{"id": "c9", "passed": "?"},
+                                                                               {"id": ["x"], "passed": False}]})
+    assert parse_verdict(extra, IDS).score == 1.0          # ids beyond those asked (an answer can plant them): ignored
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -150,14 +153,20 @@ def test_claude_good_verdicts(fake_claude, monkeypatch, mode):
     assert ncalls(fake_claude) == 1
 
 
-@pytest.mark.parametrize("mode", ["missing", "extra", "garbage", "exit", "huge"])
+@pytest.mark.parametrize("mode", ["missing", "garbage", "exit", "huge"])
 def test_claude_bad_replies_retry_then_none(fake_claude, monkeypatch, mode):
     monkeypatch.setenv("FAKE_JUDGE_MODE", mode)
     judge = llm_judge()
-    assert judge.grade(TASK, GOOD) is None      # never raises
-    assert ncalls(fake_claude) == 2              # 1 try + 1 retry
+    assert judge.grade(TASK, GOOD) is None      # never raises; the probe fails too: the grader is down
+    assert ncalls(fake_claude) == 3              # 1 try + 1 retry + the probe
     s = judge.stats()
-    assert s["failures"] == 1 and s["calls"] == 2 and s["invalid"] + s["errors"] == 2
+    assert s["failures"] == 1 and s["calls"] == 2 and s["invalid"] + s["errors"] == 2 and s["probes"] == 1
+
+
+def test_claude_reply_with_extra_ids_is_a_verdict(fake_claude, monkeypatch):
+    monkeypatch.setenv("FAKE_JUDGE_MODE", "extra")
+    judge = llm_judge()
+    assert judge.grade(TASK, GOOD).score == 1.0 and ncalls(fake_claude) == 1
 
 
 def test_claude_retry_recovers(fake_claude, monkeypatch):
@@ -170,7 +179,7 @@ def test_claude_retry_recovers(fake_claude, monkeypatch):
 def test_claude_hang_is_killed(fake_claude, monkeypatch):
     monkeypatch.setenv("FAKE_JUDGE_MODE", "hang")
     assert llm_judge(timeout=1.0).grade(TASK, GOOD) is None
-    assert ncalls(fake_claude) == 2
+    assert ncalls(fake_claude) == 3                               # 2 tries, then the probe without the answer
     time.sleep(0.2)
     for pid in map(int, fake_claude.read_text().split()):
         with pytest.raises(ProcessLookupError):   # its process group was killed, not left sleeping
@@ -284,13 +293,13 @@ def test_http_good_and_prose(chat_server, monkeypatch):
     assert req["body"]["temperature"] == 0 and req["body"]["model"] == "judge-model"
 
 
-@pytest.mark.parametrize("mode", ["missing", "extra", "garbage", "error", "hang", "huge"])
+@pytest.mark.parametrize("mode", ["missing", "garbage", "error", "hang", "huge"])
 def test_http_bad_replies_retry_then_none(chat_server, mode):
     chat_server.state["mode"] = mode
     judge = llm_judge(f"http://127.0.0.1:{chat_server.server_port}/v1", timeout=1.0)
     assert judge.grade(TASK, GOOD) is None
-    assert len(chat_server.state["requests"]) == 2 and judge.stats()["failures"] == 1
-    assert chat_server.state.get("answered", 0) == 0          # hang: both calls given up before any answer
+    assert len(chat_server.state["requests"]) == 3 and judge.stats()["failures"] == 1     # 2 tries + the probe
+    assert chat_server.state.get("answered", 0) == 0          # hang: every call given up before any answer
 
 
 def test_http_unreachable_is_a_failure():

@@ -1,11 +1,17 @@
-"""The driver/sandbox channel keeps in-process semantics for honest answers: mutations of shared containers are
-seen on both sides, identity is kept, a new container stored into an old one arrives whole, exceptions keep their
-class, and a test that needs in-process objects gets them through in_sandbox."""
-
+"""The driver/sandbox channel keeps in-process semantics for honest answers where a criterion needs them: in one
+about mutation ("shared": true) mutations of shared containers are seen on both sides, identity is kept, a new
+container stored into an old one arrives whole; everywhere else containers cross as copies, so the answer cannot
+change what the test holds. Exceptions keep their class, and a test that needs in-process objects gets them through
+in_sandbox. A value costs what it is: one that holds the same list many times counts each time, on both kinds of
+channel, and fails its case as too large instead of reaching a comparison."""
 
 import pytest
 
+from judging import fenced
+from minigrpo.judge import wire
 from minigrpo.judge.checks import run_python_checks
+from minigrpo.judge.driver_answer import STALL_S, TOO_LARGE
+from redteam import only
 
 CODE = '''
 class Oops(ValueError):
@@ -23,21 +29,136 @@ def nest(d):
 def same(xs):
     return xs
 
+def clear(xs):
+    xs.clear()
+    return len(xs)
+
 def fail():
     raise Oops("no")
+
+def dag(levels):              # the same list twice at every level: 2 ** levels leaves as a tree
+    node = []
+    for _ in range(levels):
+        node = [node, node]
+    return node
+
+def chain_top_down(xs, tick, levels):
+    nodes = [[] for _ in range(levels + 1)]
+    xs.append(nodes[levels])            # the top, in the test's list
+    for k in range(levels, 0, -1):      # each level filled after the level above refers to it: one message each
+        nodes[k].extend([nodes[k - 1], nodes[k - 1]])
+        tick()
+
+def fill_with_dag(xs, levels, then=None):
+    xs.append(dag(levels))
+    if then is not None:
+        next(then)            # the DAG crosses in this step's sync, not in a reply
 '''
 
-TESTS = {
+SHARED = {
     "new container into an old one": 'acc = [0]\nr = keep(acc)\nassert r == [1, 2] and acc == [0, [1, 2]] and acc[1] is r',
     "nested dict": 'd = {}\nk = nest(d)\nassert d == {"k": {"x": [3]}} and d["k"] is k',
     "identity": 'xs = [1]\nassert same(xs) is xs',
+    "a mutation is seen": 'xs = [1, 2]\nassert clear(xs) == 0 and xs == []',
+}
+COPIED = {
+    "a mutation stays in the answer": 'xs = [1, 2]\nassert clear(xs) == 0 and xs == [1, 2]',
+    "a copy comes back": 'xs = {1: [2]}\nys = same(xs)\nassert ys == xs and ys is not xs and ys[1] is not xs[1]',
+    "sets and bytearrays": 'assert same({1, (2, 3)}) == {1, (2, 3)} and same(bytearray(b"ab")) == bytearray(b"ab")',
+    "a small DAG arrives as a tree": 'v = dag(3)\nw = [[], []]\nassert v == [[w, w], [w, w]] and v[0] is not v[1]',
     "exception class": 'assert raises(ValueError, fail) and raises(Oops, fail) and not raises(KeyError, fail)',
     "in_sandbox": 'assert in_sandbox("result = [keep([]), same((1, 2))]") == [[1, 2], (1, 2)]',
 }
 
 
-@pytest.mark.parametrize("name", list(TESTS))
-def test_honest_semantics_survive_the_channel(name):
-    [(passed, reason)] = run_python_checks([{"type": "python", "test": TESTS[name], "timeout": 10}],
-                                           f"```python\n{CODE}\n```")
+def run(test, shared=False):
+    check = {"type": "python", "test": test, "timeout": 10, **({"shared": True} if shared else {})}
+    [(passed, reason)] = run_python_checks([check], f"```python\n{CODE}\n```")
+    return passed, reason
+
+
+@pytest.mark.parametrize("name", list(SHARED))
+def test_a_mutation_criterion_shares_containers(name):
+    passed, reason = run(SHARED[name], shared=True)
     assert passed is True, reason
+
+
+@pytest.mark.parametrize("name", list(COPIED))
+def test_containers_cross_as_copies_by_default(name):
+    passed, reason = run(COPIED[name])
+    assert passed is True, reason
+
+
+@pytest.mark.parametrize("test, shared", [
+    ("dag(64)", False), ("dag(64)", True), ("raises(Exception, dag, 64)", False),
+    ("in_sandbox('result = dag(64)')", False), ("xs = []\nfill_with_dag(xs, 64)\nassert xs == [dag(3)]", True),
+    ("xs = []\nfill_with_dag(xs, 64, iter(range(3)))", True), ("xs = []\nchain_top_down(xs, lambda: 0, 64)", True),
+], ids=["returned", "returned_shared", "under_raises", "in_sandbox", "synced_into_a_shared_input",
+        "synced_before_a_step", "built_top_down_over_many_messages"])
+def test_a_reply_that_stands_for_an_exponential_value_fails_its_case_as_too_large(test, shared):
+    passed, reason = run(test, shared)
+    assert passed is False and reason.startswith(TOO_LARGE), reason
+
+
+def test_the_size_of_a_value_counts_every_reference_as_a_copy():
+    codec = wire.Codec("d", None)
+    leaf = list(range(1000))
+    assert codec.encode([leaf] * 1000)[1][0] == ["L", leaf]           # a million parts: under the cap, sent as a tree
+    with pytest.raises(wire.TooLarge):
+        codec.encode([[leaf] * 1000] * 100)                      # a hundred million parts
+    shared = wire.Codec("c", None, share=True)
+    node = []
+    for _ in range(40):
+        node = [node, node]
+    message = shared.encode(node)                                # a few entries: one per level
+    with pytest.raises(wire.TooLarge):
+        peer = wire.Codec("d", None, share=True)
+        peer.preregister({"ok": message})
+        peer.check_size(peer.decode(message))
+
+
+DAG_SAMPLER = '''
+import math
+
+
+class WeightedSampler:
+    def __init__(self, items, weights):
+        if len(items) != len(weights) or not items:
+            raise ValueError("items and weights must be non-empty and of one length")
+        if any(not math.isfinite(w) or w < 0 for w in weights) or not sum(weights) > 0:
+            raise ValueError("bad weights")
+
+    def sample(self, rng):
+        rng.random()
+        node = []
+        for _ in range(64):           # 64 levels of the same list twice: a few entries on a shared channel
+            node = [node, node]
+        return node
+
+    def sample_many(self, rng, k):
+        if k < 0:
+            raise ValueError("k < 0")
+        return [self.sample(rng) for _ in range(k)]
+'''
+
+
+def test_a_sampler_that_returns_an_exponential_value_fails_on_its_size_not_as_a_stall(judge):
+    """weighted-choice answered with a 64-level DAG of shared lists: comparing two such values in the driver takes
+    2^64 steps, which was charged to the answer as a stall. Each criterion that draws a sample now fails as too
+    large, on copied channels (c3: 5,000 samples from a snippet, c5: two samples compared) and a shared one (c8).
+    One criterion per grade: a failed case is charged its whole timeout, which would leave the next one unrun."""
+    futures = {cid: judge.submit(only("weighted-choice", [cid]), fenced(DAG_SAMPLER)) for cid in ["c3", "c5", "c8"]}
+    reasons = {cid: [(r.passed, r.reason) for r in f.result().results] for cid, f in futures.items()}
+    assert all(not ok and reason.startswith(TOO_LARGE) for [(ok, reason)] in reasons.values()), reasons
+
+
+SLOW_CALLBACK = "def f(callback):\n    return callback() + 1\n"
+
+
+def test_the_drivers_own_work_is_not_the_answers_stall():
+    """The answer waits on a callback of the test's that keeps the driver busy past the stall limit: that is the
+    driver's time, not the answer's, so the criterion passes (the stall clock runs only while the driver waits for
+    the answer)."""
+    test = f"import time\nassert f(lambda: time.sleep({STALL_S + 1}) or 1) == 2\n"
+    [(ok, reason)] = run_python_checks([{"type": "python", "test": test, "timeout": 10}], fenced(SLOW_CALLBACK))
+    assert ok is True, reason
