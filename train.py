@@ -38,6 +38,7 @@ from minigrpo.model import CheckpointError, enable_activation_checkpointing
 from minigrpo.optim import adamw
 from minigrpo.pretrained import load_pretrained, load_model_and_tokenizer
 from minigrpo.run import plots
+from minigrpo.run.callsize import size_calls
 from minigrpo.run.flags import resolve_args
 from minigrpo.run.folder import ProgressBar, RunFolder, Tracker, epoch_summary, sample_records, step_metrics
 from minigrpo.run.resume import resume_or_start, trainer_state
@@ -69,11 +70,12 @@ def train(args, policy=None, task=None) -> dict:
     model, tok, params, reference = policy or build_policy(args, device, dtype)
     opt, sched = adamw(params, args.lr, n_steps, args.warmup, args.schedule, args.adam_beta2, args.weight_decay)
     data, step, nonfinite = resume_or_start(run, args, model, opt, sched, dist_info, device, n_steps)
+    calls = size_calls(task, args, device, dtype, dist_info.world)     # a multi-turn task's rows per sampler call
     if dist_info.main:
         print(f"minigrpo: task={args.task} model={args.model} device={device}{threads_note(device)} "
-              f"dtype={str(dtype)[6:]} "
-              f"ranks={dist_info.world} steps={n_steps} trainable={sum(p.numel() for p in params):,} "
-              f"run={run.path}", file=sys.stderr)
+              f"dtype={str(dtype)[6:]} ranks={dist_info.world} steps={n_steps} "
+              f"trainable={sum(p.numel() for p in params):,} run={run.path}" + (f"; {calls}" if calls else ""),
+              file=sys.stderr)
     bar = ProgressBar(n_steps, step, args.task, enabled=dist_info.main and not args.quiet)
     tracker = Tracker(args.log_to if dist_info.main else None, run, vars(args), step)    # --log-to
     t_checkpoint = 0.0
@@ -187,9 +189,9 @@ def sample_seed(args, step, index):
 
 
 def decode_rows(task, args, n_examples):
-    """The rows of the largest sampler call a rollout of n_examples makes: a chunk of examples (twoturn tasks
-    sample a chunk at a time; the others all at once) x G samples. A revision call has as many rows (one per
-    turn-0 sample), so turn 0 and revisions share the fast path's fixed batch."""
+    """The rows of the largest sampler call a rollout of n_examples makes: the task's chunk of examples (a
+    multi-turn task's, run/callsize.py; None and the others: all at once) x G samples. A revision call has as many
+    rows (one per turn-0 sample), so turn 0 and revisions share the fast path's fixed batch."""
     return min(getattr(task, "chunk", None) or n_examples, n_examples) * args.group_size
 
 
