@@ -37,8 +37,7 @@ from minigrpo.lora import inject_lora
 from minigrpo.model import CheckpointError, enable_activation_checkpointing
 from minigrpo.optim import adamw
 from minigrpo.pretrained import load_pretrained, load_model_and_tokenizer
-from minigrpo.run import plots
-from minigrpo.run.callsize import size_calls
+from minigrpo.run import callsize, dist_timeout, plots
 from minigrpo.run.flags import resolve_args
 from minigrpo.run.folder import ProgressBar, RunFolder, Tracker, epoch_summary, sample_records, step_metrics
 from minigrpo.run.resume import resume_or_start, trainer_state
@@ -58,7 +57,8 @@ def train(args, policy=None, task=None) -> dict:
     task object built elsewhere (the mdp pipeline's sizes and prompt style); default: the task args name."""
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
-    dist_info = init_distributed(device)
+    timeout, waits = dist_timeout.collective_timeout(args)     # how long a rank may wait for the others
+    dist_info = init_distributed(device, timeout)
     seed_everything(args.seed)
     run = RunFolder(args.runs_dir, args.run_name)
     if dist_info.main:
@@ -70,12 +70,12 @@ def train(args, policy=None, task=None) -> dict:
     model, tok, params, reference = policy or build_policy(args, device, dtype)
     opt, sched = adamw(params, args.lr, n_steps, args.warmup, args.schedule, args.adam_beta2, args.weight_decay)
     data, step, nonfinite = resume_or_start(run, args, model, opt, sched, dist_info, device, n_steps)
-    calls = size_calls(task, args, device, dtype, dist_info.world)     # a multi-turn task's rows per sampler call
+    calls = callsize.size_calls(task, args, device, dtype, dist_info.world)   # a multi-turn task's rows per call
     if dist_info.main:
         print(f"minigrpo: task={args.task} model={args.model} device={device}{threads_note(device)} "
               f"dtype={str(dtype)[6:]} ranks={dist_info.world} steps={n_steps} "
-              f"trainable={sum(p.numel() for p in params):,} run={run.path}" + (f"; {calls}" if calls else ""),
-              file=sys.stderr)
+              f"trainable={sum(p.numel() for p in params):,} run={run.path}"
+              + "".join(f"; {note}" for note in (calls, waits) if note), file=sys.stderr)
     bar = ProgressBar(n_steps, step, args.task, enabled=dist_info.main and not args.quiet)
     tracker = Tracker(args.log_to if dist_info.main else None, run, vars(args), step)    # --log-to
     t_checkpoint = 0.0
@@ -103,8 +103,8 @@ def train(args, policy=None, task=None) -> dict:
                          t_sample, t_train, task.step_metrics(all_seqs))
         m.update({f"time_{k}": v for k, v in times.items()})  # seconds by phase (this rank's)
         m.update(drawn)                                        # --dynamic-sampling: prompts drawn and dropped
-        if args.eval_every and step % args.eval_every == 0 and dist_info.main:
-            m.update(validate(model, tok, task, args, step))
+        if args.eval_every and step % args.eval_every == 0:       # every rank validates its share
+            m.update(validate(model, tok, task, args, step, dist_info))
         if dist_info.main:
             run.append("metrics.jsonl", m)
             tracker.log(m)
@@ -245,11 +245,12 @@ def overlong_shaping(all_seqs, args):
             s.reward, s.info["overlong_penalty"] = s.reward + penalty, penalty
 
 
-def validate(model, tok, task, args, step) -> dict:
-    """Greedy, one sample per val example: the mean raw score of the final turn, logged as val_reward."""
+def validate(model, tok, task, args, step, dist_info) -> dict:
+    """Greedy, one sample per val example, each rank its share (rollout_step: none waits while one validates):
+    the mean raw score of the final turn, logged as val_reward."""
     examples = task.examples("val")[:args.eval_limit]
     greedy = argparse.Namespace(**{**vars(args), "group_size": 1, "temperature": 0.0})
-    seqs = rollout(model, tok, task, greedy, examples, step, list(range(len(examples))))
+    seqs, _ = rollout_step(model, tok, task, greedy, examples, step, dist_info)
     final = max(s.turn for s in seqs)
     return {"val_reward": mean([s.score for s in seqs if s.turn == final]), "val_examples": len(examples)}
 

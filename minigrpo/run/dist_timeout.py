@@ -1,0 +1,56 @@
+"""How long a rank may wait in a collective for the others under torchrun (the process group's timeout): set from
+the run's longest expected phase.
+
+A rank waits while another still works: in the step's rollouts (the ranks' shares of sampling and judging take
+different times), in the greedy validation (each rank validates its share of the val examples), and while rank 0
+writes a checkpoint. torch's default timeout is 10 minutes under NCCL: a soyuz step whose LLM judge retries, or a
+validation decoded eagerly, can take longer, and the healthy run is then killed. What the timeout is for is a hang,
+a rank that will never come; torchrun already ends the run when a rank dies, so a generous timeout costs little.
+
+The bound of a phase, from the run's settings (seconds), for the largest share a rank gets:
+
+    sampling   per turn, max_new_tokens decode steps of DECODE_STEP_S per sampler call: one call per turn, or one
+               per `chunk` examples for a task that sets its chunk (terminal); a GPU on which the memory plan
+               splits a soyuz turn (run/callsize.py) into two calls stays within the margin
+    judging    soyuz: per turn, the share's answers in waves of --judge-workers, each answer at most --judge-timeout
+               per try over --judge-retries + 1 tries, with the judge's backoff of 2 s, 4 s, ... between them
+
+timeout = max(MIN_S, MARGIN x the longest phase: a step's rollouts, or with --eval-every the validation).
+"""
+import math
+from datetime import timedelta
+
+from minigrpo.dist import world_size
+from minigrpo.tasks import task_class
+
+DECODE_STEP_S = 0.25    # a pessimistic decode step: eager, a 4B model, a long cache (the fast path takes ~0.01 s)
+MIN_S = 30 * 60         # gloo's own default; never below it
+MARGIN = 2
+
+
+def phase_seconds(args, world, examples, samples) -> float:
+    """The bound of one rollout phase over `examples` (the step's or the validation's) with `samples` each."""
+    share = math.ceil(examples / world)
+    cls = task_class(args.task)
+    turns, calls = cls.turns, math.ceil(share / (getattr(cls, "chunk", None) or share or 1))
+    sampling = turns * calls * args.max_new_tokens * DECODE_STEP_S
+    if args.task != "soyuz" or not share:
+        return sampling
+    waves = math.ceil(share * samples / args.judge_workers)
+    tries = args.judge_retries + 1
+    answer = tries * args.judge_timeout + 2 * (2 ** args.judge_retries - 1)
+    return sampling + turns * waves * answer
+
+
+def collective_timeout(args, world=None) -> tuple[timedelta, str]:
+    """(the process group's timeout, the start-up line's words for it: '' for one process) for `world` ranks
+    (default: torchrun's)."""
+    world = world or world_size()
+    phases = {"a step's rollouts": phase_seconds(args, world, args.tasks_per_step, args.group_size)}
+    if args.eval_every:
+        phases["the validation"] = phase_seconds(args, world, args.eval_limit, 1)
+    name, longest = max(phases.items(), key=lambda kv: kv[1])
+    seconds = max(MIN_S, MARGIN * longest)
+    note = f"collective timeout {seconds / 60:.0f} min ({MARGIN}x the longest expected phase, {name}: <= " \
+           f"{longest / 60:.0f} min)"
+    return timedelta(seconds=seconds), note if world > 1 else ""
