@@ -25,9 +25,9 @@ def needed_bytes(peak) -> float:
     return peak * 1.1 + memplan.GiB
 
 
-def planned_chunk(args, n_examples, capacity, dtype) -> tuple[int, float]:
-    """(examples per sampler call, the bytes the memory plan needs for all n_examples in one call) on a GPU of
-    `capacity` bytes: the largest count whose calls fit, 1 if none does (a call holds at least one example's G)."""
+def planned_chunk(args, n_examples, capacity, dtype) -> tuple[int, float, float]:
+    """(examples per sampler call, the bytes the memory plan needs for them, for all n_examples in one call) on a GPU
+    of `capacity` bytes: the largest count whose calls fit, 1 if none does (a call holds at least one example's G)."""
     cfg, _ = memplan.load_config(args.model)
     shape, s = memplan.run_shape(args)
     costs = memplan.layer_costs(cfg, dtype, s["lora_r"], s["targets"])     # once: each count below reuses it
@@ -41,8 +41,9 @@ def planned_chunk(args, n_examples, capacity, dtype) -> tuple[int, float]:
 
     whole = need(n_examples)
     if whole <= capacity:
-        return n_examples, whole
-    return next((c for c in range(n_examples - 1, 0, -1) if need(c) <= capacity), 1), whole
+        return n_examples, whole, whole
+    chunk = next((c for c in range(n_examples - 1, 0, -1) if need(c) <= capacity), 1)
+    return chunk, need(chunk), whole
 
 
 def size_calls(task, args, device, dtype, world) -> str:
@@ -55,10 +56,12 @@ def size_calls(task, args, device, dtype, world) -> str:
     n, G = math.ceil(args.tasks_per_step / world), args.group_size       # the largest share of a rank
     if task.chunk is None and torch.device(device).type == "cuda":
         capacity = torch.cuda.get_device_properties(device).total_memory
-        task.chunk, whole = planned_chunk(args, n, capacity, dtype)
+        task.chunk, chosen, whole = planned_chunk(args, n, capacity, dtype)
         if task.chunk < n:
+            over = f"; even these need {chosen / 1e9:.1f} GB (python train.py --plan)" if chosen > capacity else ""
             return (f"sampler calls of {task.chunk} of {n} tasks ({task.chunk * G} rows): the memory plan needs "
-                    f"{whole / 1e9:.1f} GB for all {n * G} rows in one call, this GPU has {capacity / 1e9:.1f} GB")
+                    f"{whole / 1e9:.1f} GB for all {n * G} rows in one call, this GPU has {capacity / 1e9:.1f} GB"
+                    + over)
     per_call = min(task.chunk or n, n)
     if per_call == n:
         return f"one sampler call per turn ({n} tasks x G={G} = {n * G} rows)"

@@ -18,26 +18,29 @@ class Task:
 
 def test_the_largest_count_whose_rows_fit():
     args = resolve_args(SOYUZ)
-    assert callsize.planned_chunk(args, 4, math.inf, torch.float32)[0] == 4
-    _, whole = callsize.planned_chunk(args, 4, math.inf, torch.float32)
-    chunk, _ = callsize.planned_chunk(args, 4, whole - 1, torch.float32)
+    four, need, whole = callsize.planned_chunk(args, 4, math.inf, torch.float32)
+    assert four == 4 and need == whole
+    chunk, need, _ = callsize.planned_chunk(args, 4, whole - 1, torch.float32)
     assert 1 <= chunk < 4
-    _, fits = callsize.planned_chunk(args, chunk, math.inf, torch.float32)       # what `chunk` examples need
-    _, over = callsize.planned_chunk(args, chunk + 1, math.inf, torch.float32)   # and one more
-    assert fits <= whole - 1 < over                                               # the largest that fits
-    assert callsize.planned_chunk(args, 4, 0, torch.float32)[0] == 1               # at least one example's G
+    assert need == callsize.planned_chunk(args, chunk, math.inf, torch.float32)[2]   # what `chunk` examples need
+    over = callsize.planned_chunk(args, chunk + 1, math.inf, torch.float32)[2]       # and one more
+    assert need <= whole - 1 < over                                                  # the largest that fits
+    assert callsize.planned_chunk(args, 4, 0, torch.float32)[0] == 1                  # at least one example's G
 
 
 def test_a_gpu_that_fits_fewer_rows_gets_smaller_calls_named_in_the_start_up_line(monkeypatch):
     args = resolve_args(SOYUZ)
-    _, whole = callsize.planned_chunk(args, 4, math.inf, torch.float32)
-    _, two = callsize.planned_chunk(args, 2, math.inf, torch.float32)
+    whole, two, one = (callsize.planned_chunk(args, n, math.inf, torch.float32)[2] for n in (4, 2, 1))
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=two))
     task = Task()
     line = callsize.size_calls(task, args, "cuda", torch.float32, world=1)
     assert task.chunk == 2
     assert line == (f"sampler calls of 2 of 4 tasks (12 rows): the memory plan needs {whole / 1e9:.1f} GB for all 24 "
                     f"rows in one call, this GPU has {two / 1e9:.1f} GB")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=one - 1))
+    line = callsize.size_calls(Task(), args, "cuda", torch.float32, world=1)      # not even one task's rows fit
+    assert line.startswith("sampler calls of 1 of 4 tasks (6 rows)")
+    assert line.endswith(f"; even these need {one / 1e9:.1f} GB (python train.py --plan)")
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=whole))
     task = Task()
     assert callsize.size_calls(task, args, "cuda", torch.float32, world=2) == \
