@@ -57,8 +57,7 @@ def train(args, policy=None, task=None) -> dict:
     task object built elsewhere (the mdp pipeline's sizes and prompt style); default: the task args name."""
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
-    timeout, waits = dist_timeout.collective_timeout(args)     # how long a rank may wait for the others
-    dist_info = init_distributed(device, timeout)
+    dist_info = init_distributed(device, dist_timeout.collective_timeout(args))   # how long a rank waits for others
     seed_everything(args.seed)
     run = RunFolder(args.runs_dir, args.run_name)
     if dist_info.main:
@@ -75,7 +74,7 @@ def train(args, policy=None, task=None) -> dict:
         print(f"minigrpo: task={args.task} model={args.model} device={device}{threads_note(device)} "
               f"dtype={str(dtype)[6:]} ranks={dist_info.world} steps={n_steps} "
               f"trainable={sum(p.numel() for p in params):,} run={run.path}"
-              + "".join(f"; {note}" for note in (calls, waits) if note), file=sys.stderr)
+              + "".join(f"; {n}" for n in (calls, dist_timeout.timeout_note(args)) if n), file=sys.stderr)
     bar = ProgressBar(n_steps, step, args.task, enabled=dist_info.main and not args.quiet)
     tracker = Tracker(args.log_to if dist_info.main else None, run, vars(args), step)    # --log-to
     t_checkpoint = 0.0
@@ -246,8 +245,7 @@ def overlong_shaping(all_seqs, args):
 
 
 def validate(model, tok, task, args, step, dist_info) -> dict:
-    """Greedy, one sample per val example, each rank its share (rollout_step: none waits while one validates):
-    the mean raw score of the final turn, logged as val_reward."""
+    """Greedy, one sample per val example, each rank its share: the mean raw score of the final turn (val_reward)."""
     examples = task.examples("val")[:args.eval_limit]
     greedy = argparse.Namespace(**{**vars(args), "group_size": 1, "temperature": 0.0})
     seqs, _ = rollout_step(model, tok, task, greedy, examples, step, dist_info)

@@ -49,8 +49,9 @@ def planned_chunk(args, n_examples, capacity, dtype) -> tuple[int, float, float]
 def size_calls(task, args, device, dtype, world) -> str:
     """Set a multi-turn task's chunk for this machine; returns the start-up line's words for it ('' for a task
     that samples each turn in one call by construction). A task with a chunk of its own (terminal: its late
-    prompts are long) keeps it; one with none (soyuz, revise, lookup) gets all of the rank's examples per call,
-    or on a GPU the largest count the memory plan fits."""
+    prompts are long) keeps it; one with none (soyuz, revise, lookup) gets all of the rank's examples of a step per
+    call, or on a GPU the largest count the memory plan fits. Never more than a step's: the greedy validation
+    (G = 1, up to --eval-limit examples) then samples in calls of as many examples, whose rows the plan covers."""
     if not hasattr(task, "chunk"):
         return ""
     n, G = math.ceil(args.tasks_per_step / world), args.group_size       # the largest share of a rank
@@ -62,7 +63,7 @@ def size_calls(task, args, device, dtype, world) -> str:
             return (f"sampler calls of {task.chunk} of {n} tasks ({task.chunk * G} rows): the memory plan needs "
                     f"{whole / 1e9:.1f} GB for all {n * G} rows in one call, this GPU has {capacity / 1e9:.1f} GB"
                     + over)
-    per_call = min(task.chunk or n, n)
-    if per_call == n:
+    task.chunk = min(task.chunk or n, n)
+    if task.chunk == n:
         return f"one sampler call per turn ({n} tasks x G={G} = {n * G} rows)"
-    return f"sampler calls of {per_call} of {n} tasks ({per_call * G} rows)"
+    return f"sampler calls of {task.chunk} of {n} tasks ({task.chunk * G} rows)"

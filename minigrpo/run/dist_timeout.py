@@ -42,15 +42,25 @@ def phase_seconds(args, world, examples, samples) -> float:
     return sampling + turns * waves * answer
 
 
-def collective_timeout(args, world=None) -> tuple[timedelta, str]:
-    """(the process group's timeout, the start-up line's words for it: '' for one process) for `world` ranks
-    (default: torchrun's)."""
-    world = world or world_size()
+def longest_phase(args, world) -> tuple[str, float]:
+    """(its name, its bound in seconds): a step's rollouts, or with --eval-every possibly the validation."""
     phases = {"a step's rollouts": phase_seconds(args, world, args.tasks_per_step, args.group_size)}
     if args.eval_every:
         phases["the validation"] = phase_seconds(args, world, args.eval_limit, 1)
-    name, longest = max(phases.items(), key=lambda kv: kv[1])
-    seconds = max(MIN_S, MARGIN * longest)
-    note = f"collective timeout {seconds / 60:.0f} min ({MARGIN}x the longest expected phase, {name}: <= " \
-           f"{longest / 60:.0f} min)"
-    return timedelta(seconds=seconds), note if world > 1 else ""
+    return max(phases.items(), key=lambda kv: kv[1])
+
+
+def collective_timeout(args, world=None) -> timedelta:
+    """The process group's timeout for `world` ranks (default: torchrun's)."""
+    return timedelta(seconds=max(MIN_S, MARGIN * longest_phase(args, world or world_size())[1]))
+
+
+def timeout_note(args, world=None) -> str:
+    """The start-up line's words for the timeout ('' for one process: there is no group)."""
+    world = world or world_size()
+    if world == 1:
+        return ""
+    name, longest = longest_phase(args, world)
+    minutes = collective_timeout(args, world).total_seconds() / 60
+    return (f"collective timeout {minutes:.0f} min ({MARGIN}x the longest expected phase, {name}: "
+            f"<= {longest / 60:.0f} min)")

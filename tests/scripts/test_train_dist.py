@@ -152,13 +152,13 @@ def test_the_process_group_waits_as_long_as_the_longest_phase(monkeypatch):
     # sampling: 2 turns of 1,024 decode steps
     step = 2 * 6 * (2 * 100 + 2) + 2 * 1024 * dist_timeout.DECODE_STEP_S
     assert dist_timeout.phase_seconds(soyuz, 1, 4, 6) == step
-    timeout, note = dist_timeout.collective_timeout(soyuz, 2)
+    timeout, note = dist_timeout.collective_timeout(soyuz, 2), dist_timeout.timeout_note(soyuz, 2)
     assert timeout.total_seconds() == 2 * dist_timeout.phase_seconds(soyuz, 2, 4, 6)
     assert note.startswith(f"collective timeout {timeout.total_seconds() / 60:.0f} min") and "a step's rollouts" in note
     soyuz.eval_every, soyuz.eval_limit = 5, 44                        # 22 of 44 val tasks per rank, 1 sample each
-    assert "the validation" in dist_timeout.collective_timeout(soyuz, 2)[1]
-    assert dist_timeout.collective_timeout(resolve_args(["--task", "synthetic"]), 2)[0].total_seconds() == 30 * 60
-    assert dist_timeout.collective_timeout(soyuz, 1)[1] == ""           # one process: no group, nothing to say
+    assert "the validation" in dist_timeout.timeout_note(soyuz, 2)
+    assert dist_timeout.collective_timeout(resolve_args(["--task", "synthetic"]), 2).total_seconds() == 30 * 60
+    assert dist_timeout.timeout_note(soyuz, 1) == ""                  # one process: no group, nothing to say
     seen = []
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setattr(dist, "init_process_group", lambda backend, timeout=None: seen.append((backend, timeout)))

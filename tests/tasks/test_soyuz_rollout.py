@@ -198,6 +198,29 @@ def test_one_sampler_call_per_turn_by_default(monkeypatch):
     assert [s.turn for s in seqs] == [0, 1] * 24
 
 
+def test_validation_samples_in_calls_of_a_steps_examples(monkeypatch):
+    """train.py sets a step's examples as the task's chunk (run/callsize.py): the greedy validation (G=1, here 5
+    tasks against a step's 2) then samples in calls of at most 2 prompts, never in one call of every val task,
+    whose rows would need a static cache the memory plan does not count."""
+    import torch
+
+    from minigrpo.dist import Dist
+    from minigrpo.pretrained import load_pretrained
+    from minigrpo.run import callsize
+    from minigrpo.run.flags import resolve_args
+    tok, model, calls = Tokenizer.from_pretrained("tiny"), load_pretrained("tiny"), []
+    real = train.sample
+    monkeypatch.setattr(train, "sample", lambda model, prompts, n, **kw: calls.append((len(prompts), n))
+                        or real(model, prompts, n=n, **kw))
+    task = SoyuzTask(judge_obj=ScriptedJudge(), data=None)
+    task.tasks = [dict(TASKS[0], id=f"t{k}") for k in range(5)]
+    args = resolve_args(["--task", "soyuz", "--model", "tiny", "--tasks-per-step", "2", "--group-size", "3",
+                         "--max-new-tokens", "8", "--eval-every", "1", "--eval-limit", "5"])
+    assert callsize.size_calls(task, args, "cpu", torch.float32, 1) == "one sampler call per turn (2 tasks x G=3 = 6 rows)"
+    assert train.validate(model, tok, task, args, 0, Dist())["val_examples"] == 5
+    assert sorted(calls) == [(1, 1)] * 2 + [(2, 1)] * 4          # 2 + 2 + 1 tasks, answer and revision each
+
+
 BYTE_TASKS = [{"id": f"bytes-{k}", "family": "algorithms", "prompt": f"Write anything ({k}).", "criteria": [
     {"id": f"c{i + 1}", "text": text, "check": {"type": "regex", "pattern": pattern}} for i, (text, pattern) in
     enumerate([("has a digit", "[0-9]"), ("has a capital", "[A-Z]"), ("has a line break", "\\n"),
