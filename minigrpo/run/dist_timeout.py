@@ -9,9 +9,12 @@ a rank that will never come; torchrun already ends the run when a rank dies, so 
 
 The bound of a phase, from the run's settings (seconds), for the largest share a rank gets:
 
-    sampling   per turn, max_new_tokens decode steps of DECODE_STEP_S per sampler call: one call per turn, or one
-               per `chunk` examples for a task that sets its chunk (terminal); a GPU on which the memory plan
-               splits a soyuz turn (run/callsize.py) into two calls stays within the margin
+    sampling   per turn, max_new_tokens decode steps (DECODE_STEP_S, pessimistic: an eager step of a 4B model
+               with a long cache; the fast path's is ~25x shorter, FAST_STEP_S 5x its own) per sampler call. A
+               single-turn task samples its share in one call; a multi-turn one makes a call per `chunk` examples
+               for a task that sets its chunk (terminal), else per a step's examples (run/callsize.py: a step's
+               turn is one call, a validation's calls take as many examples); a GPU on which the memory plan
+               splits a soyuz turn into two calls stays within the margin
     judging    soyuz: per turn, the share's answers in waves of --judge-workers, each answer at most --judge-timeout
                per try over --judge-retries + 1 tries, with the judge's backoff of 2 s, 4 s, ... between them
 
@@ -23,7 +26,8 @@ from datetime import timedelta
 from minigrpo.dist import world_size
 from minigrpo.tasks import task_class
 
-DECODE_STEP_S = 0.25    # a pessimistic decode step: eager, a 4B model, a long cache (the fast path takes ~0.01 s)
+DECODE_STEP_S = 0.25    # seconds per decode step, --decode eager
+FAST_STEP_S = 0.05      # the fast path (static shapes, compiled), CUDA's default
 MIN_S = 30 * 60         # gloo's own default; never below it
 MARGIN = 2
 
@@ -32,14 +36,16 @@ def phase_seconds(args, world, examples, samples) -> float:
     """The bound of one rollout phase over `examples` (the step's or the validation's) with `samples` each."""
     share = math.ceil(examples / world)
     cls = task_class(args.task)
-    turns, calls = cls.turns, math.ceil(share / (getattr(cls, "chunk", None) or share or 1))
-    sampling = turns * calls * args.max_new_tokens * DECODE_STEP_S
+    per_call = (getattr(cls, "chunk", None) or math.ceil(args.tasks_per_step / world)) if cls.turns > 1 else share
+    calls = math.ceil(share / per_call) if share else 0
+    step_s = DECODE_STEP_S if getattr(args, "decode", None) == "eager" else FAST_STEP_S
+    sampling = cls.turns * calls * args.max_new_tokens * step_s
     if args.task != "soyuz" or not share:
         return sampling
     waves = math.ceil(share * samples / args.judge_workers)
     tries = args.judge_retries + 1
     answer = tries * args.judge_timeout + 2 * (2 ** args.judge_retries - 1)
-    return sampling + turns * waves * answer
+    return sampling + cls.turns * waves * answer
 
 
 def longest_phase(args, world) -> tuple[str, float]:

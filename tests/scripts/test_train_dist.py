@@ -149,9 +149,10 @@ def test_the_process_group_waits_as_long_as_the_longest_phase(monkeypatch):
     soyuz = resolve_args(["--task", "soyuz", "--judge", "claude", "--judge-timeout", "100", "--judge-retries", "1",
                           "--judge-workers", "4"])
     # one rank's 4 tasks x G=6 answers in waves of 4 workers, 2 tries of 100 s and the 2 s backoff, both turns;
-    # sampling: 2 turns of 1,024 decode steps
-    step = 2 * 6 * (2 * 100 + 2) + 2 * 1024 * dist_timeout.DECODE_STEP_S
+    # sampling: 2 turns of one call of 1,024 decode steps (a validation's 44 tasks: 11 calls of a step's 4)
+    step = 2 * 6 * (2 * 100 + 2) + 2 * 1024 * dist_timeout.FAST_STEP_S
     assert dist_timeout.phase_seconds(soyuz, 1, 4, 6) == step
+    assert dist_timeout.phase_seconds(soyuz, 1, 44, 1) == 2 * 11 * (2 * 100 + 2) + 2 * 11 * 1024 * 0.05
     timeout, note = dist_timeout.collective_timeout(soyuz, 2), dist_timeout.timeout_note(soyuz, 2)
     assert timeout.total_seconds() == 2 * dist_timeout.phase_seconds(soyuz, 2, 4, 6)
     assert note.startswith(f"collective timeout {timeout.total_seconds() / 60:.0f} min") and "a step's rollouts" in note
