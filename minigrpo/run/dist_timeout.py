@@ -56,9 +56,13 @@ def longest_phase(args, world) -> tuple[str, float]:
     return max(phases.items(), key=lambda kv: kv[1])
 
 
-def collective_timeout(args, world=None) -> timedelta:
-    """The process group's timeout for `world` ranks (default: torchrun's)."""
-    return timedelta(seconds=max(MIN_S, MARGIN * longest_phase(args, world or world_size())[1]))
+def collective_timeout(args, world=None) -> timedelta | None:
+    """The process group's timeout for `world` ranks (default: torchrun's); None for one process, which has no
+    group (and may train a task train.py does not name: the pipelines hand it theirs)."""
+    world = world or world_size()
+    if world == 1:
+        return None
+    return timedelta(seconds=max(MIN_S, MARGIN * longest_phase(args, world)[1]))
 
 
 def timeout_note(args, world=None) -> str:

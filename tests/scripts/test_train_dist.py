@@ -160,6 +160,7 @@ def test_the_process_group_waits_as_long_as_the_longest_phase(monkeypatch):
     assert "the validation" in dist_timeout.timeout_note(soyuz, 2)
     assert dist_timeout.collective_timeout(resolve_args(["--task", "synthetic"]), 2).total_seconds() == 30 * 60
     assert dist_timeout.timeout_note(soyuz, 1) == ""                  # one process: no group, nothing to say
+    assert dist_timeout.collective_timeout(argparse.Namespace(task="lookup"), 1) is None    # a pipeline's own task
     seen = []
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setattr(dist, "init_process_group", lambda backend, timeout=None: seen.append((backend, timeout)))
