@@ -37,7 +37,7 @@ from minigrpo.lora import inject_lora
 from minigrpo.model import CheckpointError, enable_activation_checkpointing
 from minigrpo.optim import adamw
 from minigrpo.pretrained import load_pretrained, load_model_and_tokenizer
-from minigrpo.run import plots
+from minigrpo.run import callsize, dist_timeout, plots
 from minigrpo.run.flags import resolve_args
 from minigrpo.run.folder import ProgressBar, RunFolder, Tracker, epoch_summary, sample_records, step_metrics
 from minigrpo.run.gap import token_sums, warn_off_policy
@@ -67,7 +67,7 @@ def train(args, policy=None, task=None) -> dict:
 def grpo_loop(run, args, policy, task) -> dict:
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
-    dist_info = init_distributed(device)
+    dist_info = init_distributed(device, dist_timeout.collective_timeout(args))   # how long a rank waits for others
     seed_everything(args.seed)
     if dist_info.main:
         run.claim(fresh=not args.resume)   # refuse a folder not a run's, or written by another: before any work
@@ -78,11 +78,12 @@ def grpo_loop(run, args, policy, task) -> dict:
     model, tok, params, reference = policy or build_policy(args, device, dtype)
     opt, sched = adamw(params, args.lr, n_steps, args.warmup, args.schedule, args.adam_beta2, args.weight_decay)
     data, step, nonfinite = resume_or_start(run, args, model, opt, sched, dist_info, device, n_steps)
+    calls = callsize.size_calls(task, args, device, dtype, dist_info.world)   # a multi-turn task's rows per call
     if dist_info.main:
         print(f"minigrpo: task={args.task} model={args.model} device={device}{threads_note(device)} "
-              f"dtype={str(dtype)[6:]} "
-              f"ranks={dist_info.world} steps={n_steps} trainable={sum(p.numel() for p in params):,} "
-              f"run={run.path}", file=sys.stderr)
+              f"dtype={str(dtype)[6:]} ranks={dist_info.world} steps={n_steps} "
+              f"trainable={sum(p.numel() for p in params):,} run={run.path}"
+              + "".join(f"; {n}" for n in (calls, dist_timeout.timeout_note(args)) if n), file=sys.stderr)
     bar = ProgressBar(n_steps, step, args.task, enabled=dist_info.main and not args.quiet)
     tracker = Tracker(args.log_to if dist_info.main else None, run, vars(args), step)    # --log-to
     t_checkpoint, off_policy_warned = 0.0, False
@@ -110,8 +111,8 @@ def grpo_loop(run, args, policy, task) -> dict:
                          t_sample, t_train, task.step_metrics(all_seqs))
         m.update({f"time_{k}": v for k, v in times.items()})  # seconds by phase (this rank's)
         m.update(drawn)                                        # --dynamic-sampling: prompts drawn and dropped
-        if args.eval_every and step % args.eval_every == 0 and dist_info.main:
-            m.update(validate(model, tok, task, args, step))
+        if args.eval_every and step % args.eval_every == 0:       # every rank validates its share
+            m.update(validate(model, tok, task, args, step, dist_info))
         if dist_info.main:
             off_policy_warned = warn_off_policy(m, off_policy_warned)
             run.append("metrics.jsonl", m)
@@ -197,9 +198,9 @@ def sample_seed(args, step, index):
 
 
 def decode_rows(task, args, n_examples):
-    """The rows of the largest sampler call a rollout of n_examples makes: a chunk of examples (twoturn tasks
-    sample a chunk at a time; the others all at once) x G samples. A revision call has as many rows (one per
-    turn-0 sample), so turn 0 and revisions share the fast path's fixed batch."""
+    """The rows of the largest sampler call a rollout of n_examples makes: the task's chunk of examples (a
+    multi-turn task's, run/callsize.py; None and the others: all at once) x G samples. A revision call has as many
+    rows (one per turn-0 sample), so turn 0 and revisions share the fast path's fixed batch."""
     return min(getattr(task, "chunk", None) or n_examples, n_examples) * args.group_size
 
 
@@ -253,11 +254,11 @@ def overlong_shaping(all_seqs, args):
             s.reward, s.info["overlong_penalty"] = s.reward + penalty, penalty
 
 
-def validate(model, tok, task, args, step) -> dict:
-    """Greedy, one sample per val example: the mean raw score of the final turn, logged as val_reward."""
+def validate(model, tok, task, args, step, dist_info) -> dict:
+    """Greedy, one sample per val example, each rank its share: the mean raw score of the final turn (val_reward)."""
     examples = task.examples("val")[:args.eval_limit]
     greedy = argparse.Namespace(**{**vars(args), "group_size": 1, "temperature": 0.0})
-    seqs = rollout(model, tok, task, greedy, examples, step, list(range(len(examples))))
+    seqs, _ = rollout_step(model, tok, task, greedy, examples, step, dist_info)
     final = max(s.turn for s in seqs)
     return {"val_reward": mean([s.score for s in seqs if s.turn == final]), "val_examples": len(examples)}
 

@@ -23,19 +23,25 @@ class Dist:
         return self.rank == 0
 
 
-def init_distributed(device) -> Dist:
-    """torchrun sets WORLD_SIZE; gloo on CPU, NCCL on CUDA."""
-    world = int(os.environ.get("WORLD_SIZE", 1))
+def world_size() -> int:
+    """The number of processes torchrun started (its WORLD_SIZE; 1 without torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
+def init_distributed(device, timeout=None) -> Dist:
+    """torchrun sets WORLD_SIZE; gloo on CPU, NCCL on CUDA. timeout (a timedelta): how long a collective waits for
+    the other ranks before the run fails (train.py sets it from the run's longest phase: run/dist_timeout.py)."""
+    world = world_size()
     if world == 1:
         return Dist()
     import torch.distributed as dist
     if device.type != "cuda":
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=timeout)
         return Dist(dist.get_rank(), world, torch.device("cpu"))     # gloo: CPU tensors, whatever the model's device
     if device.index is None:    # --device cuda: this rank's GPU, not GPU 0 for every rank
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     torch.cuda.set_device(device)   # before the group: "cuda" and NCCL's object collectives mean this rank's GPU
-    dist.init_process_group("nccl")
+    dist.init_process_group("nccl", timeout=timeout)
     return Dist(dist.get_rank(), world, device)
 
 

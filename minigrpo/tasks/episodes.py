@@ -86,8 +86,9 @@ def trajectory_rewards(replies) -> list:
 
 
 def turn_seed(seed, turn, k):
-    """The seed of turn `turn` >= 1 of the k-th episode of a chunk whose examples' seeds are `seed`; turn 1 keeps the
-    two-turn tasks' revision seed, so their runs reproduce. Every one differs from each turn-0 seed of the step."""
+    """The seed of turn `turn` >= 1 of the k-th of the G episodes of the example whose seed is `seed`: a function of
+    the example and the episode only, so how many examples share a sampler call (the chunk, the rank's share) never
+    changes what is sampled. Every one differs from each turn-0 seed of the step."""
     return derive_seed(seed, "revision", k) if turn == 1 else derive_seed(seed, "turn", turn, k)
 
 
@@ -95,7 +96,7 @@ class Episode:
     """One conversation: its environment, the messages so far, and per policy turn [prompt ids, sample, reply]."""
 
     def __init__(self, index, env, seed, k, pool=None):
-        self.index, self.env, self.seed, self.k, self.pool = index, env, seed, k, pool   # k: position in its chunk
+        self.index, self.env, self.seed, self.k, self.pool = index, env, seed, k, pool   # k: among its example's G
         self.conversation = env.messages()
         self.turns, self.pending = [], None     # pending: the Future of the last turn's reply
 
@@ -154,8 +155,8 @@ def rollout(task, generate, tok, examples, seeds, args) -> list:
     def start(idx):             # turn 0 of one chunk: the G episodes of an example share its prompt
         eps = []
         for i in idx:
-            for _ in range(G):
-                eps.append(Episode(i, task.env(examples[i], tok.family), seeds[i], len(eps), pool))
+            for k in range(G):
+                eps.append(Episode(i, task.env(examples[i], tok.family), seeds[i], k, pool))
                 opened.append(eps[-1])
         prompts = [chat(eps[n * G].conversation) for n in range(len(idx))]
         groups = generate(prompts, [seeds[i] for i in idx], G)

@@ -9,13 +9,15 @@ For every task and each of its G samples (the soyuz reference run's rollout):
 
 The rollout, the rewards and soyuz's metrics are minigrpo/tasks/twoturn.py's, shared with the revise task: turn 0
 = s0 (the guard), turn 1 = s1 + 0.5·(s1 − s0) (grpo.recovery_rewards; --recovery-coef, --no-turn0-guard);
-advantages group-relative per turn, zero spread found on raw scores. What is soyuz's own: the judge, which grades in
-its worker pool while the sampler generates the next chunk of tasks (the turn-1 critique of a chunk waits only for
-that chunk's own verdicts), the critique's wording, the stop rule for a judge that is down, and which tasks a run
-with the local judge leaves out: a task marked "local": {"train": false, "why": ...} (a writing task whose machine
-checks pay a degenerate answer at least as well as an honest wrong one, measured by bench/writing_table.py and
-re-measured by tests/judge/test_writing_tasks.py) is left out of training and evaluation with `--judge local`, named
-once at start with its reason; an LLM judge (claude, cmd:, http) includes it.
+advantages group-relative per turn, zero spread found on raw scores. Each turn is one sampler call for all of the
+step's tasks (rows = tasks x G), or on a GPU the largest chunk of tasks the memory plan fits (run/callsize.py). What
+is soyuz's own: the judge, which grades a call's answers in its worker pool as soon as the call returns (with chunks,
+while the sampler generates the next chunk; a chunk's critiques wait only for its own verdicts), the critique's
+wording, the stop rule for a judge that is down, and which tasks a run with the local judge leaves out: a task
+marked "local": {"train": false, "why": ...} (a writing task whose machine checks pay a degenerate answer at least
+as well as an honest wrong one, measured by bench/writing_table.py and re-measured by
+tests/judge/test_writing_tasks.py) is left out of training and evaluation with `--judge local`, named once at start
+with its reason; an LLM judge (claude, cmd:, http) includes it.
 """
 import os
 
@@ -150,11 +152,12 @@ class SoyuzTask:
         return cls(**opts)
 
     def __init__(self, data: str | None = None, judge: str = "local", workers: int = 8, cache_path=None,
-                 coef: float = 0.5, turn0_guard: bool = True, chunk: int = 1, judge_obj=None, **judge_opts):
+                 coef: float = 0.5, turn0_guard: bool = True, chunk: int | None = None, judge_obj=None,
+                 **judge_opts):
         # the local judge leaves out the tasks its machine checks cannot grade (self.left_out: one line each)
         self.tasks, self.left_out = tasks_for_judge(load_tasks(data or DATA), judge)
         self.coef, self.turn0_guard = coef, turn0_guard     # the shaping (twoturn.TwoTurn.turn_rewards)
-        self.chunk = chunk        # tasks per sampler call: small chunks let judging overlap generation
+        self.chunk = chunk        # tasks per sampler call; None: all (train.py may set it from the memory plan)
         self.judge = judge_obj or make_judge(judge, workers=workers, cache_path=cache_path,
                                                 **judge_opts)
         self.judge_spec, self.ungraded_steps = judge, 0
@@ -182,7 +185,7 @@ class SoyuzTask:
 
     def rollout(self, generate, tok, examples, seeds, args):
         """`generate(prompts, seeds, n)` -> per prompt a list of n samples. Returns the Seqs of both turns, each
-        rollout's turn 0 followed by its turn 1 (twoturn.rollout: judging overlaps generation chunk by chunk)."""
+        rollout's turn 0 followed by its turn 1 (twoturn.rollout; with chunks, judging overlaps generation)."""
         judge_stats = self.judge.stats()
         out = twoturn.rollout(self, generate, tok, examples, seeds, args)
         self._count_ungraded(judge_stats)

@@ -25,8 +25,9 @@ What a task hands this module (duck-typed, as everything in minigrpo/tasks):
                                         --no-turn0-guard)
     chunk: int | None                   examples per sampler call (None: all at once)
 
-The loop's chunks let judging overlap generation: turn 0 of chunk k+1 is sampled while chunk k's answers are graded
-(episodes.py). With a grader that answers at once it is plain turn 0, then turn 1, per chunk.
+With a chunk below the whole batch the loop overlaps judging with generation: turn 0 of chunk k+1 is sampled while
+chunk k's answers are graded (episodes.py). Without one (soyuz's default, revise's) it is one call for turn 0, then,
+once its answers are graded, one for turn 1.
 """
 from minigrpo import grpo
 from minigrpo.common import mean

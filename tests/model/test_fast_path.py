@@ -147,7 +147,8 @@ def soyuz_like_tasks(lengths):
 
 
 def test_soyuz_rollout_compiles_one_graph_per_length_bucket(monkeypatch, capsys):
-    """train.py's rollout of soyuz's shape (1 task a call x G=6 samples, then its 6 revisions), two steps over
+    """train.py's rollout of soyuz's shape in its smallest calls (1 task a call x G=6 samples, then its 6 revisions:
+    a GPU whose memory plan fits one task's rows, run/callsize.py), two steps over
     prompts of 40 to 1,400 tokens, on the fast path with LoRA. Graphs are counted with the "eager" backend (the same
     dynamo graphs and guards as inductor, without code generation: inductor on a shared 2-core CPU takes minutes
     for this many graphs). The count is one per (rows, length bucket) used, within torch's default recompile limit
@@ -164,7 +165,7 @@ def test_soyuz_rollout_compiles_one_graph_per_length_bucket(monkeypatch, capsys)
     static_decode._compiled.clear()
     counters.clear()
     model, tok = lora_model("tiny-qwen3.5"), Tokenizer.from_pretrained("tiny")
-    task = SoyuzTask(judge_obj=ScriptedJudge(), data=None)
+    task = SoyuzTask(judge_obj=ScriptedJudge(), data=None, chunk=1)
     lengths = [40, 180, 330, 470, 610, 760, 900, 1050, 1200, 1400]
     task.tasks = soyuz_like_tasks(lengths)
     args = Namespace(decode="fast", group_size=6, max_new_tokens=16, temperature=1.0, top_p=1.0, top_k=0,

@@ -59,14 +59,14 @@ def run_one(args, runs, name):
     subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, check=True, timeout=600)
 
 
-def run_two(args, runs, name):
+def run_two(args, runs, name, **env):
     """train.py on 2 ranks under torchrun, each rank behind the device-only collectives of rank_main."""
     pytest.importorskip("torch._lazy.ts_backend")
     cmd = [TORCHRUN if os.path.exists(TORCHRUN) else "torchrun", "--standalone", "--nproc_per_node", "2",
            os.path.abspath(__file__), *SMALL, "--runs-dir", str(runs), "--run-name", name, *args]
     # gloo picks its interface from the hostname unless told; a CI container's hostname may not resolve
     # each rank runs this file as a script: the repository and the test helpers on its path
-    env = {**ENV, "GLOO_SOCKET_IFNAME": ENV.get("GLOO_SOCKET_IFNAME", "lo"),
+    env = {**ENV, **env, "GLOO_SOCKET_IFNAME": ENV.get("GLOO_SOCKET_IFNAME", "lo"),
            "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests", "support")])}
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     # the ranks' own errors and where in train.py and minigrpo they rose first: torchrun's summary fills the tail
@@ -119,6 +119,56 @@ def test_fewer_tasks_than_ranks_match_one_process(tmp_path):
     assert_same_training(tmp_path / "one", tmp_path / "two", 2)
 
 
+@needs_torchrun
+def test_every_rank_validates_its_share(tmp_path):
+    """--eval-every: each rank rolls out its share of the val examples (rank 0 alone would keep the other ranks in a
+    collective for the whole validation, past the timeout on a long one), and val_reward is the one process's."""
+    args = ["--tasks-per-step", "2", "--group-size", "4", "--steps", "2", "--seed", "3", "--eval-every", "1",
+            "--eval-limit", "3", "--save-every", "2"]
+    run_one(args, tmp_path, "one")
+    log = tmp_path / "validated"
+    run_two(args, tmp_path, "two", VALIDATION_LOG=str(log))
+    shares = [open(f"{log}.{rank}").read().split() for rank in (0, 1)]
+    assert [len(share) for share in shares] == [2 * 2, 1 * 2]          # 2 and 1 of the 3 examples, at both steps
+    assert not set(shares[0]) & set(shares[1])
+    one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert [m["val_reward"] for m in two] == [m["val_reward"] for m in one]
+    assert [m["val_examples"] for m in two] == [3, 3]
+
+
+def test_the_process_group_waits_as_long_as_the_longest_phase(monkeypatch):
+    """The timeout is the run's longest expected phase with a margin (never under 30 minutes), and it reaches the
+    process group: a soyuz step whose LLM judge retries, and a shared validation, are both counted."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from minigrpo.dist import init_distributed
+    from minigrpo.run import dist_timeout
+    from minigrpo.run.flags import resolve_args
+    soyuz = resolve_args(["--task", "soyuz", "--judge", "claude", "--judge-timeout", "100", "--judge-retries", "1",
+                          "--judge-workers", "4"])
+    # one rank's 4 tasks x G=6 answers in waves of 4 workers, 2 tries of 100 s and the 2 s backoff, both turns;
+    # sampling: 2 turns of one call of 1,024 decode steps (a validation's 44 tasks: 11 calls of a step's 4)
+    step = 2 * 6 * (2 * 100 + 2) + 2 * 1024 * dist_timeout.FAST_STEP_S
+    assert dist_timeout.phase_seconds(soyuz, 1, 4, 6) == step
+    assert dist_timeout.phase_seconds(soyuz, 1, 44, 1) == 2 * 11 * (2 * 100 + 2) + 2 * 11 * 1024 * 0.05
+    timeout, note = dist_timeout.collective_timeout(soyuz, 2), dist_timeout.timeout_note(soyuz, 2)
+    assert timeout.total_seconds() == 2 * dist_timeout.phase_seconds(soyuz, 2, 4, 6)
+    assert note.startswith(f"collective timeout {timeout.total_seconds() / 60:.0f} min") and "a step's rollouts" in note
+    soyuz.eval_every, soyuz.eval_limit = 5, 44                        # 22 of 44 val tasks per rank, 1 sample each
+    assert "the validation" in dist_timeout.timeout_note(soyuz, 2)
+    assert dist_timeout.collective_timeout(resolve_args(["--task", "synthetic"]), 2).total_seconds() == 30 * 60
+    assert dist_timeout.timeout_note(soyuz, 1) == ""                  # one process: no group, nothing to say
+    assert dist_timeout.collective_timeout(argparse.Namespace(task="lookup"), 1) is None    # a pipeline's own task
+    seen = []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, timeout=None: seen.append((backend, timeout)))
+    monkeypatch.setattr(dist, "get_rank", lambda: 1)
+    init_distributed(torch.device("cpu"), datetime.timedelta(minutes=90))
+    assert seen == [("gloo", datetime.timedelta(minutes=90))]
+
+
 def test_init_distributed_names_the_rank_gpu_as_the_collective_device(monkeypatch):
     """Under NCCL the collectives run on the rank's own GPU (--device cuda included: LOCAL_RANK's, not GPU 0);
     under gloo on the CPU whatever the model's device. torch.distributed and torch.cuda are stubbed: no GPU here."""
@@ -128,7 +178,7 @@ def test_init_distributed_names_the_rank_gpu_as_the_collective_device(monkeypatc
     calls = []
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv("LOCAL_RANK", "3")
-    monkeypatch.setattr(dist, "init_process_group", lambda backend: calls.append(backend))
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, timeout=None: calls.append(backend))
     monkeypatch.setattr(dist, "get_rank", lambda: 3)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(device))
     for given in (torch.device("cuda"), torch.device("cuda", 3)):
@@ -206,12 +256,21 @@ def rank_main(argv):
     import train
     real_init = train.init_distributed
 
-    def init_distributed(device):
-        d = real_init(device)                     # gloo, since the model is on the CPU
+    def init_distributed(device, timeout=None):
+        d = real_init(device, timeout)            # gloo, since the model is on the CPU
         d.device = torch.device(COLLECTIVE_DEVICE)
         return d
 
     train.init_distributed = init_distributed
+    if os.environ.get("VALIDATION_LOG"):         # which val examples this rank rolled out (greedy, one sample each)
+        real_rollout = train.rollout
+
+        def rollout(model, tok, task, args, examples, *rest, **kw):
+            if args.temperature == 0.0:
+                with open(f"{os.environ['VALIDATION_LOG']}.{os.environ['RANK']}", "a") as f:
+                    f.write("".join(f"{ex['id']}\n" for ex in examples))
+            return real_rollout(model, tok, task, args, examples, *rest, **kw)
+        train.rollout = rollout
     train.main(argv)
 
 

@@ -91,13 +91,26 @@ def test_every_environment_is_closed_when_a_step_fails():
     assert task.envs and all(env.closed for env in task.envs)
 
 
-def test_chunks_sample_the_same_episodes():
-    one, two = [], []
-    whole = episodes.rollout(CounterTask(), scripted_(PLANS, one), TOK, [{"id": "a"}, {"id": "b"}], [0, 1], ARGS)
-    chunked = episodes.rollout(CounterTask(chunk=1), scripted_(PLANS, two), TOK, [{"id": "a"}, {"id": "b"}], [0, 1],
-                               ARGS)
+def seeds_logged(generate, log):
+    """`generate` that also logs every row's seed with the call's n (G for turn 0, 1 for a later turn)."""
+    def logged(prompts, seeds, n):
+        log.extend((n, s) for s in seeds)
+        return generate(prompts, seeds, n)
+    return logged
+
+
+def test_chunks_sample_the_same_episodes_with_the_same_seeds():
+    """However many examples share a sampler call (the task's chunk, a rank's share of the step), every row of every
+    turn is drawn with the same seed: what is sampled never depends on the batching."""
+    one, two, seeds_one, seeds_two = [], [], [], []
+    examples = [{"id": "a"}, {"id": "b"}]
+    whole = episodes.rollout(CounterTask(), seeds_logged(scripted_(PLANS, one), seeds_one), TOK, examples, [0, 1],
+                             ARGS)
+    chunked = episodes.rollout(CounterTask(chunk=1), seeds_logged(scripted_(PLANS, two), seeds_two), TOK, examples,
+                               [0, 1], ARGS)
     assert [(s.example_id, s.turn, s.text, s.reward) for s in whole] == \
         [(s.example_id, s.turn, s.text, s.reward) for s in chunked]
+    assert sorted(seeds_one) == sorted(seeds_two) and len(set(seeds_one)) == len(seeds_one)
     assert len(two) > len(one)                                     # per chunk: more, smaller sampler calls
 
 

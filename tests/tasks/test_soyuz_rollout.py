@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from argparse import Namespace
 from concurrent.futures import ThreadPoolExecutor
@@ -139,22 +140,85 @@ def test_critique_without_verdict_is_generic():
     assert "improved" in critique({"criteria": []}, None)
 
 
-def test_judging_overlaps_generation():
-    """A step's wall time is close to max(generation, judging), not their sum."""
+def test_with_chunks_judging_overlaps_generation():
+    """chunk=1: turn 0 of task 1 is sampled while task 0's answers are being judged. Asserted on the order of events:
+    task 0's verdicts cannot finish before the sampler has been called for task 1 (their judge waits for that call),
+    so a loop that waited for them first would see them finish only when the judge gives up, after which the order
+    below fails. The wait's bound is only there so that such a loop fails instead of hanging."""
     tok = Tokenizer.from_pretrained("tiny")
-    gen_delay, judge_delay, G, n_tasks = 0.3, 0.5, 2, 4
-    task = SoyuzTask(judge_obj=ScriptedJudge(delay=judge_delay), data=None, chunk=1)
-    examples = [dict(TASKS[0], id=f"t{k}") for k in range(n_tasks)]
-    t0 = time.perf_counter()
-    seqs = task.rollout(scripted_generate(tok, ["bad", "good"], delay=gen_delay), tok, examples,
-                        list(range(n_tasks)), rollout_args(G))
-    wall = time.perf_counter() - t0
-    assert len(seqs) == 2 * G * n_tasks
-    generation = 2 * n_tasks * gen_delay                       # one turn-0 and one turn-1 call per chunk
-    serial = generation + 2 * n_tasks * judge_delay            # judge each turn's answers after generating them
-    print(f"rollout wall {wall:.2f}s; generation alone {generation:.2f}s; serial {serial:.2f}s")
-    assert wall < generation + 2 * judge_delay + 0.5           # only the first and last verdicts are waited on
-    assert wall < 0.8 * serial
+    events, second_call = [], threading.Event()
+    lock = threading.Lock()
+
+    def log(*what):
+        with lock:
+            events.append((time.perf_counter(), *what))
+
+    class GatedJudge(ScriptedJudge):
+        def grade(self, task, answer):
+            log("judge start", task["id"])
+            if task["id"] == "t0":
+                second_call.wait(timeout=30)
+            verdict = super().grade(task, answer)
+            log("judge end", task["id"])
+            return verdict
+
+    generate = scripted_generate(tok, ["bad", "good"])
+
+    def sampler(prompts, seeds, n):
+        log("sample start", len(prompts), n)
+        if len([e for e in events if e[1] == "sample start"]) == 2:
+            second_call.set()
+        return generate(prompts, seeds, n)
+    task = SoyuzTask(judge_obj=GatedJudge(), data=None, chunk=1)
+    examples = [dict(TASKS[0], id=f"t{k}") for k in range(3)]
+    seqs = task.rollout(sampler, tok, examples, [0, 1, 2], rollout_args(2))
+    assert len(seqs) == 2 * 2 * 3
+    at = lambda what, i=None: [e[0] for e in events if e[1] == what and (i is None or e[2] == i)]
+    calls = [e[2:] for e in events if e[1] == "sample start"]
+    assert calls[:2] == [(1, 2), (1, 2)]                      # turn 0 of task 0, then turn 0 of task 1
+    second = at("sample start")[1]
+    answers = at("judge start", "t0")[:2]                    # task 0's two answers (its revisions come later)
+    assert max(answers) < second < min(at("judge end", "t0"))   # they are judged while task 1 is sampled
+
+
+def test_one_sampler_call_per_turn_by_default(monkeypatch):
+    """A soyuz-shaped step on the tiny model (4 tasks x G=6, answer then revision): by default one sampler call per
+    turn with all of the step's rows, 4 prompts x 6 samples for the answers and 24 prompts x 1 for the revisions."""
+    from minigrpo.pretrained import load_pretrained
+    tok, model, calls = Tokenizer.from_pretrained("tiny"), load_pretrained("tiny"), []
+    real = train.sample
+    monkeypatch.setattr(train, "sample", lambda model, prompts, n, **kw: calls.append((len(prompts), n))
+                        or real(model, prompts, n=n, **kw))
+    task = SoyuzTask(judge_obj=ScriptedJudge(), data=None)
+    args = Namespace(seed=0, group_size=6, max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=0, decode=None,
+                     enable_thinking=False)
+    examples = [dict(TASKS[0], id=f"t{k}") for k in range(4)]
+    seqs = train.rollout(model, tok, task, args, examples, 0, list(range(4)))
+    assert calls == [(4, 6), (24, 1)]
+    assert [s.turn for s in seqs] == [0, 1] * 24
+
+
+def test_validation_samples_in_calls_of_a_steps_examples(monkeypatch):
+    """train.py sets a step's examples as the task's chunk (run/callsize.py): the greedy validation (G=1, here 5
+    tasks against a step's 2) then samples in calls of at most 2 prompts, never in one call of every val task,
+    whose rows would need a static cache the memory plan does not count."""
+    import torch
+
+    from minigrpo.dist import Dist
+    from minigrpo.pretrained import load_pretrained
+    from minigrpo.run import callsize
+    from minigrpo.run.flags import resolve_args
+    tok, model, calls = Tokenizer.from_pretrained("tiny"), load_pretrained("tiny"), []
+    real = train.sample
+    monkeypatch.setattr(train, "sample", lambda model, prompts, n, **kw: calls.append((len(prompts), n))
+                        or real(model, prompts, n=n, **kw))
+    task = SoyuzTask(judge_obj=ScriptedJudge(), data=None)
+    task.tasks = [dict(TASKS[0], id=f"t{k}") for k in range(5)]
+    args = resolve_args(["--task", "soyuz", "--model", "tiny", "--tasks-per-step", "2", "--group-size", "3",
+                         "--max-new-tokens", "8", "--eval-every", "1", "--eval-limit", "5"])
+    assert callsize.size_calls(task, args, "cpu", torch.float32, 1) == "one sampler call per turn (2 tasks x G=3 = 6 rows)"
+    assert train.validate(model, tok, task, args, 0, Dist())["val_examples"] == 5
+    assert sorted(calls) == [(1, 1)] * 2 + [(2, 1)] * 4          # 2 + 2 + 1 tasks, answer and revision each
 
 
 BYTE_TASKS = [{"id": f"bytes-{k}", "family": "algorithms", "prompt": f"Write anything ({k}).", "criteria": [
