@@ -37,7 +37,7 @@ from minigrpo import sampler, static_decode  # noqa: E402
 from minigrpo.lora import inject_lora, lora_layers  # noqa: E402
 from minigrpo.model import Qwen, QwenConfig  # noqa: E402
 
-ROWS, SLOTS, PROMPT = 6, 2944, 1900   # soyuz's revision call: 6 rows, ~1.9k-token prompts + 1,024 new tokens
+ROWS, SLOTS, PROMPT = 24, 2944, 1900  # soyuz's revision call: 24 rows, ~1.9k-token prompts + 1,024 new tokens
 SMALL = dict(hidden_size=128, intermediate_size=256, head_dim=32, linear_key_head_dim=16, linear_value_head_dim=16,
              vocab_size=1024)
 
