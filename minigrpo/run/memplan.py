@@ -47,12 +47,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from minigrpo import static_decode
-from minigrpo.attention import Recorder, cuda_kernel
 from minigrpo.common import DATA
 from minigrpo.logprobs import LOGIT_BYTES
 from minigrpo.lora import DEFAULT_TARGETS, inject_lora, lora_layers
 from minigrpo.model import Block, Qwen, QwenConfig, RMSNorm, Rotary, attention_mask_4d
 from minigrpo.pretrained import read_config
+from minigrpo.run.attention_kernels import Recorder, cuda_kernel
 
 GiB = 1024 ** 3
 GPUS = [("24 GB", 24e9), ("40 GB", 40e9), ("80 GB", 80e9), ("141 GB", 141e9)]
