@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 from shapes import hf_config  # noqa: E402
 
 from minigrpo import deltanet  # noqa: E402
-from minigrpo.model import QwenConfig  # noqa: E402
+from minigrpo.pretrained import QwenConfig  # noqa: E402
 
 GiB = 1024 ** 3
 

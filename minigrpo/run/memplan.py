@@ -50,8 +50,8 @@ from minigrpo import static_decode
 from minigrpo.common import DATA
 from minigrpo.logprobs import LOGIT_BYTES
 from minigrpo.lora import DEFAULT_TARGETS, inject_lora, lora_layers
-from minigrpo.model import Block, Qwen, QwenConfig, RMSNorm, Rotary, attention_mask_4d
-from minigrpo.pretrained import read_config
+from minigrpo.model import Block, Qwen, RMSNorm, Rotary, attention_mask_4d
+from minigrpo.pretrained import QwenConfig, read_config
 from minigrpo.run.attention_kernels import Recorder, cuda_kernel
 
 GiB = 1024 ** 3

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 
 from minigrpo import model as model_mod, sampler, static_decode
 from minigrpo.attention import attend
-from minigrpo.model import Qwen, QwenConfig
-from minigrpo.pretrained import load_pretrained
+from minigrpo.model import Qwen
+from minigrpo.pretrained import QwenConfig, load_pretrained
 from minigrpo.run import attention_kernels
 from minigrpo.run.attention_kernels import Recorder, cuda_kernel
 

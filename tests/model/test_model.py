@@ -12,7 +12,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from minigrpo.deltanet import chunked_delta_rule, l2norm, recurrent_delta_rule  # noqa: E402
-from minigrpo.model import QwenConfig  # noqa: E402
+from minigrpo.pretrained import QwenConfig  # noqa: E402
 from minigrpo.pretrained import load_pretrained
 
 V = 300

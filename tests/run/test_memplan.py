@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from minigrpo import model as model_mod
 from minigrpo.lora import DEFAULT_TARGETS, inject_lora
-from minigrpo.model import Qwen, QwenConfig
+from minigrpo.model import Qwen
+from minigrpo.pretrained import QwenConfig
 from minigrpo.pretrained import load_pretrained
 from minigrpo.run import attention_kernels, memplan
 
