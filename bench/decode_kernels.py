@@ -77,7 +77,7 @@ def prefilled(model, rows=ROWS, slots=SLOTS, length=PROMPT):
     change the op count)."""
     cache = model.new_cache(rows, slots)
     cache.mask[:, :length] = True
-    cache.seen.fill_(length)
+    cache.next_pos.fill_(length)
     cache.length = length
     return cache
 

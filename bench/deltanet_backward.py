@@ -109,7 +109,7 @@ def measure(kind, rule, cfg, layer, B, T):
     kept = deltanet.chunked_delta_rule
     deltanet.chunked_delta_rule = rule  # GatedDeltaNet.forward looks the rule up in its module at call time
     try:
-        return backward_bytes(lambda: layer(x)[0:1])
+        return backward_bytes(lambda: (layer(x),))
     finally:
         deltanet.chunked_delta_rule = kept
 

@@ -211,7 +211,7 @@ def layer_costs(cfg, dtype, lora_r, targets=DEFAULT_TARGETS, lengths=(128, 256))
             shared = [t.untyped_storage().data_ptr() for t in (cos, sin, mask, real)]
             shared += [p.untyped_storage().data_ptr() for p in block.parameters()]
             with Recorder() as rec:
-                saved, grads = _measure(lambda: block(x, cos, sin, attn_mask=mask, real_tokens=real), shared)
+                saved, grads = _measure(lambda: block(x, (cos, sin), attn_mask=mask, real_tokens=real), shared)
             for call in rec.calls:  # the attention layer's one call: what the CUDA kernel keeps instead
                 costs["attention_kernel"] = cuda_kernel(call)
                 saved += kernel_saved_bytes(call, "cuda") - kernel_saved_bytes(call, "cpu")
