@@ -184,9 +184,9 @@ class Cache:
     Each layer reads and writes its own entries through `update` (attention) and `update_state` (Gated DeltaNet),
     which static_decode.StaticCache implements too, at fixed shapes."""
 
-    def __init__(self, k, v, conv, state, mask, next_pos, length=0, has_pad=False):
+    def __init__(self, k, v, conv, state, mask, next_pos):
         self.k, self.v, self.conv, self.state = k, v, conv, state
-        self.mask, self.next_pos, self.length, self.has_pad = mask, next_pos, length, has_pad
+        self.mask, self.next_pos, self.length, self.has_pad = mask, next_pos, 0, False
 
     @property
     def max_len(self):
@@ -222,8 +222,9 @@ class Cache:
 
     def _map(self, fn):
         each = lambda xs: [None if x is None else fn(x) for x in xs]
-        return Cache(each(self.k), each(self.v), each(self.conv), each(self.state), fn(self.mask), fn(self.next_pos),
-                     self.length, self.has_pad)
+        out = Cache(each(self.k), each(self.v), each(self.conv), each(self.state), fn(self.mask), fn(self.next_pos))
+        out.length, out.has_pad = self.length, self.has_pad
+        return out
 
     def repeat_interleave(self, n):
         """Each row repeated n times, in place order (row0, row0, ..., row1, ...): prefill once, decode n samples."""

@@ -1,6 +1,7 @@
 """Loading a Qwen checkpoint into minigrpo/model.py's decoder: its config.json read into a QwenConfig, tiny
-random models, hub snapshots, (sharded) safetensors. The folder layout is the Hugging Face one (config.json, model.safetensors or
-model.safetensors.index.json + shards); every tensor is cast to the one model dtype, as HF does."""
+random models, hub snapshots, (sharded) safetensors. The folder layout is the Hugging Face one (config.json,
+model.safetensors or model.safetensors.index.json + shards); every tensor is cast to the one model dtype, as HF
+does."""
 import json
 import math
 import os

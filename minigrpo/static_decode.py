@@ -50,10 +50,34 @@ def bucket_len(n):
 
 def bucket_rows(rows_needed, rows=None):
     """The decode batch for a call of `rows_needed` rows: `rows` (the run's fixed count) when it holds them, else the
-    next power of two (calls larger than the run's rows are split by the sampler before they get here)."""
+    next power of two (calls larger than the run's rows are split first: whole_prompt_calls)."""
     if rows is not None and rows_needed <= rows:
         return rows
     return 1 << (rows_needed - 1).bit_length()
+
+
+def whole_prompt_calls(P, n, rows=None):
+    """How a sampler call of P prompts x n samples runs at the run's fixed row count `rows`: slices of whole prompts,
+    as many per call as the rows hold (a sample depends on its prompt's seed only, so how the prompts are split
+    changes no sample). One slice when they all fit, or without `rows`."""
+    per = rows // n if rows and n <= rows < P * n else P
+    return [slice(i, i + per) for i in range(0, P, per)]
+
+
+def new_slots(prompts, max_new_tokens):
+    """The slots to prefill beyond the longest prompt: up to the length bucket that holds max_new_tokens more."""
+    L = max(map(len, prompts))
+    return bucket_len(L + max_new_tokens) - L
+
+
+def start(model, cache, n, rows=None, compile=False):
+    """(StaticCache, decode step) for a prefilled model.Cache of P prompts, each decoded n times: the model's kept
+    cache of bucket_rows(P * n, rows) rows, loaded, and decode_step, or compiled_step when `compile` (a string names
+    the torch.compile backend, default inductor)."""
+    cache = static_cache(model, cache, n, bucket_rows(cache.mask.shape[0] * n, rows))
+    if not compile:
+        return cache, decode_step
+    return cache, compiled_step(model.device, compile if isinstance(compile, str) else "inductor")
 
 
 class StaticCache:
