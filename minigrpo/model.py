@@ -136,6 +136,7 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
     def __init__(self, cfg, layer_type, layer_idx=0):
+        """layer_idx: the layer's place in the stack, which names its entries in a cache (Cache.update)."""
         super().__init__()
         zero_centered = cfg.family == "qwen3_5"
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered)
