@@ -34,9 +34,9 @@ from minigrpo.common import (PhaseClock, StopRun, UsageError, catch_ctrl_c, deri
                              pick_dtype, set_cpu_threads, stop_if_ctrl_c, threads_note)
 from minigrpo.dist import all_gather_objects, assert_replicas_in_sync, finish_distributed, init_distributed
 from minigrpo.lora import inject_lora
-from minigrpo.model import CheckpointError, enable_activation_checkpointing
+from minigrpo.model import enable_activation_checkpointing
 from minigrpo.optim import adamw
-from minigrpo.pretrained import load_pretrained, load_model_and_tokenizer
+from minigrpo.pretrained import CheckpointError, load_pretrained, load_model_and_tokenizer
 from minigrpo.run import callsize, dist_timeout, plots
 from minigrpo.run.flags import resolve_args
 from minigrpo.run.folder import ProgressBar, RunFolder, Tracker, epoch_summary, sample_records, step_metrics

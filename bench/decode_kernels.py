@@ -35,7 +35,8 @@ from shapes import hf_config  # noqa: E402  bench/shapes.py
 
 from minigrpo import sampler, static_decode  # noqa: E402
 from minigrpo.lora import inject_lora, lora_layers  # noqa: E402
-from minigrpo.model import Qwen, QwenConfig  # noqa: E402
+from minigrpo.model import Qwen  # noqa: E402
+from minigrpo.pretrained import QwenConfig  # noqa: E402
 
 ROWS, SLOTS, PROMPT = 24, 2944, 1900  # soyuz's revision call: 24 rows, ~1.9k-token prompts + 1,024 new tokens
 SMALL = dict(hidden_size=128, intermediate_size=256, head_dim=32, linear_key_head_dim=16, linear_value_head_dim=16,
@@ -76,7 +77,7 @@ def prefilled(model, rows=ROWS, slots=SLOTS, length=PROMPT):
     change the op count)."""
     cache = model.new_cache(rows, slots)
     cache.mask[:, :length] = True
-    cache.seen.fill_(length)
+    cache.next_pos.fill_(length)
     cache.length = length
     return cache
 

@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 from shapes import hf_config  # noqa: E402
 
 from minigrpo import deltanet  # noqa: E402
-from minigrpo.model import QwenConfig  # noqa: E402
+from minigrpo.pretrained import QwenConfig  # noqa: E402
 
 GiB = 1024 ** 3
 
@@ -109,7 +109,7 @@ def measure(kind, rule, cfg, layer, B, T):
     kept = deltanet.chunked_delta_rule
     deltanet.chunked_delta_rule = rule  # GatedDeltaNet.forward looks the rule up in its module at call time
     try:
-        return backward_bytes(lambda: layer(x)[0:1])
+        return backward_bytes(lambda: (layer(x),))
     finally:
         deltanet.chunked_delta_rule = kept
 

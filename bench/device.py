@@ -95,7 +95,8 @@ class Models:
 
 def ours_from(hf, raw, dtype=None):
     """Our Qwen on transformers' tensors: shared (dtype None) or cast copies."""
-    from minigrpo.model import Qwen, QwenConfig
+    from minigrpo.model import Qwen
+    from minigrpo.pretrained import QwenConfig
     with torch.device("meta"):
         ours = Qwen(QwenConfig.from_dict(raw))
     sd = hf.state_dict() if dtype is None else {k: v.to(dtype) for k, v in hf.state_dict().items()}
@@ -148,7 +149,7 @@ def build_section(sec, M, cold):
 def plan_child(spec):
     """The memory plan's parts for `spec` (json), printed as json: run in a child so the GPU need not wait."""
     from minigrpo.lora import DEFAULT_TARGETS
-    from minigrpo.model import QwenConfig
+    from minigrpo.pretrained import QwenConfig
     from minigrpo.run import memplan
     torch.set_num_threads(min(4, os.cpu_count() or 1))
     s = json.loads(spec)

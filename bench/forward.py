@@ -18,7 +18,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
-from minigrpo.model import Qwen, QwenConfig  # noqa: E402
+from minigrpo.model import Qwen  # noqa: E402
+from minigrpo.pretrained import QwenConfig  # noqa: E402
 
 
 def qwen3_0_6b_config(layers):

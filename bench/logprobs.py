@@ -31,7 +31,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
 from minigrpo.logprobs import token_logprobs  # noqa: E402
-from minigrpo.model import Qwen, QwenConfig  # noqa: E402
+from minigrpo.model import Qwen  # noqa: E402
+from minigrpo.pretrained import QwenConfig  # noqa: E402
 
 GB = 1024 ** 3
 

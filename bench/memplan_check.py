@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import shapes  # noqa: E402
 import train_step  # noqa: E402
 from minigrpo.run import layercost, memplan  # noqa: E402
-from minigrpo.model import QwenConfig  # noqa: E402
+from minigrpo.pretrained import QwenConfig  # noqa: E402
 
 GiB = 1024 ** 3
 

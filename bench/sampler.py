@@ -22,7 +22,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
-from minigrpo.model import Qwen, QwenConfig
+from minigrpo.model import Qwen
+from minigrpo.pretrained import QwenConfig
 from minigrpo.sampler import sample
 
 QWEN3_0_6B = dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], vocab_size=151936, hidden_size=1024,

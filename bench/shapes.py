@@ -22,7 +22,7 @@ NAMES = list(TOKENS)
 def hf_config(name, layers=None):
     """A flat config dict with model_type, for transformers.AutoConfig.for_model and QwenConfig.from_dict."""
     if name in ("tiny", "tiny-qwen3.5"):
-        from minigrpo.model import QwenConfig
+        from minigrpo.pretrained import QwenConfig
         raw = dict(QwenConfig.tiny(name).raw)
     elif name == "qwen3-0.6b":
         with open(os.path.join(CONFIGS, "Qwen3-0.6B.json")) as f:

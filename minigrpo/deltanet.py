@@ -118,8 +118,9 @@ class GatedRMSNorm(nn.Module):
 
 
 class GatedDeltaNet(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, layer_idx=0):
         super().__init__()
+        self.layer_idx = layer_idx
         self.nk, self.nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         H, Dk, Dv = cfg.hidden_size, self.nk * self.dk, self.nv * self.dv
@@ -136,18 +137,19 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(Dv, H, bias=False)
 
-    def forward(self, x, mask=None, conv_state=None, state=None):
-        """x: (B, T, H) normed input; mask: (B, T) bool, False = padding; conv_state: (B, C, K-1) model dtype and
-        state: (B, nv, dk, dv) fp32 from the cache (None: start from zeros).
-        Returns the output (B, T, H) and the new (conv_state, state)."""
+    def forward(self, x, mask=None, cache=None):
+        """x: (B, T, H) normed input; mask: (B, T) bool, False = padding; cache: the model's Cache, whose conv[i]
+        (B, C, K-1) model dtype and state[i] (B, nv, dk, dv) fp32 this layer continues from and updates (None:
+        start from zeros, keep nothing). Returns the output (B, T, H)."""
         B, T, _ = x.shape
         if mask is not None:
             # zeroed pads give k = v = 0 after the conv (pads are on the left), so the state stays exactly 0
             x = x * mask[:, :, None].to(x.dtype)
-        if conv_state is None:
+        if cache is None:
             conv_state = x.new_zeros(B, self.conv_dim, self.conv1d.kernel_size[0] - 1)
-        if state is None:
             state = x.new_zeros(B, self.nv, self.dk, self.dv, dtype=torch.float32)
+        else:
+            conv_state, state = cache.conv[self.layer_idx], cache.state[self.layer_idx]
 
         u, conv_state = causal_conv(self.in_proj_qkv(x).mT, self.conv1d.weight, conv_state)   # (B, C, T)
         q, k, v = u.mT.split([self.nk * self.dk, self.nk * self.dk, self.nv * self.dv], dim=-1)
@@ -165,7 +167,9 @@ class GatedDeltaNet(nn.Module):
 
         rule = recurrent_delta_rule if T == 1 else chunked_delta_rule
         o, state = rule(q, k, v, g, beta, state)                             # (B, nv, T, dv) fp32
+        if cache is not None:
+            cache.update_state(self.layer_idx, conv_state, state)
         o = o.transpose(1, 2).to(x.dtype)                                    # (B, T, nv, dv)
         z = self.in_proj_z(x).reshape(B, T, self.nv, self.dv)
         y = self.norm(o, z).reshape(B, T, self.nv * self.dv)
-        return self.out_proj(y), (conv_state, state)
+        return self.out_proj(y)

@@ -17,7 +17,6 @@ tokenizer's size) to -inf, as the sampler does: trainer and sampler score one di
 Letters: B batch (sequences), T sequence length, V vocabulary (embedding rows), H hidden size.
 """
 import torch
-from torch.utils.checkpoint import checkpoint
 
 
 def _fp32(x):
@@ -39,8 +38,8 @@ def naive_token_logprobs(model, input_ids, attention_mask=None, temperature=1.0,
 
 
 def _lm_head(model):
-    """The lm_head weight when the head is a plain bias-free nn.Linear (Qwen, unless a LoRA wraps lm_head), else
-    None: token_logprobs then calls model.logits chunk by chunk under activation checkpointing."""
+    """The lm_head weight when the head is a plain bias-free nn.Linear (every Qwen: LoRA's targets never include
+    lm_head), else None."""
     head = getattr(model, "lm_head", None)
     return head.weight if type(head) is torch.nn.Linear and head.bias is None else None
 
@@ -130,24 +129,6 @@ class _LinearLogprob(torch.autograd.Function):
         return grad_h, grad_w, None, None, None, None, None, None
 
 
-def _chunk_logprobs(model, h, targets, temperature, vocab_size, with_entropy):
-    """Log-prob of targets (and entropy) for one chunk of positions; the fp32 (B, c, V) lives only in here.
-    Written to keep one (B, c, V) buffer alive at a time: the logits are scaled and masked in place, and without
-    entropy the log-prob is gather - logsumexp, so no separate log-softmax tensor is stored for backward."""
-    logits = _fp32(model.logits(h))  # (B, c, V) fp32 at least: softmax needs it; lm_head's own output
-    if temperature != 1.0:
-        logits = logits.div_(temperature)  # in place: a fresh tensor whose value no backward formula needs
-    if vocab_size is not None and vocab_size < logits.size(-1):
-        logits[..., vocab_size:] = float("-inf")  # embedding padding rows are never sampled
-    if not with_entropy:
-        return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (B, c)
-    logp_all = torch.log_softmax(logits, dim=-1)  # (B, c, V)
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, c)
-    p = logp_all.exp()
-    ent = -(p * logp_all.masked_fill(p == 0, 0.0)).sum(-1)  # (B, c); 0 * -inf terms are 0
-    return logp, ent
-
-
 LOGIT_BYTES = 256 * 2**20  # chunk="auto": fp32 logit rows per chunk, 441 at Qwen's V = 151936
 
 
@@ -156,42 +137,29 @@ def token_logprobs(model, input_ids, attention_mask=None, temperature=1.0, chunk
     """
     log p(ids[:, t+1] | ids[:, :t+1]) under softmax(logits / temperature), fp32, shape (B, T-1), aligned with
     ids[:, 1:] (column t scores the token at position t+1). With return_entropy, also the entropy (B, T-1) of each
-    next-token distribution (for logging: under the fused head it carries no gradient). attention_mask (B, T):
-    1 = real token, 0 = left padding; the model derives positions from it.
-    chunk: logit rows (batch x positions) materialised at once, "auto" = as many as LOGIT_BYTES of fp32 hold;
-    chunk=None computes the full (B, T, V) in one go (the naive path). Gradients flow to the model. A model whose
-    lm_head is a plain nn.Linear goes through _LinearLogprob, which keeps only (rows, H) tensors for backward;
-    any other `model.logits` is called chunk by chunk under activation checkpointing. Neither keeps (B, T, V).
+    next-token distribution (for logging: it carries no gradient). attention_mask (B, T): 1 = real token, 0 = left
+    padding; the model derives positions from it. Gradients flow to the model.
+    The model's lm_head must be a plain bias-free nn.Linear (Qwen's is; LoRA never wraps it): its weight is fused
+    into the log-softmax (_LinearLogprob), which keeps only (rows, H) tensors for backward, never (B, T, V).
+    chunk: logit rows (batch x positions) materialised at once, "auto" = as many as LOGIT_BYTES of fp32 hold.
     first_col: the first column whose log-prob is needed (the trainer passes the first completion column, like TRL's
     logits_to_keep): the lm_head and the softmax run only from there; earlier columns are 0 (mask them out).
     """
+    weight = _lm_head(model)
+    if weight is None:
+        raise ValueError("token_logprobs needs a model whose lm_head is a plain bias-free nn.Linear; "
+                         "naive_token_logprobs takes any model")
     B, T = input_ids.shape
     h = model.hidden(input_ids, attention_mask=attention_mask)[:, first_col:-1]  # (B, T-1-first_col, H)
     targets = input_ids[:, first_col + 1:]  # (B, T-1-first_col)
     n = T - 1 - first_col
+    if chunk == "auto":
+        chunk = max(1, LOGIT_BYTES // (4 * weight.shape[0]))
+    out = _LinearLogprob.apply(h.reshape(B * n, h.shape[-1]), weight, targets.reshape(-1), temperature, vocab_size,
+                               max(1, chunk), return_entropy, torch.is_grad_enabled())
     pad = torch.zeros(B, first_col, dtype=torch.promote_types(h.dtype, torch.float32), device=h.device)
-    weight = _lm_head(model)
-    if chunk == "auto":  # any other head: 1024 rows (its vocabulary size is unknown until it runs)
-        chunk = max(1, LOGIT_BYTES // (4 * weight.shape[0])) if weight is not None else 1024
-    if weight is not None and chunk is not None and n > 0:  # the fused lm_head + log-softmax (_LinearLogprob)
-        out = _LinearLogprob.apply(h.reshape(B * n, -1), weight, targets.reshape(-1), temperature, vocab_size,
-                                   max(1, chunk), return_entropy, torch.is_grad_enabled())
-        if not return_entropy:
-            return torch.cat([pad, out.view(B, n)], dim=1)  # (B, T-1)
-        return torch.cat([pad, out[0].view(B, n)], dim=1), torch.cat([pad, out[1].view(B, n)], dim=1)
-    step = max(n, 1) if chunk is None else max(1, chunk // B)  # positions per chunk
-    use_ckpt = torch.is_grad_enabled() and chunk is not None  # a no-op when nothing requires grad
-    outs = []
-    for s in range(0, n, step):
-        args = (model, h[:, s:s + step], targets[:, s:s + step], temperature, vocab_size, return_entropy)
-        if use_ckpt:
-            # no RNG inside a chunk, so no RNG state to save; the first call imports torch._dynamo (a few seconds)
-            outs.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False, preserve_rng_state=False))
-        else:
-            outs.append(_chunk_logprobs(*args))
-    if not return_entropy:
-        return torch.cat([pad] + outs, dim=1)  # (B, T-1)
-    return torch.cat([pad] + [o[0] for o in outs], dim=1), torch.cat([pad] + [o[1] for o in outs], dim=1)
+    columns = lambda x: torch.cat([pad, x.view(B, n)], dim=1)  # (B, T-1)
+    return (columns(out[0]), columns(out[1])) if return_entropy else columns(out)
 
 
 def entropy(logits, temperature=1.0):

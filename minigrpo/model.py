@@ -1,5 +1,6 @@
 """The Qwen decoder (Qwen2/2.5, Qwen3, Qwen3.5 text) in plain PyTorch, from config to logits, and its decoding
-cache. Loading a checkpoint (hub, sharded safetensors, tiny random models): pretrained.py.
+cache. The config (`cfg`: pretrained.QwenConfig, the fields of a config.json) and loading a checkpoint (hub, sharded
+safetensors, tiny random models): pretrained.py.
 
 Exact to the dtype (the rules: docs/qwen.md): logits match transformers' on the same weights (fp32: to ~1e-5).
 The module tree mirrors transformers' Qwen3ForCausalLM, so state_dict keys ARE the Hugging Face names and LoRA can
@@ -15,132 +16,13 @@ logits on its real tokens as the row run alone.
 """
 
 import functools
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from minigrpo.attention import attend
-from minigrpo.common import read_json
 from minigrpo.deltanet import GatedDeltaNet
-
-FAMILIES = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5"}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint folder that cannot be loaded; the message names the file and key."""
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Config
-
-
-@dataclass
-class QwenConfig:
-    family: str = "qwen3"  # "qwen2" | "qwen3" | "qwen3_5"
-    vocab_size: int = 272
-    hidden_size: int = 64
-    intermediate_size: int = 128
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    head_dim: int = 16
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 1e6
-    partial_rotary_factor: float = 1.0
-    tie_word_embeddings: bool = True
-    attention_bias: bool = False
-    layer_types: list = field(default_factory=list)  # "full_attention" | "linear_attention" per layer
-    linear_conv_kernel_dim: int = 4
-    linear_num_key_heads: int = 0
-    linear_num_value_heads: int = 0
-    linear_key_head_dim: int = 0
-    linear_value_head_dim: int = 0
-    raw: dict = field(default_factory=dict, repr=False)  # the original config.json, for export
-
-    @classmethod
-    def from_json(cls, path):
-        d = read_json(path, "not found; pass a folder holding a Hugging Face checkpoint or a hub id", CheckpointError)
-        return cls.from_dict(d, source=path)
-
-    @classmethod
-    def from_dict(cls, d, source="config.json"):
-        model_type = d.get("model_type")
-        if model_type not in FAMILIES:
-            raise CheckpointError(f"{source}: model_type {model_type!r} is not supported "
-                                  f"(expected one of {', '.join(FAMILIES)})")
-        family = FAMILIES[model_type]
-        t = d
-        if model_type == "qwen3_5":  # multimodal layout: the language model's fields are nested
-            if "text_config" not in d:
-                raise CheckpointError(f"{source}: model_type 'qwen3_5' needs a 'text_config' entry")
-            t = dict(d["text_config"])
-            if "tie_word_embeddings" in d:  # HF ties the LM head by the top-level flag of the composite config
-                t["tie_word_embeddings"] = d["tie_word_embeddings"]
-        if t.get("use_sliding_window"):
-            raise CheckpointError(f"{source}: use_sliding_window=true is not supported (no Qwen checkpoint here uses "
-                                  "it)")
-
-        def need(key):
-            if key not in t:
-                raise CheckpointError(f"{source}: missing key {key!r}")
-            return t[key]
-
-        H, nh = need("hidden_size"), need("num_attention_heads")
-        rope = t.get("rope_parameters") or t.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", "mrope"):  # Qwen3.5's mRoPE is 1-D RoPE for text
-            raise CheckpointError(f"{source}: rope_type {rope_type!r} is not supported (only default RoPE)")
-        theta = t.get("rope_theta", rope.get("rope_theta", 10000.0))
-        partial = t.get("partial_rotary_factor", rope.get("partial_rotary_factor",
-                                                          0.25 if family == "qwen3_5" else 1.0))
-        L = need("num_hidden_layers")
-        if family == "qwen3_5":
-            interval = t.get("full_attention_interval", 4)
-            types = t.get("layer_types") or ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
-                                             for i in range(L)]
-        else:
-            types = ["full_attention"] * L
-        if len(types) != L or set(types) - {"full_attention", "linear_attention"}:
-            raise CheckpointError(f"{source}: layer_types must list {L} entries of full_attention/linear_attention")
-        return cls(
-            family=family, vocab_size=need("vocab_size"), hidden_size=H, intermediate_size=need("intermediate_size"),
-            num_hidden_layers=L, num_attention_heads=nh,
-            num_key_value_heads=t.get("num_key_value_heads", nh),
-            head_dim=t.get("head_dim") or H // nh,  # Qwen2 has no head_dim field
-            rms_norm_eps=t.get("rms_norm_eps", 1e-6), rope_theta=float(theta),
-            partial_rotary_factor=float(partial), tie_word_embeddings=bool(t.get("tie_word_embeddings", False)),
-            # Qwen2's q/k/v biases are hard-wired in HF (no config switch)
-            attention_bias=True if family == "qwen2" else bool(t.get("attention_bias", False)),
-            layer_types=list(types), linear_conv_kernel_dim=t.get("linear_conv_kernel_dim", 4),
-            linear_num_key_heads=t.get("linear_num_key_heads", 0),
-            linear_num_value_heads=t.get("linear_num_value_heads", 0),
-            linear_key_head_dim=t.get("linear_key_head_dim", 0),
-            linear_value_head_dim=t.get("linear_value_head_dim", 0), raw=d)
-
-    @classmethod
-    def tiny(cls, kind="tiny"):
-        """Small random-weight models for CPU runs. The embedding has 272 rows for the byte tokenizer's 261 ids
-        (padding rows, as real Qwen has); tied embeddings as the small real Qwens."""
-        common = dict(vocab_size=272, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, tie_word_embeddings=True,
-                      max_position_embeddings=4096, hidden_act="silu", bos_token_id=256, eos_token_id=258,
-                      pad_token_id=256)
-        if kind == "tiny":
-            raw = dict(common, model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=16,
-                       rope_theta=1e6, attention_bias=False)
-        elif kind == "tiny-qwen3.5":
-            # hybrid: 3 Gated DeltaNet layers then 1 gated attention layer; dv != dk, nv > nk, partial rotary
-            raw = dict(common, model_type="qwen3_5_text", architectures=["Qwen3_5ForCausalLM"], head_dim=32,
-                       rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
-                       layer_types=["linear_attention"] * 3 + ["full_attention"], linear_conv_kernel_dim=4,
-                       linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-                       linear_value_head_dim=24, attention_bias=False)
-        else:
-            raise ValueError(f"unknown tiny model {kind!r}: use 'tiny' or 'tiny-qwen3.5'")
-        return cls.from_dict(raw, source=kind)
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # Building blocks, in forward order
@@ -200,26 +82,24 @@ class Attention(nn.Module):
     """GQA softmax attention. Qwen2: q/k/v biases. Qwen3/3.5: RMSNorm on q and k per head, before RoPE.
     Qwen3.5: q_proj also yields a sigmoid output gate, its rows interleaved per head [q_h0 | gate_h0 | q_h1 ...]."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, layer_idx=0):
         super().__init__()
         H, nh, nkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.nh, self.nkv, self.hd = nh, nkv, hd
+        self.nh, self.nkv, self.hd, self.layer_idx = nh, nkv, hd, layer_idx
         self.gated = cfg.family == "qwen3_5"
         self.q_proj = nn.Linear(H, nh * hd * (2 if self.gated else 1), bias=cfg.attention_bias)
         self.k_proj = nn.Linear(H, nkv * hd, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(H, nkv * hd, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(nh * hd, H, bias=False)  # nh * hd need not equal H (Qwen3-0.6B: 2048 -> 1024)
         if cfg.family != "qwen2":
-            zc = cfg.family == "qwen3_5"
-            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, zc)
-            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, zc)
+            zero_centered = cfg.family == "qwen3_5"
+            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, zero_centered)
+            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, zero_centered)
 
-    def forward(self, x, cos, sin, mask, kv_cache=None, slot=0, static=False):
-        """x: (B, T, H); mask: (B, 1, T, S) bool (True = may attend) or None = causal, no padding (T == S or T == 1);
-        kv_cache: (k, v) preallocated (B, nkv, max_len, hd) tensors: new K/V go to slots [slot, slot + T) and
-        attention reads slots [0, slot + T). static=True (static_decode.py): slot is a (1,) tensor and T == 1; the
-        new K/V are written there by index and attention reads all max_len slots under `mask`, so no shape depends
-        on how far decoding has got."""
+    def forward(self, x, rope, mask, cache=None):
+        """x: (B, T, H); rope: (cos, sin) of the tokens' positions; mask: (B, 1, T, S) bool (True = may attend) or
+        None = causal, no padding (T == S or T == 1); cache: the model's Cache (or static_decode.StaticCache), which
+        stores this call's K/V and hands back all the K/V attention reads (`update`)."""
         B, T, _ = x.shape
         q = self.q_proj(x)
         if self.gated:
@@ -230,17 +110,10 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)     # (B, nkv, T, hd)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rotary(q.transpose(1, 2), cos, sin)                        # (B, nh, T, hd)
-        k = apply_rotary(k.transpose(1, 2), cos, sin)                        # (B, nkv, T, hd)
-        if static:  # one token into the tensor slot, attend over every slot
-            kv_cache[0].index_copy_(2, slot, k)
-            kv_cache[1].index_copy_(2, slot, v)
-            k, v = kv_cache                                                  # (B, nkv, max_len, hd)
-        elif kv_cache is not None:
-            kc, vc = kv_cache
-            kc[:, :, slot:slot + T] = k
-            vc[:, :, slot:slot + T] = v
-            k, v = kc[:, :, :slot + T], vc[:, :, :slot + T]                 # (B, nkv, S, hd)
+        q = apply_rotary(q.transpose(1, 2), *rope)                           # (B, nh, T, hd)
+        k = apply_rotary(k.transpose(1, 2), *rope)                           # (B, nkv, T, hd)
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v)                        # (B, nkv, S, hd)
         # fused attention (softmax in fp32 inside); GQA: kv head j serves query heads j*r .. j*r + r-1;
         # attention.py: the layout each case needs for a fused CUDA kernel (a mask with GQA forces math)
         y = attend(q, k, v, mask)                                            # (B, nh, T, hd)
@@ -262,33 +135,27 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg, layer_type):
+    def __init__(self, cfg, layer_type, layer_idx=0):
+        """layer_idx: the layer's place in the stack, which names its entries in a cache (Cache.update)."""
         super().__init__()
-        zc = cfg.family == "qwen3_5"
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zc)
+        zero_centered = cfg.family == "qwen3_5"
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered)
         if layer_type == "linear_attention":
-            self.linear_attn = GatedDeltaNet(cfg)
+            self.linear_attn = GatedDeltaNet(cfg, layer_idx)
         else:
-            self.self_attn = Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zc)
+            self.self_attn = Attention(cfg, layer_idx)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, attn_mask=None, real_tokens=None, cache=None, layer_idx=0, slot=0, static=False):
-        """x: (B, T, H); cos, sin: RoPE tables; attn_mask: (B, 1, T, S) bool for attention, or None = plain causal;
-        real_tokens: (B, T) bool, False at left padding (Gated DeltaNet zeroes those inputs), or None;
-        cache: the model's Cache, whose entries for this layer are cache.k[layer_idx] ...; slot: the first cache
-        slot this call's T tokens go to; static: static_decode.py's fixed-shape step (Attention.forward)."""
+    def forward(self, x, rope, attn_mask=None, real_tokens=None, cache=None):
+        """x: (B, T, H); rope: (cos, sin) RoPE tables; attn_mask: (B, 1, T, S) bool for attention, or None = plain
+        causal; real_tokens: (B, T) bool, False at left padding (Gated DeltaNet zeroes those inputs), or None;
+        cache: the model's Cache, or None (training: nothing is kept)."""
         h = self.input_layernorm(x)
-        i = layer_idx
         if hasattr(self, "self_attn"):
-            kv = None if cache is None else (cache.k[i], cache.v[i])
-            h = self.self_attn(h, cos, sin, attn_mask, kv_cache=kv, slot=slot, static=static)
+            h = self.self_attn(h, rope, attn_mask, cache)
         else:
-            states = (None, None) if cache is None else (cache.conv[i], cache.state[i])
-            h, (conv, state) = self.linear_attn(h, real_tokens, *states)
-            if cache is not None:  # in place: the cache's tensors are allocated once
-                cache.conv[i].copy_(conv)
-                cache.state[i].copy_(state)
+            h = self.linear_attn(h, real_tokens, cache)
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -299,7 +166,7 @@ class Decoder(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Block(cfg, t) for t in cfg.layer_types)
+        self.layers = nn.ModuleList(Block(cfg, t, i) for i, t in enumerate(cfg.layer_types))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.family == "qwen3_5")
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.partial_rotary_factor)
 
@@ -313,21 +180,52 @@ class Cache:
     Attention layers: k[i], v[i] (B, nkv, max_len, hd) in model dtype. GDN layers: conv[i] (B, C, K-1) pre-conv
     inputs in model dtype and state[i] (B, nv, dk, dv) fp32. Entries of the other kind are None.
     `length` (int) is the slot count filled, shared by all rows; `mask` (B, max_len) marks real tokens among the
-    slots; `seen` (B,) counts each row's real tokens, so that new positions continue from it. `padded` (bool,
-    on the host) says whether any slot written so far is a pad: without one, attention needs no mask."""
+    slots; `next_pos` (B,) counts each row's real tokens: the position of its next one. `has_pad` (bool, on the
+    host) says whether any slot written so far is a pad: without one, attention needs no mask.
+    Each layer reads and writes its own entries through `update` (attention) and `update_state` (Gated DeltaNet),
+    which static_decode.StaticCache implements too, at fixed shapes."""
 
-    def __init__(self, k, v, conv, state, mask, seen, length=0, padded=False):
+    def __init__(self, k, v, conv, state, mask, next_pos):
         self.k, self.v, self.conv, self.state = k, v, conv, state
-        self.mask, self.seen, self.length, self.padded = mask, seen, length, padded
+        self.mask, self.next_pos, self.length, self.has_pad = mask, next_pos, 0, False
 
     @property
     def max_len(self):
         return self.mask.shape[1]
 
+    def update(self, i, k, v):
+        """Layer i's new keys and values (B, nkv, T, hd) go to slots [length, length + T); returns what attention
+        reads: slots [0, length + T) of the layer's cache (B, nkv, S, hd)."""
+        end = self.length + k.shape[2]
+        self.k[i][:, :, self.length:end] = k
+        self.v[i][:, :, self.length:end] = v
+        return self.k[i][:, :, :end], self.v[i][:, :, :end]
+
+    def update_state(self, i, conv, state):
+        """Gated DeltaNet layer i's conv inputs and memory after this call, copied in place (allocated once)."""
+        self.conv[i].copy_(conv)
+        self.state[i].copy_(state)
+
+    def add_tokens(self, real_tokens, T):
+        """Marks slots [length, length + T) real or pad ((B, T) bool, None = all real) before the layers run;
+        returns the key mask (B, S) attention reads and whether any slot holds a pad."""
+        if self.length + T > self.max_len:
+            raise ValueError(f"cache is full: {self.length} + {T} tokens > max_len {self.max_len}; "
+                             f"make new_cache with a larger max_len")
+        self.mask[:, self.length:self.length + T] = True if real_tokens is None else real_tokens
+        self.has_pad = self.has_pad or has_pad(real_tokens)
+        return self.mask[:, :self.length + T], self.has_pad
+
+    def advance(self, real_tokens, T):
+        """After the layers: T more slots filled, each row's positions moved on by its real tokens."""
+        self.next_pos += T if real_tokens is None else real_tokens.sum(-1)
+        self.length += T
+
     def _map(self, fn):
         each = lambda xs: [None if x is None else fn(x) for x in xs]
-        return Cache(each(self.k), each(self.v), each(self.conv), each(self.state), fn(self.mask), fn(self.seen),
-                     self.length, self.padded)
+        out = Cache(each(self.k), each(self.v), each(self.conv), each(self.state), fn(self.mask), fn(self.next_pos))
+        out.length, out.has_pad = self.length, self.has_pad
+        return out
 
     def repeat_interleave(self, n):
         """Each row repeated n times, in place order (row0, row0, ..., row1, ...): prefill once, decode n samples."""
@@ -336,6 +234,11 @@ class Cache:
     def index_select(self, rows):
         rows = torch.as_tensor(rows, dtype=torch.long, device=self.mask.device)
         return self._map(lambda x: x.index_select(0, rows))
+
+
+def has_pad(real_tokens):
+    """Whether a (B, T) real-token mask marks any pad (one host read a call)."""
+    return real_tokens is not None and not bool(real_tokens.all())
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -369,35 +272,27 @@ class Qwen(nn.Module):
         """Final-normed hidden states (B, T, H). With a cache, the tokens go to slots [cache.length, +T) and the
         cache advances."""
         B, T = input_ids.shape
-        dev = input_ids.device
-        real = None if attention_mask is None else attention_mask.to(dev).bool()       # (B, T)
-        slot = 0 if cache is None else cache.length    # the cache slot of this call's first token
-        padded = real is not None and not bool(real.all())  # one host read a call: no padding, no mask
-        if positions is None:
-            positions = (torch.arange(T, device=dev).expand(B, T) if real is None
-                         else (real.long().cumsum(-1) - 1).clamp(min=0))
+        real_tokens = None if attention_mask is None else attention_mask.to(input_ids.device).bool()   # (B, T)
+        if positions is None:  # positions count real tokens only: a left-padded row is placed as the row alone
+            positions = (torch.arange(T, device=input_ids.device).expand(B, T) if real_tokens is None
+                         else (real_tokens.long().cumsum(-1) - 1).clamp(min=0))
             if cache is not None:
-                positions = positions + cache.seen[:, None]
-        if cache is not None:
-            if slot + T > cache.max_len:
-                raise ValueError(f"cache is full: {slot} + {T} tokens > max_len {cache.max_len}; "
-                                 f"make new_cache with a larger max_len")
-            cache.mask[:, slot:slot + T] = True if real is None else real
-            keys = cache.mask[:, :slot + T]                                            # (B, S)
-            padded = cache.padded = cache.padded or padded
+                positions = positions + cache.next_pos[:, None]
+        first_slot = 0 if cache is None else cache.length   # the cache slot of this call's first token
+        if cache is None:
+            keys, any_pad = real_tokens, has_pad(real_tokens)
         else:
-            keys = real
+            keys, any_pad = cache.add_tokens(real_tokens, T)                              # (B, S)
         # without pads, causal attention needs no mask (attention.attend: is_causal, or nothing for one token),
         # except several new tokens after cached ones (is_causal would align them with the first keys)
-        mask = attention_mask_4d(keys, slot, T) if padded or (slot > 0 and T > 1) else None
+        mask = attention_mask_4d(keys, first_slot, T) if any_pad or (first_slot > 0 and T > 1) else None
 
         x = self.model.embed_tokens(input_ids)                                         # (B, T, H)
-        cos, sin = self.model.rotary(positions, x.dtype)
-        for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, attn_mask=mask, real_tokens=real, cache=cache, layer_idx=i, slot=slot)
+        rope = self.model.rotary(positions, x.dtype)
+        for layer in self.model.layers:
+            x = layer(x, rope, attn_mask=mask, real_tokens=real_tokens, cache=cache)
         if cache is not None:
-            cache.seen += T if real is None else real.sum(-1)
-            cache.length = slot + T
+            cache.advance(real_tokens, T)
         return self.model.norm(x)
 
     def new_cache(self, batch_size, max_len):
@@ -413,16 +308,16 @@ class Qwen(nn.Module):
                 conv[i] = torch.zeros(batch_size, gdn.conv_dim, cfg.linear_conv_kernel_dim - 1, dtype=dt, device=dev)
                 state[i] = torch.zeros(batch_size, gdn.nv, gdn.dk, gdn.dv, dtype=torch.float32, device=dev)
         mask = torch.zeros(batch_size, max_len, dtype=torch.bool, device=dev)
-        seen = torch.zeros(batch_size, dtype=torch.long, device=dev)
-        return Cache(k, v, conv, state, mask, seen)
+        next_pos = torch.zeros(batch_size, dtype=torch.long, device=dev)
+        return Cache(k, v, conv, state, mask, next_pos)
 
 
-def attention_mask_4d(keys, slot, T):
-    """(B, 1, T, S) bool, True = may attend: causal over slots (the T queries sit in slots [slot, slot + T)), and
+def attention_mask_4d(keys, first_slot, T):
+    """(B, 1, T, S) bool, True = may attend: causal over slots (the T queries sit in [first_slot, first_slot + T)), and
     never to a pad. A pad query may attend to itself, so that no row is all False (SDPA would give NaN there); pad
     outputs are never used."""
     S = keys.shape[1]
-    q_slot = torch.arange(slot, slot + T, device=keys.device)[:, None]     # (T, 1)
+    q_slot = torch.arange(first_slot, first_slot + T, device=keys.device)[:, None]  # (T, 1)
     k_slot = torch.arange(S, device=keys.device)[None, :]                  # (1, S)
     allowed = (k_slot <= q_slot) & keys[:, None, :]                         # (B, T, S)
     return (allowed | (k_slot == q_slot))[:, None]

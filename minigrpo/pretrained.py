@@ -1,17 +1,133 @@
-"""Loading a Qwen checkpoint into minigrpo/model.py's decoder: tiny random models, hub snapshots, (sharded)
-safetensors. The folder layout is the Hugging Face one (config.json, model.safetensors or
-model.safetensors.index.json + shards); every tensor is cast to the one model dtype, as HF does."""
+"""Loading a Qwen checkpoint into minigrpo/model.py's decoder: its config.json read into a QwenConfig, tiny
+random models, hub snapshots, (sharded) safetensors. The folder layout is the Hugging Face one (config.json,
+model.safetensors or model.safetensors.index.json + shards); every tensor is cast to the one model dtype, as HF
+does."""
 import json
 import math
 import os
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 
 from minigrpo.common import UsageError, first_line, read_json
 from minigrpo.hub import local_folder
-from minigrpo.model import CheckpointError, Qwen, QwenConfig
+from minigrpo.model import Qwen
 from minigrpo.tokenizer import Tokenizer
+
+FAMILIES = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that cannot be loaded; the message names the file and key."""
+
+
+@dataclass
+class QwenConfig:
+    """What model.Qwen builds from: the numbers of a Hugging Face config.json, one field per key it reads."""
+    family: str = "qwen3"  # "qwen2" | "qwen3" | "qwen3_5"
+    vocab_size: int = 272
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1e6
+    partial_rotary_factor: float = 1.0
+    tie_word_embeddings: bool = True
+    attention_bias: bool = False
+    layer_types: list = field(default_factory=list)  # "full_attention" | "linear_attention" per layer
+    linear_conv_kernel_dim: int = 4
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    raw: dict = field(default_factory=dict, repr=False)  # the original config.json, for export
+
+    @classmethod
+    def from_json(cls, path):
+        d = read_json(path, "not found; pass a folder holding a Hugging Face checkpoint or a hub id", CheckpointError)
+        return cls.from_dict(d, source=path)
+
+    @classmethod
+    def from_dict(cls, d, source="config.json"):
+        model_type = d.get("model_type")
+        if model_type not in FAMILIES:
+            raise CheckpointError(f"{source}: model_type {model_type!r} is not supported "
+                                  f"(expected one of {', '.join(FAMILIES)})")
+        family = FAMILIES[model_type]
+        t = d
+        if model_type == "qwen3_5":  # multimodal layout: the language model's fields are nested
+            if "text_config" not in d:
+                raise CheckpointError(f"{source}: model_type 'qwen3_5' needs a 'text_config' entry")
+            t = dict(d["text_config"])
+            if "tie_word_embeddings" in d:  # HF ties the LM head by the top-level flag of the composite config
+                t["tie_word_embeddings"] = d["tie_word_embeddings"]
+        if t.get("use_sliding_window"):
+            raise CheckpointError(f"{source}: use_sliding_window=true is not supported (no Qwen checkpoint here uses "
+                                  "it)")
+
+        def need(key):
+            if key not in t:
+                raise CheckpointError(f"{source}: missing key {key!r}")
+            return t[key]
+
+        H, nh = need("hidden_size"), need("num_attention_heads")
+        rope = t.get("rope_parameters") or t.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", "mrope"):  # Qwen3.5's mRoPE is 1-D RoPE for text
+            raise CheckpointError(f"{source}: rope_type {rope_type!r} is not supported (only default RoPE)")
+        theta = t.get("rope_theta", rope.get("rope_theta", 10000.0))
+        partial = t.get("partial_rotary_factor", rope.get("partial_rotary_factor",
+                                                          0.25 if family == "qwen3_5" else 1.0))
+        L = need("num_hidden_layers")
+        if family == "qwen3_5":
+            interval = t.get("full_attention_interval", 4)
+            types = t.get("layer_types") or ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                                             for i in range(L)]
+        else:
+            types = ["full_attention"] * L
+        if len(types) != L or set(types) - {"full_attention", "linear_attention"}:
+            raise CheckpointError(f"{source}: layer_types must list {L} entries of full_attention/linear_attention")
+        return cls(
+            family=family, vocab_size=need("vocab_size"), hidden_size=H, intermediate_size=need("intermediate_size"),
+            num_hidden_layers=L, num_attention_heads=nh,
+            num_key_value_heads=t.get("num_key_value_heads", nh),
+            head_dim=t.get("head_dim") or H // nh,  # Qwen2 has no head_dim field
+            rms_norm_eps=t.get("rms_norm_eps", 1e-6), rope_theta=float(theta),
+            partial_rotary_factor=float(partial), tie_word_embeddings=bool(t.get("tie_word_embeddings", False)),
+            # Qwen2's q/k/v biases are hard-wired in HF (no config switch)
+            attention_bias=True if family == "qwen2" else bool(t.get("attention_bias", False)),
+            layer_types=list(types), linear_conv_kernel_dim=t.get("linear_conv_kernel_dim", 4),
+            linear_num_key_heads=t.get("linear_num_key_heads", 0),
+            linear_num_value_heads=t.get("linear_num_value_heads", 0),
+            linear_key_head_dim=t.get("linear_key_head_dim", 0),
+            linear_value_head_dim=t.get("linear_value_head_dim", 0), raw=d)
+
+    @classmethod
+    def tiny(cls, kind="tiny"):
+        """Small random-weight models for CPU runs. The embedding has 272 rows for the byte tokenizer's 261 ids
+        (padding rows, as real Qwen has); tied embeddings as the small real Qwens."""
+        common = dict(vocab_size=272, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                      max_position_embeddings=4096, hidden_act="silu", bos_token_id=256, eos_token_id=258,
+                      pad_token_id=256)
+        if kind == "tiny":
+            raw = dict(common, model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=16,
+                       rope_theta=1e6, attention_bias=False)
+        elif kind == "tiny-qwen3.5":
+            # hybrid: 3 Gated DeltaNet layers then 1 gated attention layer; dv != dk, nv > nk, partial rotary
+            raw = dict(common, model_type="qwen3_5_text", architectures=["Qwen3_5ForCausalLM"], head_dim=32,
+                       rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+                       layer_types=["linear_attention"] * 3 + ["full_attention"], linear_conv_kernel_dim=4,
+                       linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                       linear_value_head_dim=24, attention_bias=False)
+        else:
+            raise ValueError(f"unknown tiny model {kind!r}: use 'tiny' or 'tiny-qwen3.5'")
+        return cls.from_dict(raw, source=kind)
+
 
 
 def load_model_and_tokenizer(name, dtype=None, device=None):

@@ -31,7 +31,7 @@ trainer seed each prompt by (run seed, step, example) and get the same rollouts 
 Shape letters: P prompts, B rows being decoded (P*n, fewer after compaction), L longest prompt, V vocab kept.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -49,6 +49,20 @@ class Sample:
     logprobs: list
     finish_reason: str  # "eos" | "stop" | "length"
     text: str | None = None
+
+
+@dataclass
+class Settings:
+    """How one sampler call samples, its defaults resolved (`sample` says what each does)."""
+    n: int                          # completions per prompt
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    vocab_size: int | None = None   # ids >= vocab_size are never sampled
+    pad_id: int = 0
+    sync_every: int = 1             # decode steps between host reads
+    compact_fraction: float = 0.25  # drop finished rows once this fraction of the batch is done
 
 
 # ------------------------------------------------------------------------------------------------ token choice
@@ -160,6 +174,26 @@ class StopScanner:
                         return j + 1, "stop"
         return (end, reason) if reason else None
 
+    def read(self, new, live, gen_ids, ended):
+        """The host's check every sync_every steps: new[i] are the tokens of batch row i (original row live[i])
+        since the last read. Appends them to gen_ids and records rows that stopped in ended {row: (length,
+        reason)}."""
+        for r, toks in zip(live, new):
+            if r in ended:  # done, waiting to be compacted away: its later tokens are discarded
+                continue
+            scanned = len(gen_ids[r])
+            gen_ids[r] += toks
+            hit = self.scan(gen_ids[r], scanned)
+            if hit:
+                ended[r] = hit
+
+    def text(self, ids, reason):
+        """The completion's text: without a final EOS, cut after a stop string; None without a tokenizer."""
+        if self.tok is None:
+            return None
+        text = self.tok.decode(ids[:-1] if reason == "eos" else ids)
+        return cut_after_stop(text, self.strings) if reason == "stop" else text
+
 
 def cut_after_stop(text, stop_strings):
     """The text up to the end of the first stop string in it (the token that completed it may run further)."""
@@ -201,87 +235,82 @@ def sample(model, prompts, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=
         vocab_size = tokenizer.vocab_size
     if pad_id is None:
         pad_id = getattr(tokenizer, "pad_id", None) or 0
-    device = model.device
     if sync_every is None:
-        sync_every = 8 if device.type == "cuda" else 1
-    if seed is None:
-        seed = int(torch.randint(0, 2**62, (1,)).item())  # follows torch.manual_seed
-    seeds = list(seed) if isinstance(seed, (list, tuple)) else [derive_seed(seed, i) for i in range(len(prompts))]
-    if len(seeds) != len(prompts):
-        raise ValueError(f"sampler.py: {len(seeds)} seeds for {len(prompts)} prompts; pass one per prompt or an int")
-    static = bool(compile or static)
-    if static and rows and n <= rows < len(prompts) * n:
-        # more rows than the fixed batch: calls of whole prompts (a sample depends on its prompt's seed only)
-        per, out = rows // n, []
-        for i in range(0, len(prompts), per):
-            part = sample(model, prompts[i:i + per], n, max_new_tokens, temperature, top_p, top_k, stop_ids,
-                          stop_strings, tokenizer, seeds[i:i + per], vocab_size, pad_id, sync_every,
-                          compact_fraction, compile, static, rows)
-            out += [Sample(s.prompt_index + i, s.completion_ids, s.logprobs, s.finish_reason, s.text) for s in part]
-        return out
-    real = len(prompts) * n                                         # rows returned
-    B = static_decode.bucket_rows(real, rows) if static else real   # rows decoded (static: padded to the run's)
-    row_keys = sample_keys(seeds, n, device)                        # (real,) int64, one per sample row
+        sync_every = 8 if model.device.type == "cuda" else 1
+    settings = Settings(n, max_new_tokens, temperature, top_p, top_k, vocab_size, pad_id, sync_every, compact_fraction)
+    seeds = prompt_seeds(seed, len(prompts))
     scanner = StopScanner(stop_ids, stop_strings, tokenizer)
+    if not (compile or static):
+        return sample_batch(model, prompts, seeds, settings, scanner)
+    settings = replace(settings, compact_fraction=float("inf"))  # fixed shapes: no compaction
+    out = []
+    for part in static_decode.whole_prompt_calls(len(prompts), n, rows):
+        got = sample_batch(model, prompts[part], seeds[part], settings, scanner, static=(rows, compile))
+        out += [replace(x, prompt_index=x.prompt_index + part.start) for x in got]
+    return out
 
-    if static:  # fixed shapes (static_decode.py): a bucketed cache of fixed rows, no compaction
-        L = max(map(len, prompts))
-        cache, logits = prefill(model, prompts, static_decode.bucket_len(L + max_new_tokens) - L, pad_id)
-        cache = static_decode.static_cache(model, cache, n, B)
-        if compile:
-            step_fn = static_decode.compiled_step(device, compile if isinstance(compile, str) else "inductor")
-        else:
-            step_fn = static_decode.decode_step
-        compact_fraction = float("inf")
+
+def prompt_seeds(seed, P):
+    """One seed per prompt: `seed` itself when it is a list, else derive_seed(seed, i) (a random seed for None,
+    following torch.manual_seed)."""
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, (1,)).item())
+    seeds = list(seed) if isinstance(seed, (list, tuple)) else [derive_seed(seed, i) for i in range(P)]
+    if len(seeds) != P:
+        raise ValueError(f"sampler.py: {len(seeds)} seeds for {P} prompts; pass one per prompt or an int")
+    return seeds
+
+
+def sample_batch(model, prompts, seeds, s, scanner, static=None):
+    """n completions of each prompt, decoded as one batch: prefill, the decode loop, the Samples.
+    static: (rows, compile) for static_decode.py's fixed-shape step, None for the ordinary one."""
+    row_keys = sample_keys(seeds, s.n, model.device)                 # (P*n,) int64, one per sample row
+    if static is None:
+        cache, logits = prefill(model, prompts, s.max_new_tokens, s.pad_id)
+        cache, step = cache.repeat_interleave(s.n), decode_step
     else:
-        cache, logits = prefill(model, prompts, max_new_tokens, pad_id)
-        cache, step_fn = cache.repeat_interleave(n), decode_step
-    src = (torch.arange(B, device=device) // n).clamp_(max=len(prompts) - 1)   # the prompt of each row
-    logits, row_keys = logits[src], row_keys[src * n + torch.arange(B, device=device) % n].clone()  # (B, V), (B,)
-    out_tok = torch.zeros(B, max_new_tokens, dtype=torch.long, device=device)
-    out_lp = torch.zeros(B, max_new_tokens, dtype=torch.float32, device=device)
+        cache, logits = prefill(model, prompts, static_decode.new_slots(prompts, s.max_new_tokens), s.pad_id)
+        cache, step = static_decode.start(model, cache, s.n, *static)
+    gen_ids, logprobs, ended = decode(model, step, cache, logits, row_keys, s, scanner)
+    out = []
+    for r in range(len(row_keys)):  # the static batch's padding rows are not returned
+        length, reason = ended.get(r, (s.max_new_tokens, "length"))
+        ids = gen_ids[r][:length]
+        out.append(Sample(r // s.n, ids, logprobs[r, :length].tolist(), reason, scanner.text(ids, reason)))
+    return out
+
+
+def decode(model, step, cache, logits, row_keys, s, scanner):
+    """The decode loop, from the prefill's last-position logits (P, V) and a cache of B rows (prompt r // n in row
+    r; rows past P*n, a static batch's padding, repeat the last prompt and are never returned). Returns each row's
+    tokens (host lists), log-probs (B, max_new_tokens) on the host, and the rows that stopped {row: (length,
+    reason)}."""
+    B, P, device = cache.mask.shape[0], logits.shape[0], logits.device
+    src = (torch.arange(B, device=device) // s.n).clamp_(max=P - 1)   # the prompt of each row
+    logits, row_keys = logits[src], row_keys[src * s.n + torch.arange(B, device=device) % s.n].clone()  # (B, V), (B,)
+    out_tok = torch.zeros(B, s.max_new_tokens, dtype=torch.long, device=device)
+    out_lp = torch.zeros(B, s.max_new_tokens, dtype=torch.float32, device=device)
     rows = torch.arange(B, device=device)   # original row of each live batch row
     live = list(range(B))                   # the same, on the host
     gen_ids = [[] for _ in range(B)]        # host copy of each row's tokens, for stop detection
-    ended = {r: (0, "pad") for r in range(real, B)}  # row -> (length, finish_reason); padding rows never count
+    ended = {r: (0, "pad") for r in range(P * s.n, B)}  # row -> (length, finish_reason); padding rows never count
     checked = 0                             # steps already read by the host
-
-    for t in range(max_new_tokens):
+    for t in range(s.max_new_tokens):
         u = uniforms(row_keys[rows], t)                              # (B_live,) one draw per live row
-        vocab_logits = logits if vocab_size is None else logits[:, :vocab_size]
-        token, lp = choose(vocab_logits, temperature, top_k, top_p, u)
+        vocab_logits = logits if s.vocab_size is None else logits[:, :s.vocab_size]
+        token, lp = choose(vocab_logits, s.temperature, s.top_k, s.top_p, u)
         out_tok[rows, t] = token
         out_lp[rows, t] = lp
-        last = t == max_new_tokens - 1
-        if last or (t + 1 - checked) >= sync_every:
-            new = out_tok[rows, checked:t + 1].tolist()  # the one host sync every sync_every steps
-            for r, toks in zip(live, new):
-                if r in ended:  # done, waiting to be compacted away: its later tokens are discarded
-                    continue
-                scanned = len(gen_ids[r])
-                gen_ids[r] += toks
-                hit = scanner.scan(gen_ids[r], scanned)
-                if hit:
-                    ended[r] = hit
+        last = t == s.max_new_tokens - 1
+        if last or (t + 1 - checked) >= s.sync_every:
+            scanner.read(out_tok[rows, checked:t + 1].tolist(), live, gen_ids, ended)  # one host sync
             checked = t + 1
             keep = [i for i, r in enumerate(live) if r not in ended]
             if not keep or last:
                 break
-            if len(live) - len(keep) >= max(1, compact_fraction * len(live)):
+            if len(live) - len(keep) >= max(1, s.compact_fraction * len(live)):
                 idx = torch.tensor(keep, device=device)
                 cache, token, rows = cache.index_select(idx), token[idx], rows[idx]
                 live = [live[i] for i in keep]
-        logits = step_fn(model, token, cache)
-
-    logprobs = out_lp.cpu()
-    results = []
-    for r in range(real):
-        length, reason = ended.get(r, (max_new_tokens, "length"))
-        ids = gen_ids[r][:length]
-        text = None
-        if tokenizer is not None:
-            text = tokenizer.decode(ids[:-1] if reason == "eos" else ids)
-            if reason == "stop":
-                text = cut_after_stop(text, stop_strings)
-        results.append(Sample(r // n, ids, logprobs[r, :length].tolist(), reason, text))
-    return results
+        logits = step(model, token, cache)
+    return gen_ids, out_lp.cpu(), ended

@@ -7,10 +7,11 @@ changes the batch size too. A CUDA graph replays fixed kernels on fixed addresse
 
 What changes here, and nothing else (the model's modules and weights are the same):
 - Attention reads every slot of the preallocated cache, [0, max_len), with a (B, 1, 1, max_len) mask: the slots
-  not yet written are False, like left padding. The new K/V go to `slot` with `index_copy_`, where `slot` is a
-  one-element tensor that the step advances in place (model.Attention's static=True path).
-- Positions are `cache.seen` (a tensor), RoPE is computed from it inside the graph.
-- Gated DeltaNet's conv and recurrent state are fixed-size already; Block copies them into the cache in place.
+  not yet written are False, like left padding. The new K/V go to `next_slot` with `index_copy_`, where
+  `next_slot` is a one-element tensor that the step advances in place (`StaticCache.update`, which model.Attention
+  calls as it calls model.Cache.update: the layers do not know which cache they write to).
+- Positions are `cache.next_pos` (a tensor), RoPE is computed from it inside the graph.
+- Gated DeltaNet's conv and recurrent state are fixed-size already; the layer copies them into the cache in place.
 - The shapes are the run's, not the call's: rows are a fixed count (the caller's largest call, `rows=`; a call with
   fewer rows pads the batch with copies of its last row, whose tokens are discarded) and max_len is one of a few
   fixed buckets, LENGTHS (powers of two and 1.5x them, from 256). So a run of turn-0 answers and long revisions,
@@ -49,31 +50,68 @@ def bucket_len(n):
 
 def bucket_rows(rows_needed, rows=None):
     """The decode batch for a call of `rows_needed` rows: `rows` (the run's fixed count) when it holds them, else the
-    next power of two (calls larger than the run's rows are split by the sampler before they get here)."""
+    next power of two (calls larger than the run's rows are split first: whole_prompt_calls)."""
     if rows is not None and rows_needed <= rows:
         return rows
     return 1 << (rows_needed - 1).bit_length()
 
 
+def whole_prompt_calls(P, n, rows=None):
+    """How a sampler call of P prompts x n samples runs at the run's fixed row count `rows`: slices of whole prompts,
+    as many per call as the rows hold (a sample depends on its prompt's seed only, so how the prompts are split
+    changes no sample). One slice when they all fit, or without `rows`."""
+    per = rows // n if rows and n <= rows < P * n else P
+    return [slice(i, i + per) for i in range(0, P, per)]
+
+
+def new_slots(prompts, max_new_tokens):
+    """The slots to prefill beyond the longest prompt: up to the length bucket that holds max_new_tokens more."""
+    L = max(map(len, prompts))
+    return bucket_len(L + max_new_tokens) - L
+
+
+def start(model, cache, n, rows=None, compile=False):
+    """(StaticCache, decode step) for a prefilled model.Cache of P prompts, each decoded n times: the model's kept
+    cache of bucket_rows(P * n, rows) rows, loaded, and decode_step, or compiled_step when `compile` (a string names
+    the torch.compile backend, default inductor)."""
+    cache = static_cache(model, cache, n, bucket_rows(cache.mask.shape[0] * n, rows))
+    if not compile:
+        return cache, decode_step
+    return cache, compiled_step(model.device, compile if isinstance(compile, str) else "inductor")
+
+
 class StaticCache:
     """The model's cache at fixed shapes and addresses. Same per-layer tensors as model.Cache (k, v (B, nkv, S, hd);
-    conv (B, C, K-1); state (B, nv, dk, dv) fp32; None where the layer is of the other kind), plus
-    mask (B, S) bool real tokens among the slots, seen (B,) real tokens per row (the next position), and
-    slot (1,) long: the slot the next token goes to, the same for every row (left-padded layout)."""
+    conv (B, C, K-1); state (B, nv, dk, dv) fp32; None where the layer is of the other kind) and the same per-layer
+    methods (`update`, `update_state`), plus mask (B, S) bool real tokens among the slots, next_pos (B,) real tokens
+    per row (the next position), and next_slot (1,) long: the slot the next token goes to, the same for every row
+    (left-padded layout)."""
 
     def __init__(self, like, rows):
         """Zeroed tensors shaped as model.Cache `like`, with `rows` rows."""
         each = lambda xs: [None if x is None else x.new_zeros((rows,) + x.shape[1:]) for x in xs]
         self.k, self.v, self.conv, self.state = each(like.k), each(like.v), each(like.conv), each(like.state)
         self.mask = like.mask.new_zeros(rows, like.max_len)
-        self.seen = like.seen.new_zeros(rows)
-        self.slot = like.seen.new_zeros(1)
+        self.next_pos = like.next_pos.new_zeros(rows)
+        self.next_slot = like.next_pos.new_zeros(1)
         for t in self.tensors():
             torch._dynamo.mark_static_address(t)  # CUDA graphs: read and written in place, never re-allocated
 
     def tensors(self):
-        return [t for t in self.k + self.v + self.conv + self.state + [self.mask, self.seen, self.slot]
+        return [t for t in self.k + self.v + self.conv + self.state + [self.mask, self.next_pos, self.next_slot]
                 if t is not None]
+
+    def update(self, i, k, v):
+        """Layer i's key and value of the one new token (B, nkv, 1, hd) go to next_slot; attention reads every slot
+        (B, nkv, S, hd), the unwritten ones masked."""
+        self.k[i].index_copy_(2, self.next_slot, k)
+        self.v[i].index_copy_(2, self.next_slot, v)
+        return self.k[i], self.v[i]
+
+    def update_state(self, i, conv, state):
+        """As model.Cache.update_state: Gated DeltaNet layer i's new conv inputs and memory, copied in place."""
+        self.conv[i].copy_(conv)
+        self.state[i].copy_(state)
 
     def load(self, cache, n):
         """Copy a prefilled model.Cache (P rows) in, each row repeated n times: row r takes prompt r // n; the rows
@@ -82,12 +120,12 @@ class StaticCache:
         src = (torch.arange(self.mask.shape[0], device=self.mask.device) // n).clamp_(max=P - 1)
         for dst, s in zip(self.tensors()[:-1], cache_tensors(cache)):
             torch.index_select(s, 0, src, out=dst)
-        self.slot.fill_(cache.length)
+        self.next_slot.fill_(cache.length)
         return self
 
 
 def cache_tensors(cache):
-    return [t for t in cache.k + cache.v + cache.conv + cache.state + [cache.mask, cache.seen] if t is not None]
+    return [t for t in cache.k + cache.v + cache.conv + cache.state + [cache.mask, cache.next_pos] if t is not None]
 
 
 def shape_key(cache, rows):
@@ -115,16 +153,16 @@ def release(model):
 
 
 def decode_step(model, tokens, cache):
-    """One new token per row at fixed shapes: (B,) -> next-token logits (B, V) fp32. Advances cache.slot and
-    cache.seen in place. The same layers as model.Qwen.hidden, with tensor positions and a tensor slot."""
+    """One new token per row at fixed shapes: (B,) -> next-token logits (B, V) fp32. Advances cache.next_slot and
+    cache.next_pos in place. The same layers as model.Qwen.hidden, with tensor positions and a tensor slot."""
     x = model.model.embed_tokens(tokens[:, None])                    # (B, 1, H)
-    cos, sin = model.model.rotary(cache.seen[:, None], x.dtype)      # the row's next position
-    cache.mask.index_fill_(1, cache.slot, True)
+    rope = model.model.rotary(cache.next_pos[:, None], x.dtype)      # the row's next position
+    cache.mask.index_fill_(1, cache.next_slot, True)
     mask = cache.mask[:, None, None, :]                              # (B, 1, 1, S): written slots, real tokens
-    for i, layer in enumerate(model.model.layers):
-        x = layer(x, cos, sin, attn_mask=mask, cache=cache, layer_idx=i, slot=cache.slot, static=True)
-    cache.seen.add_(1)
-    cache.slot.add_(1)
+    for layer in model.model.layers:
+        x = layer(x, rope, attn_mask=mask, cache=cache)
+    cache.next_pos.add_(1)
+    cache.next_slot.add_(1)
     return model.logits(model.model.norm(x)[:, -1]).float()          # (B, V)
 
 

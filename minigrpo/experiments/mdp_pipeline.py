@@ -51,7 +51,8 @@ from minigrpo.evals import report
 from minigrpo.experiments.stages import Stages, rng_kept, save_model
 from minigrpo.experiments.supervised import dpo_loop, sft_loop
 from minigrpo.lora import fold_lora, inject_lora, load_adapter, save_adapter, strip_lora
-from minigrpo.model import Qwen, QwenConfig
+from minigrpo.model import Qwen
+from minigrpo.pretrained import QwenConfig
 from minigrpo.pretrained import load_pretrained
 from minigrpo.run.folder import RunFolder
 from minigrpo.sampler import sample

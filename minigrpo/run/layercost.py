@@ -14,11 +14,12 @@ the constraint a fit can read the fixed LoRA gradients as a negative T^2 term, w
 extrapolates to cancels real activations: a plan must never count less than nothing.
 
 Attention: the attention layer is measured as a padded micro-batch runs it (with a mask: most micro-batches have
-pads). Its one scaled_dot_product_attention call is recorded (attention.Recorder) and attention.cuda_kernel names
-the CUDA kernel that call takes, the same rules the model's attention calls are tested against; what that kernel
-keeps for backward (its autograd node run on meta tensors: torch's own shape functions) replaces what the CPU's
-kernel kept. The memory-efficient kernel keeps what the CPU's does (q, expanded k and v, output, log-sum-exp, the
-mask as a (B, 1, T, S) bias); the math kernel would add its (B, nh, T, S) fp32 scores.
+pads). Its one scaled_dot_product_attention call is recorded (attention_kernels.Recorder) and
+attention_kernels.cuda_kernel names the CUDA kernel that call takes, the same rules the model's attention calls are
+tested against; what that kernel keeps for backward (its autograd node run on meta tensors: torch's own shape
+functions) replaces what the CPU's kernel kept. The memory-efficient kernel keeps what the CPU's does (q, expanded k
+and v, output, log-sum-exp, the mask as a (B, 1, T, S) bias); the math kernel would add its (B, nh, T, S) fp32
+scores.
 
 Letters: B rows, T tokens per sequence, S key slots.
 """
@@ -32,9 +33,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from minigrpo.attention import Recorder, cuda_kernel
 from minigrpo.lora import DEFAULT_TARGETS, inject_lora
 from minigrpo.model import Block, RMSNorm, Rotary, attention_mask_4d
+from minigrpo.run.attention_kernels import Recorder, cuda_kernel
 
 # multiples of Gated DeltaNet's 64-token chunk, from two chunks on (from the second chunk on each chunk also keeps
 # the incoming state: with one chunk the fit is off), three of them so that a fit has a length to be checked on
@@ -154,7 +155,7 @@ def measure_layer(cfg, block, T, found=None):
     shared = [t.untyped_storage().data_ptr() for t in (cos, sin, mask, real)]
     shared += [p.untyped_storage().data_ptr() for p in block.parameters()]
     with Recorder() as rec:
-        saved, grads = measure(lambda: block(x, cos, sin, attn_mask=mask, real_tokens=real), shared)
+        saved, grads = measure(lambda: block(x, (cos, sin), attn_mask=mask, real_tokens=real), shared)
     for call in rec.calls:  # the attention layer's one call: what the CUDA kernel keeps instead
         if found is not None:
             found["attention_kernel"] = cuda_kernel(call)
@@ -181,7 +182,7 @@ def layer_costs(cfg, dtype, lora_r, targets=DEFAULT_TARGETS, lengths=LENGTHS):
 
 def kernel_saved_bytes(call, where):
     """Bytes the autograd node of one attention call keeps for backward: where="cpu" as the CPU's SDPA runs it,
-    "cuda" as the CUDA kernel attention.cuda_kernel names for it (run on meta tensors: no GPU, no memory)."""
+    "cuda" as the CUDA kernel attention_kernels.cuda_kernel names for it (run on meta tensors: no GPU, no memory)."""
     device = "cpu" if where == "cpu" else "meta"
     q, k, v = (torch.zeros(t[0], dtype=call.dtype, device=device, requires_grad=True) for t in (call.q, call.k, call.v))
     mask = None if call.mask is None else torch.ones(call.mask[0], dtype=torch.bool, device=device)

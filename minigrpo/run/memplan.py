@@ -39,8 +39,8 @@ from minigrpo import static_decode
 from minigrpo.common import DATA
 from minigrpo.logprobs import LOGIT_BYTES
 from minigrpo.lora import DEFAULT_TARGETS, inject_lora
-from minigrpo.model import Qwen, QwenConfig
-from minigrpo.pretrained import read_config
+from minigrpo.model import Qwen
+from minigrpo.pretrained import QwenConfig, read_config
 from minigrpo.run.layercost import layer_costs
 
 GiB = 1024 ** 3
@@ -198,7 +198,7 @@ def format_plan(p, header):
     lines = [header, f"parameters {p['params']:,}; trainable {p['trainable_params']:,}"]
     if p.get("attention_kernel"):
         lines.append(f"training attention on CUDA: the {KERNEL_NAMES[p['attention_kernel']]} kernel for a padded "
-                     f"micro-batch (attention.cuda_kernel of the measured call; an unpadded one takes flash)")
+                     f"micro-batch (attention_kernels.cuda_kernel of the measured call; an unpadded one takes flash)")
     lines += ["", "| part | memory |", "|---|---|"]
     rows = [("weights", "weights"), ("trainable (fp32 weights + grads + AdamW m, v)", "trainable"),
             ("rollout: attention K/V cache", "kv_cache"), ("rollout: Gated DeltaNet state + conv", "gdn_state"),

@@ -1,6 +1,6 @@
 """Attention on torch's fused CUDA kernels (minigrpo/attention.py), checked on the CPU: every attention
 call the model makes (training with and without padding, prefill, eager and static decode) at the attention shapes
-of each preset's model and Qwen2.5's is recorded and held to the fused kernels' rules (attention.cuda_kernel), so
+of each preset's model and Qwen2.5's is recorded and held to the fused kernels' rules (run/attention_kernels.py), so
 a change that would send a call to the math kernel fails here; the new layouts give the old call's outputs and
 gradients in fp32. On a CUDA machine the rules are also compared with torch's own kernel checks."""
 import json
@@ -10,10 +10,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minigrpo import attention, model as model_mod, sampler, static_decode
-from minigrpo.attention import Recorder, attend, cuda_kernel
-from minigrpo.model import Qwen, QwenConfig
-from minigrpo.pretrained import load_pretrained
+from minigrpo import model as model_mod, sampler, static_decode
+from minigrpo.attention import attend
+from minigrpo.model import Qwen
+from minigrpo.pretrained import QwenConfig, load_pretrained
+from minigrpo.run import attention_kernels
+from minigrpo.run.attention_kernels import Recorder, cuda_kernel
 
 from repo_root import ROOT
 
@@ -105,28 +107,6 @@ def test_every_attention_call_takes_a_fused_kernel(preset, name, B, T, P, n, L, 
         assert all(c.mask is None for c in calls) == path.endswith("no padding"), path
 
 
-def test_the_old_call_took_math_and_the_rules_hold():
-    """The call this code made before (a boolean mask with enable_gqa, nh != nkv) falls to math; the rules of
-    torch 2.13 for the cases the layouts rely on."""
-    q, k = torch.zeros(2, 16, 5, 256, dtype=torch.bfloat16), torch.zeros(2, 4, 5, 256, dtype=torch.bfloat16)
-    mask = torch.ones(2, 1, 5, 5, dtype=torch.bool)
-    call = attention.Call.of
-    assert cuda_kernel(call(q, k, k, attn_mask=mask, enable_gqa=True)) == "math"
-    assert cuda_kernel(call(q, k, k, is_causal=True, enable_gqa=True)) == "flash"
-    assert cuda_kernel(call(q, k, k, is_causal=True)) == "math"                     # GQA without the flag
-    assert cuda_kernel(call(q.float(), k.float(), k.float(), is_causal=True, enable_gqa=True)) == "math"  # fp32
-    kx = k.repeat_interleave(4, dim=1)
-    assert cuda_kernel(call(q, kx, kx, attn_mask=mask)) == "efficient"
-    assert cuda_kernel(call(q.float(), kx.float(), kx.float(), is_causal=True)) == "efficient"
-    assert cuda_kernel(call(q[:, :, :1], kx, kx, is_causal=True)) == "efficient"   # flash: causal needs T == S
-    odd = torch.zeros(2, 16, 5, 100, dtype=torch.bfloat16)                          # 100 % 8 != 0
-    assert cuda_kernel(call(odd, odd, odd, attn_mask=mask)) == "math"
-    big = torch.zeros(2, 16, 5, 512, dtype=torch.bfloat16)
-    assert cuda_kernel(call(big, big, big)) == "efficient"                           # flash: head dim <= 256
-    shifted = torch.zeros(2 * 16 * 5 * 256 + 4, dtype=torch.bfloat16)[4:].view(2, 16, 5, 256)
-    assert cuda_kernel(call(shifted, kx, kx, attn_mask=mask)) == "math"             # storage offset 4 elements
-
-
 def old_attend(q, k, v, mask):
     """The call before attention.py, with the full causal mask where Qwen.hidden now passes None."""
     T, S = q.shape[2], k.shape[2]
@@ -192,8 +172,8 @@ def test_rules_agree_with_torch_on_cuda():
         t = [on_cuda(*meta, c.dtype) for meta in (c.q, c.k, c.v)]
         mask = None if c.mask is None else torch.zeros(c.mask[0], dtype=c.dtype, device="cuda")
         p = SDPAParams(*t, mask, 0.0, c.is_causal, c.enable_gqa)
-        assert can_use_flash_attention(p) == attention.can_flash(c), c
-        assert can_use_efficient_attention(p) == attention.can_mem_efficient(c), c
+        assert can_use_flash_attention(p) == attention_kernels.can_flash(c), c
+        assert can_use_efficient_attention(p) == attention_kernels.can_mem_efficient(c), c
 
 
 def on_cuda(shape, stride, offset, dtype):

@@ -12,7 +12,8 @@ import torch
 
 from minigrpo.lora import (DEFAULT_TARGETS, LoRALinear, adapters_disabled, export_merged, inject_lora, load_adapter,
                            fold_lora, lora_layers, merge_lora, save_adapter, strip_lora, unmerge_lora)
-from minigrpo.model import Qwen, QwenConfig
+from minigrpo.model import Qwen
+from minigrpo.pretrained import QwenConfig
 from minigrpo.pretrained import load_pretrained
 from hf_oracle import hf_logits, ids
 

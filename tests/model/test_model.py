@@ -12,7 +12,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from minigrpo.deltanet import chunked_delta_rule, l2norm, recurrent_delta_rule  # noqa: E402
-from minigrpo.model import QwenConfig  # noqa: E402
+from minigrpo.pretrained import QwenConfig  # noqa: E402
 from minigrpo.pretrained import load_pretrained
 
 V = 300
@@ -232,7 +232,7 @@ def test_incremental_decoding_equals_full_forward(ckpt, kind):
         cache = m.new_cache(2, 100)
         parts = [m(ids[:, :5], cache=cache), m(ids[:, 5:75], cache=cache)]
         parts += [m(ids[:, t:t + 1], cache=cache) for t in range(75, 90)]
-    assert cache.length == 90 and cache.seen.tolist() == [90, 90]
+    assert cache.length == 90 and cache.next_pos.tolist() == [90, 90]
     assert (torch.cat(parts, dim=1) - full).abs().max() <= 1e-4
 
 
@@ -277,7 +277,7 @@ def test_cache_repeat_interleave_and_index_select(kind):
         m(ids.repeat_interleave(3, 0), attention_mask=mask.repeat_interleave(3, 0), cache=ref)
         assert (out - m(nxt, cache=ref)[:, 0]).abs().max() <= 1e-5
         sub = rep.index_select([4, 0])
-        assert sub.seen.tolist() == [4, 7] and sub.length == 7
+        assert sub.next_pos.tolist() == [4, 7] and sub.length == 7
         out2 = m(torch.tensor([[20], [21]]), cache=sub)[:, 0]
         rows = [[7, 8, 9, 14, 20], [1, 2, 3, 4, 5, 6, 10, 21]]
         for i, r in enumerate(rows):

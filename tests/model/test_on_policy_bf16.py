@@ -27,7 +27,8 @@ import torch
 from minigrpo import static_decode
 from minigrpo.lora import adapters_disabled, inject_lora, lora_layers
 from minigrpo.logprobs import token_logprobs
-from minigrpo.model import Qwen, QwenConfig
+from minigrpo.model import Qwen
+from minigrpo.pretrained import QwenConfig
 from minigrpo.run.gap import gap_metrics, token_sums
 from minigrpo.sampler import sample
 

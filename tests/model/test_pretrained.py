@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from minigrpo.model import CheckpointError
+from minigrpo.pretrained import CheckpointError
 from minigrpo.pretrained import load_pretrained
 
 
@@ -142,7 +142,7 @@ def test_bad_dtype_and_tiny_name():
 
 
 def test_unsupported_config_features():
-    from minigrpo.model import QwenConfig
+    from minigrpo.pretrained import QwenConfig
     base = dict(model_type="qwen3", vocab_size=10, hidden_size=64, intermediate_size=8, num_hidden_layers=2,
                 num_attention_heads=4)
     with pytest.raises(CheckpointError, match="rope_type 'yarn'"):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from minigrpo.logprobs import token_logprobs
-from minigrpo.model import QwenConfig
+from minigrpo.pretrained import QwenConfig
 from minigrpo.pretrained import load_pretrained
 from minigrpo.sampler import cut_after_stop, sample
 from minigrpo.tokenizer import Tokenizer

@@ -13,11 +13,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minigrpo import attention, model as model_mod
+from minigrpo import model as model_mod
 from minigrpo.lora import DEFAULT_TARGETS, inject_lora
-from minigrpo.model import Qwen, QwenConfig
+from minigrpo.model import Qwen
+from minigrpo.pretrained import QwenConfig
 from minigrpo.pretrained import load_pretrained
-from minigrpo.run import layercost, memplan
+from minigrpo.run import attention_kernels, layercost, memplan
 from minigrpo.run.presets import PRESETS
 
 from repo_root import ROOT
@@ -183,7 +184,7 @@ def model_training_kernels(cfg, dtype=torch.bfloat16):
     m = Qwen(cfg).to(dtype)
     pads = torch.ones(2, 96, dtype=torch.long)
     pads[1, :30] = 0
-    with attention.Recorder(skip=True) as rec:
+    with attention_kernels.Recorder(skip=True) as rec:
         m.hidden(torch.randint(0, 250, (2, 96)), attention_mask=pads)
     return set(rec.kernels())
 
@@ -213,17 +214,17 @@ def test_kernel_saved_bytes_by_kernel():
     B, nh, T, hd = 2, 8, 100, 128
     q = torch.zeros(B, nh, T, hd, dtype=torch.bfloat16)
     mask = torch.ones(B, 1, T, T, dtype=torch.bool)
-    masked = attention.Call.of(q, q, q, attn_mask=mask)
-    causal = attention.Call.of(q, q, q, is_causal=True)
-    assert attention.cuda_kernel(masked) == "efficient" and attention.cuda_kernel(causal) == "flash"
+    masked = attention_kernels.Call.of(q, q, q, attn_mask=mask)
+    causal = attention_kernels.Call.of(q, q, q, is_causal=True)
+    assert attention_kernels.cuda_kernel(masked) == "efficient" and attention_kernels.cuda_kernel(causal) == "flash"
     qkvo = 4 * q.numel() * 2
     lse = B * nh * T * 4
     assert layercost.kernel_saved_bytes(causal, "cuda") == qkvo + lse + 16 + 8       # + the RNG state
     eff = layercost.kernel_saved_bytes(masked, "cuda")
     assert eff == qkvo + B * nh * 128 * 4 + B * T * 112 * 2 + 16  # log-sum-exp rows padded to 32, bias to 16
     assert abs(eff - layercost.kernel_saved_bytes(masked, "cpu")) < 0.02 * eff
-    math_call = attention.Call.of(q, q[:, :2], q[:, :2], attn_mask=mask, enable_gqa=True)
-    assert attention.cuda_kernel(math_call) == "math"
+    math_call = attention_kernels.Call.of(q, q[:, :2], q[:, :2], attn_mask=mask, enable_gqa=True)
+    assert attention_kernels.cuda_kernel(math_call) == "math"
     assert layercost.kernel_saved_bytes(math_call, "cuda") > B * nh * T * T * 4
 
 

@@ -17,7 +17,9 @@ class ToyLM(nn.Module):
         self.emb = nn.Parameter(torch.randn(vocab, dim, generator=g, dtype=dtype))
         self.pos = nn.Parameter(torch.randn(max_pos, dim, generator=g, dtype=dtype) * 0.5)
         self.mix = nn.Parameter(torch.randn(dim, dim, generator=g, dtype=dtype) / math.sqrt(dim))
-        self.head = nn.Parameter(torch.randn(vocab, dim, generator=g, dtype=dtype))
+        # a plain bias-free nn.Linear, as Qwen's lm_head: what logprobs.token_logprobs fuses into its log-softmax
+        self.lm_head = nn.utils.skip_init(nn.Linear, dim, vocab, bias=False, dtype=dtype)
+        self.lm_head.weight = nn.Parameter(torch.randn(vocab, dim, generator=g, dtype=dtype))
 
     def hidden(self, input_ids, attention_mask=None):
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
@@ -27,7 +29,7 @@ class ToyLM(nn.Module):
         return torch.tanh(mean @ self.mix)
 
     def logits(self, h):
-        return h @ self.head.T
+        return self.lm_head(h)
 
     def forward(self, input_ids, attention_mask=None):
         return self.logits(self.hidden(input_ids, attention_mask))
