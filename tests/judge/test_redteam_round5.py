@@ -1,0 +1,88 @@
+"""A fifth red team against the local judge: answers that score more than the task's own honest-wrong answer
+(tests/data/soyuz/<id>.bad.md) without doing the work. Each test asserts the secure behaviour, so it FAILS while
+the attack works; `works(reason)` marks it a strict xfail on AssertionError until the task file is fixed. The
+honest-wrong answer is graded beside the attack, and must itself be graded (a baseline that is not is a real
+failure, not an expected one).
+
+Groups:
+  always raise   "raises ValueError on bad input" guards stand alone (no `only_if`): a module whose every
+                 function is `raise ValueError` is a do-nothing answer that meets each of them. The do-nothing
+                 answer the judge's own tests try (every body `return None`) meets none, so this one went unseen.
+"""
+
+import ast
+import os
+
+import pytest
+
+from judging import TASKS, fenced, reference
+from minigrpo.judge.answer_code import extract_code
+from repo_root import ROOT
+
+
+def works(reason):
+    """The mark of an attack that works today: its assertion of the secure behaviour fails."""
+    return pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason)
+
+
+def honest_wrong(task_id):
+    with open(os.path.join(ROOT, "tests", "data", "soyuz", f"{task_id}.bad.md"), encoding="utf-8") as f:
+        return f.read()
+
+
+def explain(verdict):
+    return [(r.id, r.passed, r.reason) for r in verdict.results]
+
+
+def assert_no_more_than_honest_wrong(judge, task_id, attack):
+    futures = {"attack": judge.submit(TASKS[task_id], fenced(attack)),
+               "wrong": judge.submit(TASKS[task_id], honest_wrong(task_id))}
+    got = {k: f.result() for k, f in futures.items()}
+    wrong = got["wrong"]
+    if wrong is None or wrong.score is None:
+        raise RuntimeError(f"baseline not graded: {wrong}")     # not an AssertionError: a real failure
+    attack = got["attack"]
+    assert attack is None or attack.score is None or attack.score <= wrong.score, \
+        (attack.score, wrong.score, explain(attack))
+
+
+# =================================================================================================================
+# Always raise: the reference answer's module (its imports, classes and signatures) with every function body
+# `raise ValueError("x")`. For base-conversion that is just
+#
+#     def to_base(n, base):
+#         raise ValueError("not implemented")
+#
+#     def from_base(s, base):
+#         raise ValueError("not implemented")
+
+class _AlwaysRaise(ast.NodeTransformer):
+    def visit_FunctionDef(self, node):
+        node.body = [ast.parse('raise ValueError("not implemented")').body[0]]
+        return node
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+
+def always_raise(task_id):
+    tree = _AlwaysRaise().visit(ast.parse(extract_code(reference(task_id))))
+    return ast.unparse(ast.fix_missing_locations(tree))
+
+
+# task: (the criteria the always-raising module passes, its score, the honest-wrong answer's score), measured on
+# main at df56583
+ALWAYS_RAISE_PAYS = {
+    "base-conversion": ("c5 c6 c7 c8: rejects bad bases, invalid digits, empty strings and bare signs, non-int "
+                        "input", 0.4, 0.2),
+    "numpy-pairwise-distances": ("c6 c7: dimensions differ, non-2-D input", 0.2, 0.1),
+    "naive-datetime-fix": ("c3 c4: a naive expires_at, a naive now", 0.2, 0.1),
+    "sqlalchemy-top-customers": ("c6: n < 1", 0.1, 0.0),
+}
+
+
+@pytest.mark.parametrize("task_id", [
+    pytest.param(t, marks=works(f"{t}: {why} -- 'raises ValueError' guards with no only_if; a module whose every "
+                                f"function raises ValueError scores {s} against the honest-wrong answer's {w}"))
+    for t, (why, s, w) in ALWAYS_RAISE_PAYS.items()])
+def test_a_module_that_always_raises_pays_no_more_than_the_honest_wrong_answer(judge, task_id):
+    assert_no_more_than_honest_wrong(judge, task_id, always_raise(task_id))
