@@ -8,6 +8,8 @@ Groups:
   always raise   "raises ValueError on bad input" guards stand alone (no `only_if`): a module whose every
                  function is `raise ValueError` is a do-nothing answer that meets each of them. The do-nothing
                  answer the judge's own tests try (every body `return None`) meets none, so this one went unseen.
+  coverage       a cheaper, wrong algorithm that no hidden input tells from the right one: it scores like the
+                 reference (and above the correct-but-naive answer the budgets are there to fail)
 """
 
 import ast
@@ -86,3 +88,24 @@ ALWAYS_RAISE_PAYS = {
     for t, (why, s, w) in ALWAYS_RAISE_PAYS.items()])
 def test_a_module_that_always_raises_pays_no_more_than_the_honest_wrong_answer(judge, task_id):
     assert_no_more_than_honest_wrong(judge, task_id, always_raise(task_id))
+
+
+# =================================================================================================================
+# Head-only hashing: pathlib-duplicate-files groups same-size files by the SHA-256 of their first 64 KiB alone. That
+# is wrong (two files of one size that differ after the first chunk are called duplicates) and cheaper than the
+# task's algorithm, yet no test has such a pair: c1's same-size decoy differs at its 6th byte, c7's big twins are
+# identical. It scores 1.0, like the reference; hashing whole files in one read (correct, not bounded) scores 0.9.
+
+def head_only_duplicates():
+    code = extract_code(reference("pathlib-duplicate-files"))
+    loop = "        while chunk := f.read(CHUNK):\n            digest.update(chunk)\n"
+    assert loop in code, "the reference's chunk loop moved: update this attack"
+    return code.replace(loop, "        digest.update(f.read(CHUNK))     # the first chunk only\n")
+
+
+@works("pathlib-duplicate-files: hashing only each file's first 64 KiB (same-size files that differ later are "
+       "grouped as duplicates) passes every criterion: no test has two same-size files that differ after the first "
+       "chunk; scores 1.0 against the honest-wrong answer's 0.0")
+def test_hashing_only_the_first_chunk_does_not_pay_like_the_reference(judge):
+    v = judge.grade(TASKS["pathlib-duplicate-files"], fenced(head_only_duplicates()))
+    assert v is not None and v.score is not None and v.score < 1.0, explain(v)
