@@ -58,13 +58,51 @@ EOF
 df -i . | tail -1"""
 
 
-@works("package-word-count (and, by the same take, package-add-median and package-shapes-import; the git "
-       "exercises' take is repo/, which the agent can fill the same way): the wrong fix, then the work folder's 4096 inodes filled under textstats/; the "
+@works("package-word-count (and, by the same take, package-add-median and package-shapes-import): the wrong fix, then the work folder's 4096 inodes filled under textstats/; the "
        "probe's tmpfs has as many, its copy-in runs out (ENOSPC) and the episode is not scored (None) instead of "
        "the wrong transcript's 0.0")
 def test_filling_the_folders_inodes_does_not_take_the_episode_out_of_its_group():
     need_bwrap()
     ex = TASK.by_id["package-word-count"]
     final, replies = attack(ex.id, list(ex.wrong.commands) + [FILL_THE_PACKAGE], "Fixed.")
+    assert "100%" in replies[-1].messages[0]["content"], replies[-1].messages[0]["content"]   # the folder is full
+    assert final.score is not None and final.score <= wrong_score(ex.id), final.info
+
+
+# The git exercises take repo/ (its work tree, and of .git the history's data): the agent removes what of .git the
+# probe does not take (config, hooks, logs: the probe would not make room for them), then fills the rest of the
+# folder's inodes under repo/; the probe's own .git/config finds no inode.
+FILL_THE_REPO = r"""python3 - <<'EOF'
+import os, shutil
+g = 'repo/.git'
+for name in os.listdir(g):
+    if name not in ('HEAD', 'index', 'packed-refs', 'objects', 'refs'):
+        p = os.path.join(g, name)
+        shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.remove(p)
+for top, dirs, files in os.walk(g, topdown=False):    # empty folders are not made in the probe
+    if not os.listdir(top):
+        os.rmdir(top)
+files = sum(len(f) for _, _, f in os.walk('.'))
+entries = sum(len(d) + len(f) for _, d, f in os.walk('.'))
+budget = 4095 - entries                    # inodes left in the folder
+new_files = 512 - files
+folders = budget - new_files - 1          # repo/junk itself
+for i in range(new_files):
+    depth = folders // (new_files - i)
+    folders -= depth
+    d = os.path.join('repo', 'junk', f'f{i}', *['d'] * (depth - 1))
+    os.makedirs(d, exist_ok=True)
+    open(os.path.join(d, f'x{i}.txt'), 'w').close()
+EOF
+df -i . | tail -1"""
+
+
+@works("git-undo-commit (and every git exercise: the probe takes repo/): the wrong reset, the parts of .git the "
+       "probe leaves out removed, the folder's inodes filled under repo/; the probe's copy-in runs out (ENOSPC) on "
+       "its own .git/config and the episode is not scored (None) instead of the wrong transcript's 0.0")
+def test_filling_the_repositorys_inodes_does_not_take_the_episode_out_of_its_group():
+    need_bwrap()
+    ex = TASK.by_id["git-undo-commit"]
+    final, replies = attack(ex.id, list(ex.wrong.commands) + [FILL_THE_REPO])
     assert "100%" in replies[-1].messages[0]["content"], replies[-1].messages[0]["content"]   # the folder is full
     assert final.score is not None and final.score <= wrong_score(ex.id), final.info
