@@ -58,9 +58,9 @@ EOF
 df -i . | tail -1"""
 
 
-@works("package-word-count (and, by the same take, package-add-median and package-shapes-import): the wrong fix, then the work folder's 4096 inodes filled under textstats/; the "
-       "probe's tmpfs has as many, its copy-in runs out (ENOSPC) and the episode is not scored (None) instead of "
-       "the wrong transcript's 0.0")
+@works("package-word-count (and, by the same take, package-add-median and package-shapes-import): the wrong "
+       "fix, then the work folder's 4096 inodes filled under textstats/; the probe's tmpfs has as many, its copy-in "
+       "runs out (ENOSPC) and the episode is not scored (None) instead of the wrong transcript's 0.0")
 def test_filling_the_folders_inodes_does_not_take_the_episode_out_of_its_group():
     need_bwrap()
     ex = TASK.by_id["package-word-count"]
