@@ -9,7 +9,8 @@ Groups:
                  function is `raise ValueError` is a do-nothing answer that meets each of them. The do-nothing
                  answer the judge's own tests try (every body `return None`) meets none, so this one went unseen.
   coverage       a cheaper, wrong algorithm that no hidden input tells from the right one: it scores like the
-                 reference (and above the correct-but-naive answer the budgets are there to fail)
+                 reference (and above the correct-but-naive answer the budgets are there to fail); or one that
+                 ignores the input's structure, where the tests' inputs happen to agree with a trivial order
 """
 
 import ast
@@ -109,3 +110,21 @@ def head_only_duplicates():
 def test_hashing_only_the_first_chunk_does_not_pay_like_the_reference(judge):
     v = judge.grade(TASKS["pathlib-duplicate-files"], fenced(head_only_duplicates()))
     assert v is not None and v.score is not None and v.score < 1.0, explain(v)
+
+
+# Ignoring the edges: topological-sort's tests where the edges agree with the names' order (an empty graph, targets
+# only, a duplicate edge a -> b, the 50k chain n000000 -> n000001 -> ...) are passed by sorting the nodes by name.
+
+SORTED_NODES = '''
+def topological_sort(graph):
+    nodes = set(graph)
+    for targets in graph.values():
+        nodes.update(targets)
+    return sorted(nodes)
+'''
+
+
+@works("topological-sort: the nodes sorted by name, every edge ignored, pass c1, c3, c7 and c9 (the 50k chain's "
+       "names sort in chain order): 0.4 against the honest-wrong answer's 0.2 (a DFS post-order, reversed)")
+def test_sorting_the_nodes_by_name_pays_no_more_than_the_honest_wrong_answer(judge):
+    assert_no_more_than_honest_wrong(judge, "topological-sort", SORTED_NODES)
