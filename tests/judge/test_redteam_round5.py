@@ -128,3 +128,30 @@ def topological_sort(graph):
        "names sort in chain order): 0.4 against the honest-wrong answer's 0.2 (a DFS post-order, reversed)")
 def test_sorting_the_nodes_by_name_pays_no_more_than_the_honest_wrong_answer(judge):
     assert_no_more_than_honest_wrong(judge, "topological-sort", SORTED_NODES)
+
+
+# A constant sampler: weighted-choice's c5 (one rng.random() per sample, deterministic), c7 (sample_many's count,
+# k == 0, k < 0; its one-item sampler has a single right answer) and c8 (unaffected by later changes to the lists)
+# are guards with no only_if that an answer ignoring every weight meets.
+
+CONSTANT_SAMPLER = '''
+class WeightedSampler:
+    def __init__(self, items, weights):
+        self.item = next(i for i, w in zip(items, weights) if w > 0)     # the first item that may be drawn, always
+
+    def sample(self, rng):
+        rng.random()
+        return self.item
+
+    def sample_many(self, rng, k):
+        if k < 0:
+            raise ValueError("k < 0")
+        return [self.sample(rng) for _ in range(k)]
+'''
+
+
+@works("weighted-choice: a sampler that always returns the first item of positive weight (one rng.random() call, "
+       "the weights otherwise ignored) passes c5, c7 and c8, which have no only_if: 0.33 against the honest-wrong "
+       "answer's 0.22")
+def test_a_constant_sampler_pays_no_more_than_the_honest_wrong_answer(judge):
+    assert_no_more_than_honest_wrong(judge, "weighted-choice", CONSTANT_SAMPLER)
