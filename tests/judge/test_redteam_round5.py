@@ -155,3 +155,31 @@ class WeightedSampler:
        "answer's 0.22")
 def test_a_constant_sampler_pays_no_more_than_the_honest_wrong_answer(judge):
     assert_no_more_than_honest_wrong(judge, "weighted-choice", CONSTANT_SAMPLER)
+
+
+# A counter for a median: streaming-median's c1 (median() of an empty stream raises ValueError) is a guard with no
+# only_if that a median() which always raises meets; with a count for c6 (__len__) it outscores an honest attempt
+# whose medians are wrong for even counts.
+
+COUNTING_MEDIAN = '''
+class RunningMedian:
+    def __init__(self):
+        self.n = 0
+
+    def add(self, x):
+        if x != x:
+            raise ValueError("NaN")
+        self.n += 1
+
+    def median(self):
+        raise ValueError("no median")
+
+    def __len__(self):
+        return self.n
+'''
+
+
+@works("streaming-median: a class that only counts, its median() always raising ValueError, passes c1 (empty stream "
+       "raises; no only_if) and c6 (__len__): 0.22 against the honest-wrong answer's 0.0")
+def test_a_median_that_always_raises_pays_no_more_than_the_honest_wrong_answer(judge):
+    assert_no_more_than_honest_wrong(judge, "streaming-median", COUNTING_MEDIAN)
