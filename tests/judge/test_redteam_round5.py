@@ -183,3 +183,33 @@ class RunningMedian:
        "raises; no only_if) and c6 (__len__): 0.22 against the honest-wrong answer's 0.0")
 def test_a_median_that_always_raises_pays_no_more_than_the_honest_wrong_answer(judge):
     assert_no_more_than_honest_wrong(judge, "streaming-median", COUNTING_MEDIAN)
+
+
+# A set for a trie: trie-autocomplete's c3 (an unknown prefix, or k == 0, completes to []) is a guard with no only_if
+# that a complete() which always returns [] meets; a set of words for membership and size adds c6 and c7.
+
+WORD_SET = '''
+class Trie:
+    def __init__(self):
+        self.words = set()
+
+    def insert(self, word, weight=1):
+        if not word or weight <= 0:
+            raise ValueError("an empty word or a weight <= 0")
+        self.words.add(word)
+
+    def complete(self, prefix, k=5):
+        return []
+
+    def __contains__(self, word):
+        return word in self.words
+
+    def __len__(self):
+        return len(self.words)
+'''
+
+
+@works("trie-autocomplete: a set of words whose complete() always returns [] passes c3 (unknown prefix and k == 0 "
+       "give []; no only_if), c6, c7 and c8: 0.4 against the honest-wrong answer's 0.3, with no completion at all")
+def test_a_trie_that_completes_nothing_pays_no_more_than_the_honest_wrong_answer(judge):
+    assert_no_more_than_honest_wrong(judge, "trie-autocomplete", WORD_SET)
