@@ -8,6 +8,7 @@ Groups:
   always raise   "raises ValueError on bad input" guards stand alone (no `only_if`): a module whose every
                  function is `raise ValueError` is a do-nothing answer that meets each of them. The do-nothing
                  answer the judge's own tests try (every body `return None`) meets none, so this one went unseen.
+  echo           a fix task answered with the prompt's own code, unchanged
   coverage       a cheaper, wrong algorithm that no hidden input tells from the right one: it scores like the
                  reference (and above the correct-but-naive answer the budgets are there to fail); or one that
                  ignores the input's structure, where the tests' inputs happen to agree with a trivial order
@@ -15,6 +16,7 @@ Groups:
 
 import ast
 import os
+import re
 
 import pytest
 
@@ -213,3 +215,31 @@ class Trie:
        "give []; no only_if), c6, c7 and c8: 0.4 against the honest-wrong answer's 0.3, with no completion at all")
 def test_a_trie_that_completes_nothing_pays_no_more_than_the_honest_wrong_answer(judge):
     assert_no_more_than_honest_wrong(judge, "trie-autocomplete", WORD_SET)
+
+
+# =================================================================================================================
+# Echo: a fix task's prompt holds the code to fix; answering with that code unchanged is the do-nothing answer of
+# a fix task. Where the code's flaw is only what one or two criteria measure (speed; structure) and the rest check
+# that behaviour is kept, the untouched code outscores an honest attempt that got the behaviour wrong.
+
+def prompt_code(task_id):
+    blocks = re.findall(r"```python\n(.*?)```", TASKS[task_id]["prompt"], re.S)
+    assert blocks, f"{task_id}: the prompt holds no code"
+    return blocks[0]
+
+
+# task: (the criteria the unchanged code passes, its score, the honest-wrong answer's score), on main at df56583
+ECHO_PAYS = {
+    "vectorize-loop-fix": ("c1-c7 (it is the loop version) and c10 (NaN-aware: np.isnan, beside c1); only the "
+                           "speed, c8, and c9 beside it fail", 0.8, 0.2),
+    "refactor-orders": ("c1 (behaviour identical to itself) and c9 (does not mutate)", 0.22, 0.0),
+    "file-handle-leak-fix": ("c1 (the counts; c2-c6 and c8 are left to an LLM grader)", 0.25, 0.0),
+}
+
+
+@pytest.mark.parametrize("task_id", [
+    pytest.param(t, marks=works(f"{t}: the prompt's own code, unchanged, passes {why}: {s} against the honest-wrong "
+                                f"answer's {w}"))
+    for t, (why, s, w) in ECHO_PAYS.items()])
+def test_the_prompts_code_unchanged_pays_no_more_than_the_honest_wrong_answer(judge, task_id):
+    assert_no_more_than_honest_wrong(judge, task_id, prompt_code(task_id))
