@@ -6,7 +6,7 @@ failure, not an expected one).
 
 Groups:
   always raise   "raises ValueError on bad input" guards stand alone (no `only_if`): a module whose every
-                 function is `raise ValueError` is a do-nothing answer that meets each of them. The do-nothing
+                 function is `raise ValueError` (or the error the guard names) is a do-nothing answer that meets each of them. The do-nothing
                  answer the judge's own tests try (every body `return None`) meets none, so this one went unseen.
   echo           a fix task answered with the prompt's own code, unchanged
   coverage       a cheaper, wrong algorithm that no hidden input tells from the right one: it scores like the
@@ -62,35 +62,39 @@ def assert_no_more_than_honest_wrong(judge, task_id, attack):
 #         raise ValueError("not implemented")
 
 class _AlwaysRaise(ast.NodeTransformer):
+    def __init__(self, exception):
+        self.exception = exception
+
     def visit_FunctionDef(self, node):
-        node.body = [ast.parse('raise ValueError("not implemented")').body[0]]
+        node.body = [ast.parse(f'raise {self.exception}("not implemented")').body[0]]
         return node
 
     visit_AsyncFunctionDef = visit_FunctionDef
 
 
-def always_raise(task_id):
-    tree = _AlwaysRaise().visit(ast.parse(extract_code(reference(task_id))))
+def always_raise(task_id, exception="ValueError"):
+    tree = _AlwaysRaise(exception).visit(ast.parse(extract_code(reference(task_id))))
     return ast.unparse(ast.fix_missing_locations(tree))
 
 
-# task: (the criteria the always-raising module passes, its score, the honest-wrong answer's score), measured on
-# main at df56583
+# task: (the exception, the criteria the always-raising module passes, its score, the honest-wrong answer's score),
+# measured on main at df56583
 ALWAYS_RAISE_PAYS = {
-    "base-conversion": ("c5 c6 c7 c8: rejects bad bases, invalid digits, empty strings and bare signs, non-int "
-                        "input", 0.4, 0.2),
-    "numpy-pairwise-distances": ("c6 c7: dimensions differ, non-2-D input", 0.2, 0.1),
-    "naive-datetime-fix": ("c3 c4: a naive expires_at, a naive now", 0.2, 0.1),
-    "sqlalchemy-top-customers": ("c6: n < 1", 0.1, 0.0),
+    "base-conversion": ("ValueError", "c5 c6 c7 c8: rejects bad bases, invalid digits, empty strings and bare "
+                        "signs, non-int input", 0.4, 0.2),
+    "numpy-pairwise-distances": ("ValueError", "c6 c7: dimensions differ, non-2-D input", 0.2, 0.1),
+    "naive-datetime-fix": ("ValueError", "c3 c4: a naive expires_at, a naive now", 0.2, 0.1),
+    "sqlalchemy-top-customers": ("ValueError", "c6: n < 1", 0.1, 0.0),
+    "pathlib-duplicate-files": ("NotADirectoryError", "c8: a missing root, a file as root", 0.1, 0.0),
 }
 
 
 @pytest.mark.parametrize("task_id", [
-    pytest.param(t, marks=works(f"{t}: {why} -- 'raises ValueError' guards with no only_if; a module whose every "
-                                f"function raises ValueError scores {s} against the honest-wrong answer's {w}"))
-    for t, (why, s, w) in ALWAYS_RAISE_PAYS.items()])
+    pytest.param(t, marks=works(f"{t}: {why} -- 'raises {e}' guards with no only_if; a module whose every "
+                                f"function raises {e} scores {s} against the honest-wrong answer's {w}"))
+    for t, (e, why, s, w) in ALWAYS_RAISE_PAYS.items()])
 def test_a_module_that_always_raises_pays_no_more_than_the_honest_wrong_answer(judge, task_id):
-    assert_no_more_than_honest_wrong(judge, task_id, always_raise(task_id))
+    assert_no_more_than_honest_wrong(judge, task_id, always_raise(task_id, ALWAYS_RAISE_PAYS[task_id][0]))
 
 
 # =================================================================================================================
