@@ -6,8 +6,10 @@ failure, not an expected one).
 
 Groups:
   always raise   "raises ValueError on bad input" guards stand alone (no `only_if`): a module whose every
-                 function is `raise ValueError` (or the error the guard names) is a do-nothing answer that meets each of them. The do-nothing
-                 answer the judge's own tests try (every body `return None`) meets none, so this one went unseen.
+                 function is `raise ValueError` (or the error the guard names) is a do-nothing answer that meets
+                 each of them. The do-nothing answer the judge's own tests try (every body `return None`) meets
+                 none, so this one went unseen. Likewise a guard a constant or empty result meets (a sampler that
+                 always draws one item, a completion that is always [], a median that always raises).
   echo           a fix task answered with the prompt's own code, unchanged
   coverage       a cheaper, wrong algorithm that no hidden input tells from the right one: it scores like the
                  reference (and above the correct-but-naive answer the budgets are there to fail); or one that
