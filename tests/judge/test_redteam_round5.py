@@ -249,3 +249,37 @@ ECHO_PAYS = {
     for t, (why, s, w) in ECHO_PAYS.items()])
 def test_the_prompts_code_unchanged_pays_no_more_than_the_honest_wrong_answer(judge, task_id):
     assert_no_more_than_honest_wrong(judge, task_id, prompt_code(task_id))
+
+
+# The leak kept: file-handle-leak-fix's point, closing every file, is graded only by an LLM (c2-c6, c8: "evidence":
+# "answer"); locally the task pays for the counts (c1), streaming (c7) and encoding='utf-8' (c10, beside c1). The
+# prompt's code made to stream, with the encoding named and not one file closed, scores 0.75; the honest-wrong
+# answer, which closes one file of the loop, 0.0.
+
+LEAK_KEPT = '''
+import json
+
+
+def count_errors(paths):
+    counts = {}
+    for p in paths:
+        f = open(p, encoding="utf-8")
+        counts[p] = sum(1 for line in f if "ERROR" in line)
+    return counts
+
+
+def load_config(path):
+    return json.load(open(path, encoding="utf-8"))
+
+
+def append_log(path, message):
+    f = open(path, "a", encoding="utf-8")
+    f.write(message + "\\n")
+'''
+
+
+@works("file-handle-leak-fix: no file closed, every open streaming with encoding='utf-8', passes c1, c7 and c10 -- "
+       "every criterion about closing files is left to an LLM grader, and the task is trained with the local judge: "
+       "0.75 against the honest-wrong answer's 0.0")
+def test_keeping_every_leak_pays_no_more_than_the_honest_wrong_answer(judge):
+    assert_no_more_than_honest_wrong(judge, "file-handle-leak-fix", LEAK_KEPT)
