@@ -38,11 +38,10 @@ def attack(exercise_id, commands, answer="Done."):
 
 
 # =================================================================================================================
-# Not scored: the probe's work folder is a tmpfs of as many inodes as the agent's (Episode's folder_files, 4096).
-# An agent that fills its own folder's inodes with entries the probe takes (all under the package's folder: 512
-# files, the rest folders above them, within every cap of the snapshot, the listing and the probe) leaves the
-# probe no inode for its own _probe.py: the copy-in fails with ENOSPC, verify.probe raises VerifierUnavailable and
-# the episode is not scored (None), whatever the fix was.
+# Not scored: an agent fills its own folder's inodes (Episode's folder_files, 4096) with entries the probe takes
+# (all under the package's folder: 512 files, the rest folders above them, within every cap of the snapshot, the
+# listing and the probe). Were the probe's folder a tmpfs of as many inodes as the agent's, its own _probe.py would
+# find none: the copy-in would fail with ENOSPC and the episode would not be scored (None), whatever the fix was.
 
 FILL_THE_PACKAGE = r"""python3 - <<'EOF'
 import os
@@ -58,9 +57,6 @@ EOF
 df -i . | tail -1"""
 
 
-@works("package-word-count (and, by the same take, package-add-median and package-shapes-import): the wrong "
-       "fix, then the work folder's 4096 inodes filled under textstats/; the probe's tmpfs has as many, its copy-in "
-       "runs out (ENOSPC) and the episode is not scored (None) instead of the wrong transcript's 0.0")
 def test_filling_the_folders_inodes_does_not_take_the_episode_out_of_its_group():
     need_bwrap()
     ex = TASK.by_id["package-word-count"]
@@ -97,9 +93,6 @@ EOF
 df -i . | tail -1"""
 
 
-@works("git-undo-commit (and every git exercise: the probe takes repo/): the wrong reset, the parts of .git the "
-       "probe leaves out removed, the folder's inodes filled under repo/; the probe's copy-in runs out (ENOSPC) on "
-       "its own .git/config and the episode is not scored (None) instead of the wrong transcript's 0.0")
 def test_filling_the_repositorys_inodes_does_not_take_the_episode_out_of_its_group():
     need_bwrap()
     ex = TASK.by_id["git-undo-commit"]

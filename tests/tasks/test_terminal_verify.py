@@ -1,6 +1,7 @@
 """minigrpo.tasks.terminal.verify and the Env's text rules: bounded no-follow reads of a snapshot, the probe sandbox,
 the readings of a final answer, and the neutralising of control-token strings in what the policy is shown."""
 
+import errno
 import os
 import random
 
@@ -8,9 +9,10 @@ import pytest
 
 from sandbox_probe import need_bwrap
 
+from minigrpo.tasks.terminal import verify
 from minigrpo.tasks.terminal.task import final_answer, neutralise
-from minigrpo.tasks.terminal.verify import Folder, Incomplete, _listing, last_digest, last_number, lines_are, named, \
-    names_only, number_is, probe
+from minigrpo.tasks.terminal.verify import Folder, Incomplete, VerifierUnavailable, _listing, last_digest, \
+    last_number, lines_are, named, names_only, number_is, probe
 
 
 @pytest.fixture
@@ -69,6 +71,30 @@ def test_a_path_too_long_for_the_probe_scores_0_not_unscored(tmp_path):
     (path / "f").write_text("x")
     with pytest.raises(Incomplete, match="a path over the probe's 1024 bytes"):
         probe(Folder(str(tmp_path)), "true")
+
+
+def test_the_verifiers_files_win_over_the_agents_in_their_way(tmp_path):
+    # an agent's file where a folder of the verifier's goes, or its folder where a file of the verifier's goes,
+    # would make the copy-in fail: the sandbox would not start and the episode would go unscored for a name the
+    # agent chose
+    (tmp_path / "tools").write_text("mine\n")
+    (tmp_path / "in.txt").mkdir()
+    (tmp_path / "in.txt" / "x").write_text("mine\n")
+    (tmp_path / "kept.txt").write_text("kept\n")
+    r = probe(Folder(str(tmp_path)), "cat tools/s.py in.txt kept.txt", extra={"tools/s.py": "a\n", "in.txt": "b\n"})
+    assert r.exit_code == 0 and r.output.splitlines() == ["a", "b", "kept"], r.output
+
+
+@pytest.mark.parametrize("err, raised", [(errno.ENOSPC, Incomplete), (errno.EDQUOT, Incomplete),
+                                         (errno.EACCES, VerifierUnavailable)])
+def test_a_copy_in_that_finds_no_room_scores_0_where_a_host_failure_is_not_scored(tree, monkeypatch, err, raised):
+    # the probe's folder is sized for the copy: what room is still missing is the agent's doing (a host folder on
+    # the disk its own folder shares), never the host's alone
+    def episode(*args, **kwargs):
+        raise OSError(err, os.strerror(err))
+    monkeypatch.setattr(verify, "Episode", episode)
+    with pytest.raises(raised):
+        probe(Folder(str(tree)), "true")
 
 
 def test_the_listing_stops_at_its_cap(tmp_path):

@@ -12,13 +12,17 @@ The agent wrote every byte a verifier looks at, so each one is hostile input:
 - `probe` is the only way a verifier runs anything of the agent's (a fixed script, a package, a git repository,
   a database): in a fresh sandbox (an Episode of its own, with its own limits) on a copy of the files it names,
   never on the host. The verifier's own files (hidden inputs, its probe script) are copied in last, so they win
-  over the agent's of the same name. The probe's output is read back bounded; what it means is decided on the
-  host against expectations that never enter the sandbox, so the agent's code, which runs beside the probe and
-  can print anything, would have to compute the right values to forge them.
+  over the agent's of the same name or in their way, and its folder is sized for the copy plus room of its own, so
+  nothing the agent left can crowd out the verifier's files or stop the probe from starting. The probe's output
+  is read back bounded; what it means is decided on the host against expectations that never enter the sandbox,
+  so the agent's code, which runs beside the probe and can print anything, would have to compute the right
+  values to forge them.
 - The answer readings look at the first MAX_ANSWER characters and take one value each (the last number, the
   last digest, the candidates named): an answer that lists every candidate names more than one and fails.
 """
 
+import errno
+import mmap
 import os
 import re
 import stat
@@ -35,6 +39,10 @@ PROBE_BYTES = 8 << 20       # bytes of the agent's files a probe copies, in all
 PROBE_FILES = 512
 PROBE_PATH = 1024           # bytes of a relative path a probe copies: under the probe's own folder it must stay
 #                             within the kernel's 4096, or the verifier's sandbox would fail to start
+# the room a probe's folder has beyond its copy (inodes, MB), the same whatever the agent left: the verifier's own
+# files and the probe's run never compete with the agent's for the folder's limits
+PROBE_ROOM_FILES = 4096
+PROBE_ROOM_MB = 64
 
 
 class VerifierUnavailable(RuntimeError):
@@ -43,7 +51,8 @@ class VerifierUnavailable(RuntimeError):
 
 class Incomplete(Exception):
     """A verifier asked about a part of the snapshot that is not whole (something there was not copied, or the
-    copy was cut at its caps): the episode scores 0, since what is missing may be exactly what is checked."""
+    copy was cut at its caps), or a probe could not copy it whole: the episode scores 0, since what is missing may
+    be exactly what is checked."""
 
 
 def _related(missing, rel):
@@ -170,8 +179,37 @@ def probe(folder, command, take=None, extra=None, limits=PROBE_LIMITS):
     CommandResult. Raises Incomplete when any of those files cannot come across whole: one the snapshot left out
     (`take` asked of the path, and of it as a folder: a symlink or fifo may stand where a folder should be), any
     folder whose contents the snapshot left out (they could be anything), one over PROBE_BYTES in all, past
-    PROBE_FILES or with a path over PROBE_PATH; a probe on part of the agent's work could read "not there" as the
-    truth, and a sandbox that cannot start for the agent's paths must not take the episode out of its group."""
+    PROBE_FILES or with a path over PROBE_PATH, or a copy that finds no room; a probe on part of the agent's work
+    could read "not there" as the truth, and a sandbox that cannot start for what the agent left must not take the
+    episode out of its group. Only a failure of the host raises VerifierUnavailable."""
+    files, execs = _taken(folder, take)
+    extra = extra or {}
+    files = {rel: data for rel, data in files.items() if not _in_the_way(rel, extra)}
+    execs = [rel for rel in execs if rel in files]
+    files.update(extra)
+    inodes, size = _footprint(files)
+    try:
+        ep = Episode(files, limits, budget_s=limits.timeout + 1, output_bytes=PROBE_OUTPUT,
+                     folder_files=inodes + PROBE_ROOM_FILES, folder_mb=(size >> 20) + 1 + PROBE_ROOM_MB)
+    except OSError as e:
+        # sized for the copy, the folder can run out only on the host's disk (no tmpfs of its own), which the
+        # agent's own folder shares: counted as the agent's, so that filling it never gets an episode unscored
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise Incomplete(f"the probe's copy found no room: {e.strerror}") from None
+        raise VerifierUnavailable(f"the verifier's sandbox did not start: {e}") from None
+    except ValueError as e:
+        raise VerifierUnavailable(f"the verifier's sandbox did not start: {e}") from None
+    with ep:
+        for rel in execs:               # the folder holds only what Episode wrote there: no link to follow
+            os.chmod(os.path.join(ep.folder, rel), 0o755)
+        try:
+            return ep.run(command)
+        except OSError as e:
+            raise VerifierUnavailable(f"the verifier's sandbox did not run: {e}") from None
+
+
+def _taken(folder, take):
+    """({rel: bytes}, [executable rels]) of the snapshot's files that `take` accepts; raises Incomplete (probe)."""
     wanted = (lambda rel: True) if take is None else take
     if folder.cut:
         raise Incomplete(f"the snapshot is incomplete: {folder.cut}")
@@ -190,19 +228,25 @@ def probe(folder, command, take=None, extra=None, limits=PROBE_LIMITS):
         files[rel], size = data, size + len(data)
         if folder.executable(rel):
             execs.append(rel)
-    files.update(extra or {})
-    execs = [rel for rel in execs if rel not in (extra or {})]
-    try:
-        ep = Episode(files, limits, budget_s=limits.timeout + 1, output_bytes=PROBE_OUTPUT)
-    except (OSError, ValueError) as e:
-        raise VerifierUnavailable(f"the verifier's sandbox did not start: {e}") from None
-    with ep:
-        for rel in execs:               # the folder holds only what Episode wrote there: no link to follow
-            os.chmod(os.path.join(ep.folder, rel), 0o755)
-        try:
-            return ep.run(command)
-        except OSError as e:
-            raise VerifierUnavailable(f"the verifier's sandbox did not run: {e}") from None
+    return files, execs
+
+
+def _in_the_way(rel, extra):
+    # the verifier's files win: an agent's file where one of them goes, where a folder above one goes, or below
+    # a path where one goes would make the copy-in fail for the agent's choice of names
+    return rel in extra or any(e.startswith(rel + "/") or rel.startswith(e + "/") for e in extra)
+
+
+def _footprint(files):
+    """(inodes, bytes) a tmpfs needs to hold `files`: the root, each file and each folder above one, and every
+    file's and folder's pages."""
+    folders = {os.path.dirname(rel) for rel in files} - {""}
+    for rel in list(folders):
+        while rel := os.path.dirname(rel):
+            folders.add(rel)
+    sizes = (len(data.encode() if isinstance(data, str) else data) for data in files.values())
+    pages = sum(-(-n // mmap.PAGESIZE) for n in sizes) + len(folders)
+    return 1 + len(files) + len(folders), pages * mmap.PAGESIZE
 
 
 # ------------------------------------------------------------------------------------------------------------------
