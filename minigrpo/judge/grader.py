@@ -186,6 +186,18 @@ A criterion passes only if the answer clearly satisfies it; if in doubt, it fail
 _UNCHECKED = CriterionResult("", None)
 
 
+def _beside(result, witness, witnessed):
+    """A criterion with `"only_if": witness` counts only beside the behaviour criterion it names (a decoy in the code
+    pays nothing where the behaviour is missing): its own result when the witness passed, failed when the witness
+    failed, and unchecked when the witness is (a package its test needs is not installed): a reference answer must
+    not lose a point to what this machine lacks, and nothing the answer writes makes a check unchecked."""
+    if witnessed is True or witnessed is False and result.passed is False:
+        return result
+    if witnessed is None:
+        return CriterionResult(result.id, None, f"unchecked: counts only beside criterion {witness}, unchecked here")
+    return CriterionResult(result.id, False, f"counts only when criterion {witness} passes")
+
+
 class InvalidVerdict(ValueError):
     pass
 
@@ -365,10 +377,9 @@ class Judge:
                 log.warning("judge: check of criterion %s raised %r", c["id"], e)
                 passed, reason = False, f"check failed on this answer ({type(e).__name__})"
             out[c["id"]] = CriterionResult(c["id"], passed, reason)
-        for c in checked:    # "only_if": this criterion counts only when that one passed (a mutant caught by a suite
-            other = c["check"].get("only_if")    # counts only if the suite passes on the correct implementation)
-            if other is not None and out[c["id"]].passed is True and out.get(other, _UNCHECKED).passed is not True:
-                out[c["id"]] = CriterionResult(c["id"], False, f"counts only when criterion {other} passes")
+        for c in checked:
+            if (other := c["check"].get("only_if")) is not None:
+                out[c["id"]] = _beside(out[c["id"]], other, out.get(other, _UNCHECKED).passed)
         return out
 
     def _ask(self, task, answer, criteria):
