@@ -51,6 +51,7 @@ import time
 
 from minigrpo.judge.backends import BackendError, make_backend  # noqa: F401  (BackendError: part of the API)
 from minigrpo.judge.checks import run_check, run_python_checks, validate_check
+from minigrpo.judge.writing import is_veto, reads_writing
 
 __all__ = ["CriterionResult", "Verdict", "Judge", "make_judge", "run_check", "build_prompt", "parse_verdict",
            "InvalidVerdict", "BackendError", "load_tasks", "validate_task"]
@@ -184,6 +185,17 @@ A criterion passes only if the answer clearly satisfies it; if in doubt, it fail
 
 
 _UNCHECKED = CriterionResult("", None)
+
+
+def _veto(checked, out):
+    """A writing veto that failed (text that is not writing: keyword stuffing, a word list, a repeated line) fails
+    every other criterion that passed on reading target "writing": five numbered lines of "GRPO in PyTorch?" with
+    a link and two hashtags meet every form check (counts, numbering, hashtags, the link), which pay only writing."""
+    veto = next((c["id"] for c in checked if is_veto(c["check"]) and out[c["id"]].passed is False), None)
+    for c in checked if veto else ():
+        if out[c["id"]].passed is True and reads_writing(c["check"]):
+            out[c["id"]] = CriterionResult(c["id"], False, f"met, but pays nothing: criterion {veto} finds the "
+                                                           "answer is not writing")
 
 
 def _beside(result, witness, witnessed):
@@ -377,6 +389,7 @@ class Judge:
                 log.warning("judge: check of criterion %s raised %r", c["id"], e)
                 passed, reason = False, f"check failed on this answer ({type(e).__name__})"
             out[c["id"]] = CriterionResult(c["id"], passed, reason)
+        _veto(checked, out)
         for c in checked:
             if (other := c["check"].get("only_if")) is not None:
                 out[c["id"]] = _beside(out[c["id"]], other, out.get(other, _UNCHECKED).passed)
