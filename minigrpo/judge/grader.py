@@ -57,7 +57,7 @@ __all__ = ["CriterionResult", "Verdict", "Judge", "make_judge", "run_check", "bu
            "InvalidVerdict", "BackendError", "load_tasks", "validate_task"]
 
 log = logging.getLogger("minigrpo.judge")
-PROMPT_VERSION = 6     # part of the cache key: change it when the prompt or the machine checks change meaning
+PROMPT_VERSION = 7     # part of the cache key: change it when the prompt or the machine checks change meaning
 UNSCORED_WARN = 3      # a task whose verdict has no score this many times in a row: a warning and a count
 # The probe: a prompt without any answer of the policy's, which a working grader grades (see Judge._unanswered)
 PROBE_TASK = {"id": "probe", "prompt": "Greet the reader.", "criteria": [{"id": "p1", "text": "The answer greets."}]}
