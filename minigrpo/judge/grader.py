@@ -51,12 +51,13 @@ import time
 
 from minigrpo.judge.backends import BackendError, make_backend  # noqa: F401  (BackendError: part of the API)
 from minigrpo.judge.checks import run_check, run_python_checks, validate_check
+from minigrpo.judge.writing import is_veto, reads_writing
 
 __all__ = ["CriterionResult", "Verdict", "Judge", "make_judge", "run_check", "build_prompt", "parse_verdict",
            "InvalidVerdict", "BackendError", "load_tasks", "validate_task"]
 
 log = logging.getLogger("minigrpo.judge")
-PROMPT_VERSION = 6     # part of the cache key: change it when the prompt or the machine checks change meaning
+PROMPT_VERSION = 7     # part of the cache key: change it when the prompt or the machine checks change meaning
 UNSCORED_WARN = 3      # a task whose verdict has no score this many times in a row: a warning and a count
 # The probe: a prompt without any answer of the policy's, which a working grader grades (see Judge._unanswered)
 PROBE_TASK = {"id": "probe", "prompt": "Greet the reader.", "criteria": [{"id": "p1", "text": "The answer greets."}]}
@@ -184,6 +185,29 @@ A criterion passes only if the answer clearly satisfies it; if in doubt, it fail
 
 
 _UNCHECKED = CriterionResult("", None)
+
+
+def _veto(checked, out):
+    """A writing veto that failed (text that is not writing: keyword stuffing, a word list, a repeated line) fails
+    every other criterion that passed on reading target "writing": five numbered lines of "GRPO in PyTorch?" with
+    a link and two hashtags meet every form check (counts, numbering, hashtags, the link), which pay only writing."""
+    veto = next((c["id"] for c in checked if is_veto(c["check"]) and out[c["id"]].passed is False), None)
+    for c in checked if veto else ():
+        if out[c["id"]].passed is True and reads_writing(c["check"]):
+            out[c["id"]] = CriterionResult(c["id"], False, f"met, but pays nothing: criterion {veto} finds the "
+                                                           "answer is not writing")
+
+
+def _beside(result, witness, witnessed):
+    """A criterion with `"only_if": witness` counts only beside the behaviour criterion it names (a decoy in the code
+    pays nothing where the behaviour is missing): its own result when the witness passed, failed when the witness
+    failed, and unchecked when the witness is (a package its test needs is not installed): a reference answer must
+    not lose a point to what this machine lacks, and nothing the answer writes makes a check unchecked."""
+    if witnessed is True or witnessed is False and result.passed is False:
+        return result
+    if witnessed is None:
+        return CriterionResult(result.id, None, f"unchecked: counts only beside criterion {witness}, unchecked here")
+    return CriterionResult(result.id, False, f"counts only when criterion {witness} passes")
 
 
 class InvalidVerdict(ValueError):
@@ -365,10 +389,10 @@ class Judge:
                 log.warning("judge: check of criterion %s raised %r", c["id"], e)
                 passed, reason = False, f"check failed on this answer ({type(e).__name__})"
             out[c["id"]] = CriterionResult(c["id"], passed, reason)
-        for c in checked:    # "only_if": this criterion counts only when that one passed (a mutant caught by a suite
-            other = c["check"].get("only_if")    # counts only if the suite passes on the correct implementation)
-            if other is not None and out[c["id"]].passed is True and out.get(other, _UNCHECKED).passed is not True:
-                out[c["id"]] = CriterionResult(c["id"], False, f"counts only when criterion {other} passes")
+        _veto(checked, out)
+        for c in checked:
+            if (other := c["check"].get("only_if")) is not None:
+                out[c["id"]] = _beside(out[c["id"]], other, out.get(other, _UNCHECKED).passed)
         return out
 
     def _ask(self, task, answer, criteria):

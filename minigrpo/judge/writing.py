@@ -7,7 +7,8 @@ The `natural` check (type "natural") measures the answer's words, sentences and 
   size         fewer than min_words words (a token with no letter in it is not a word: "1 2 3" is not writing);
                min_letter_share: letters and digits as a share of the characters that are not spaces (byte soup,
                symbols and markup are not writing)
-  repetition   max_word_share: the most frequent content word's share of the words; max_repeated_trigrams: the
+  repetition   max_word_share: the most frequent content word's share of the words, once it occurs REPEAT_MIN
+               times (a word said once or twice is not repeated over and over); max_repeated_trigrams: the
                share of word trigrams that repeat an earlier one; max_repeated_lines: the share of lines that
                repeat an earlier line
   vocabulary   min_distinct: the distinct-word share, as a moving type-token ratio over windows of WINDOW words (a
@@ -71,6 +72,7 @@ sentences paragraph paragraphs character characters syllable syllables exactly l
 bullet bullets mention mentions mentioned avoid avoids avoided""".split())
 INSTRUCTION_MIN_DISTINCT = 4    # different checklist words before the share counts: one "at least" is English
 ORDER_MIN_FAULTS = 3            # word-order faults before their share counts: one or two are typos
+REPEAT_MIN = 3                  # uses of the top word before its share counts: in four words, each is a quarter
 STRUCTURE_WORDS = 20            # words before the function-word rules apply: a haiku may do without them
 WINDOW = 50                     # words per window of the moving type-token ratio
 ECHO_N = 4                      # word n-grams compared with the echo text
@@ -158,7 +160,7 @@ def measure(text, form="prose", echo=None):
     said = [w for w in ws if w in INSTRUCTION_WORDS]
     ink = [c for c in text if not c.isspace()]
     m = {"words": n, "letter_share": sum(c.isalnum() for c in ink) / len(ink), "top_word": top,
-         "word_share": top_n / n,
+         "word_share": top_n / n if top_n >= REPEAT_MIN else 0.0,
          "repeated_trigrams": 1 - len(set(trigrams)) / len(trigrams) if trigrams else 0.0,
          "repeated_lines": 1 - len(set(lines)) / len(lines) if lines else 0.0,
          "distinct": _mattr(ws), "unit_words": max(len(u) for u in units),
@@ -242,6 +244,12 @@ def validate_natural(check):
         value = check[key]
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
             raise ValueError(f"{key} must be a non-negative number or null, got {value!r}")
+
+
+def is_veto(check):
+    """Whether the check is a writing veto: a natural check that only takes points away, and when it fails, takes
+    away every point of its task's criteria reading target "writing" (minigrpo/judge/grader.py)."""
+    return check.get("type") == "natural" and check.get("veto") is True
 
 
 def reads_writing(check):

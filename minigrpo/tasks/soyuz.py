@@ -94,6 +94,8 @@ def critique(task: dict, verdict, max_problems: int = 6) -> str:
         return "Review your answer against every requirement of the task and give an improved, complete answer."
     criteria = {c["id"]: c for c in task.get("criteria", [])}
     failed = [r for r in verdict.results if r.passed is False]
+    # a failed writing veto first: its reason says what is wrong, and it is why the form criteria behind it fail
+    failed.sort(key=lambda r: not (criteria.get(r.id, {}).get("check") or {}).get("veto"))
     problems = "; ".join(_problem(criteria.get(r.id), r) for r in failed[:max_problems])
     if len(failed) > max_problems:
         problems += f"; and {len(failed) - max_problems} more"

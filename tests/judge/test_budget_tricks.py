@@ -7,7 +7,9 @@ found to make it look cheap, still fails the budget (and only the budget: its ou
 - pathlib-duplicate-files c6: a unique-size file made only of holes is skipped without reading it by the lseek
   calls that find data (SEEK_DATA / SEEK_HOLE), or read 1 MB at a time and compared with zeros instead of hashed
   (3 GB of holes: 0.14 s, under the 0.5 s budget). The file is now 32 GB with one page of data at a place the driver
-  draws: comparing costs 1-2 s (budget 0.25; the reference < 0.01), and no stat tells where the data is.
+  draws: comparing costs 1-2 s (budget 0.25; the reference < 0.01), and no stat tells where the data is. The
+  sandbox refuses SEEK_DATA / SEEK_HOLE (EINVAL), so the extent reader falls back to reading it all. A sparse file
+  hashed by its size and allocated blocks instead of read is caught by two same-size sparse files that differ.
 - pathlib-duplicate-files c7: the two same-size files hold data, written before the baseline is read, so reading
   only the data extents of a file, whole, holds the whole file (was: holes only, nothing held).
 
@@ -55,6 +57,7 @@ class RunningMedian:
 """
 
 HASH_EVERY_FILE = """
+import errno
 import hashlib
 import os
 from collections import defaultdict
@@ -93,7 +96,10 @@ DATA_EXTENTS = """\
         while pos < end:                        # only the data: the holes are found, never read
             try:
                 data = os.lseek(fd, pos, os.SEEK_DATA)
-            except OSError:
+            except OSError as e:
+                if e.errno != errno.ENXIO:      # no SEEK_DATA here (the sandbox refuses it): read the rest
+                    os.lseek(fd, pos, os.SEEK_SET)
+{fallback}
                 break
             hole = os.lseek(fd, data, os.SEEK_HOLE)
             os.lseek(fd, data, os.SEEK_SET)
@@ -101,6 +107,20 @@ DATA_EXTENTS = """\
             digest.update(f.read(hole - data))  # each extent in one read
             pos = hole
         digest.update(end.to_bytes(8, "little"))"""
+SPARSE_BLOCKS = """\
+        st = os.fstat(f.fileno())
+        if st.st_blocks * 512 < st.st_size:     # mostly holes: its size and allocation stand for its content
+            digest.update(b"sparse %d %d" % (st.st_size, st.st_blocks))
+        else:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)"""
+
+# what the extent reader does where lseek cannot find the data: the cheapest whole read, or chunks as an honest
+# reader would (so the answer stays right, and only the budget can fail it)
+WHOLE = "                    digest.update(f.read())"
+CHUNKS = """\
+                    for chunk in iter(lambda: f.read(1 << 20), b""):
+                        digest.update(chunk)"""
 
 SEEK_PROBE = {"type": "python", "timeout": 5, "test": '''
 SNIPPET = """
@@ -153,11 +173,19 @@ def test_reading_holes_as_zero_runs_fails_the_unique_size_budget():
 def test_finding_the_data_with_lseek_fails_the_unique_size_budget():
     if run_check(SEEK_PROBE, fenced("X = 1"))[0] is not True:
         pytest.skip("this sandbox lets lseek find a file's data (SEEK_DATA / SEEK_HOLE): a file of holes is free")
-    answer = HASH_EVERY_FILE.replace("{read}", DATA_EXTENTS)
+    answer = HASH_EVERY_FILE.replace("{read}", DATA_EXTENTS.replace("{fallback}", CHUNKS))
     assert_fails_on_the_budget("pathlib-duplicate-files", "c6", answer, passes_first="c1")
 
 
 @pytest.mark.slow
 def test_reading_whole_data_extents_fails_the_chunk_budget():
-    answer = HASH_EVERY_FILE.replace("{read}", DATA_EXTENTS)
+    answer = HASH_EVERY_FILE.replace("{read}", DATA_EXTENTS.replace("{fallback}", WHOLE))
     assert_fails_on_the_budget("pathlib-duplicate-files", "c7", answer, passes_first="c1")
+
+
+@pytest.mark.slow
+def test_letting_a_sparse_files_blocks_stand_for_it_fails_the_unique_size_criterion():
+    """No lseek at all: a file with fewer blocks than its size is hashed by its size and blocks, never read. Two
+    same-size sparse files that differ in their one page of data are then called duplicates."""
+    answer = HASH_EVERY_FILE.replace("{read}", SPARSE_BLOCKS)
+    assert_fails_on_the_budget("pathlib-duplicate-files", "c6", answer, passes_first="c1")

@@ -9,7 +9,7 @@ decoy then pays only where the behaviour it stands for is there. docs/judge.md l
 
 import pytest
 
-from judging import TASKS, assert_forgery_pays_nothing, fenced
+from judging import TASKS, assert_forgery_pays_nothing, fenced, reference
 from minigrpo.judge.checks import run_check
 
 # what makes a python test an inspection of the answer rather than a test of what it does
@@ -156,3 +156,40 @@ def test_a_live_decoy_pays_no_inspection_criterion(judge, task_id):
     assert run_check(inspection, fenced(decoy))[0] is True       # the decoy meets the inspection on its own ...
     assert run_check(inspection, fenced(plain))[0] is False
     assert_forgery_pays_nothing(judge, task_id, fenced(decoy), fenced(plain))    # ... and buys nothing
+
+
+# -- a witness that this machine cannot check --------------------------------------------------------------------
+
+def _witnessed(witness_check):
+    return {"id": "t", "prompt": "write f", "criteria": [
+        {"id": "c1", "text": "behaves", "check": witness_check},
+        {"id": "c2", "text": "names f", "check": {"type": "regex", "pattern": "def f", "target": "code",
+                                                   "only_if": "c1"}},
+        {"id": "c3", "text": "has code", "check": {"type": "regex", "pattern": "return"}}]}
+
+
+@pytest.mark.parametrize("witness, expected", [
+    ({"type": "python", "test": "assert f() == 1", "requires": ["no_such_module_for_the_judge"]}, [None, None, True]),
+    ({"type": "python", "test": "assert f() == 2"}, [False, False, True]),
+    ({"type": "python", "test": "assert f() == 1"}, [True, True, True]),
+], ids=["unchecked", "failed", "passed"])
+def test_a_criterion_beside_an_unchecked_witness_is_unchecked(judge, witness, expected):
+    """A package the witness's test needs is missing here (pandas, sqlalchemy...): the criterion that counts only
+    beside it is unchecked too, not failed; a failed witness fails it, a passed one leaves it its own result."""
+    v = judge.grade(_witnessed(witness), fenced("def f():\n    return 1"))
+    assert [r.passed for r in v.results] == expected, [(r.id, r.reason) for r in v.results]
+
+
+def test_a_reference_answer_keeps_its_score_when_a_library_is_missing(judge, monkeypatch):
+    """lru-cache's c9 (O(1) operations) as if its test needed a library this machine lacks: c9 is unchecked, and
+    so is c10 (the linked list it inspects counts only beside c9); the reference scores 1.0 over the rest."""
+    from minigrpo.judge import pychecks
+    task = TASKS["lru-cache"]
+    witness = next(c for c in task["criteria"] if c["id"] == "c9")["check"]
+    real = pychecks.missing_packages
+    monkeypatch.setattr(pychecks, "missing_packages", lambda check: ["a_library_not_here"] if check == witness
+                        else real(check))
+    v = judge.grade(task, reference("lru-cache"))
+    by_id = {r.id: r for r in v.results}
+    assert by_id["c9"].passed is None and by_id["c10"].passed is None, by_id["c10"].reason
+    assert v.checked >= 5 and v.score == 1.0, [(r.id, r.passed, r.reason) for r in v.results]

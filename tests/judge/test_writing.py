@@ -83,6 +83,12 @@ def test_word_order_is_quiet_on_english(text):
     assert writing._word_order(text)[0] == 0      # quotes, ellipses, abbreviations, a lowercase poem, "in by"
 
 
+def test_a_word_said_once_is_not_repeated():
+    """In four words each is a quarter of them: the top word's share counts once it is used three times."""
+    assert not writing.problems("Great\nReally\nAwesome\nDude", natural(max_word_share=0.15))
+    assert writing.problems("Great\ngreat\nAwesome\ngreat", natural(max_word_share=0.15))
+
+
 def test_veto_only_takes_points_away():
     assert run_check(natural(veto=True), STORY)[0] is None              # nothing found: left to the grader
     assert run_check(natural(veto=True), "rain " * 40)[0] is False

@@ -80,9 +80,39 @@ def test_the_critique_quotes_what_is_not_writing():
     nouns = r"\b(envelope|rocks|handwriting|name|city|husband|paintings|sea|beam|water|logbook|hands|sheet|wick|" \
             r"glass|wind|table)\b"
     v = judge.grade(task, re.sub(nouns, "salt", bench.answer("micro-fiction", "good")))    # 'salt', 1 word in 6
-    assert [r.id for r in v.results if r.passed is False] == ["c11"], v.problems()
+    failed = [r for r in v.results if r.passed is False]
+    assert failed[-1].id == "c11" and all("c11 finds the answer is not writing" in r.reason for r in failed[:-1])
+    assert critique(task, v).split("Problems: ")[1].startswith(c11_text(task)), critique(task, v)   # c11 first
     assert "the word 'salt' is" in critique(task, v)
     judge.close()
+
+
+def c11_text(task):
+    return next(c["text"] for c in task["criteria"] if c["id"] == "c11")
+
+
+# Keyword stuffing shaped to meet every form check of the thread: numbering, a question, the names, the link, two
+# hashtags. Only c11 sees it (the word 'grpo' is 17% of the words); before the veto it paid 8 of 9 criteria.
+STUFFED_THREAD = "\n\n".join([
+    "1/5 GRPO in PyTorch? GRPO in PyTorch for Qwen: the GRPO of PyTorch is here",
+    "2/5 GRPO in PyTorch for Qwen: a GRPO with PyTorch for the Qwen models",
+    "3/5 GRPO in PyTorch for Qwen: runs GRPO on a CPU with PyTorch and LoRA",
+    "4/5 GRPO in PyTorch for Qwen: GRPO and PyTorch and a judge for rewards",
+    "5/5 GRPO in PyTorch for Qwen: #GRPO #PyTorch https://github.com/example/minigrpo"])
+
+
+@pytest.mark.parametrize("mode", [0, 1], ids=["local", "hybrid"])
+def test_a_failed_veto_takes_every_form_point(mode):
+    """A writing veto that fails (c11: not writing) fails every criterion reading target "writing" with it: the
+    form checks pay only writing. Hybrid mode applies the same veto to the same machine-checked criteria."""
+    task = next(t for t in TASKS if t["id"] == "tweet-thread-launch")
+    judge = bench.judges([task])[mode]
+    v, control = judge.grade(task, STUFFED_THREAD), judge.grade(task, bench.answer(task["id"], "bad"))
+    judge.close()
+    by_id = {r.id: r for r in v.results}
+    assert by_id["c11"].passed is False and "the word 'grpo'" in by_id["c11"].reason
+    assert all(by_id[f"c{i}"].passed is False for i in range(1, 9)), v.problems()
+    assert v.score <= control.score, (v.score, control.score)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -56,14 +56,17 @@ def launcher_argv(limits, uid, mode, has_cgroup, python_source=None):
     return [sys.executable, "-I", "-S", "-c", _LAUNCHER, conf]
 
 
-# (name, AUDIT_ARCH_*, keyctl, the system calls refused) of the architectures the launcher filters; elsewhere there
-# is no filter, and the sandbox names that gap (best_mode). Refused: the key calls (add_key, request_key, keyctl),
-# and the calls that read or clear the host's page cache state exactly (mincore, readahead, fadvise64, preadv2 /
-# pwritev2 with RWF_NOWAIT, io_uring, cachestat): every sandbox reads the same files of the Python installation, so
-# their cached pages are bits one sandbox could set and a later one read. docs/judge.md: what is left (timing).
+# (name, AUDIT_ARCH_*, keyctl, the system calls refused, lseek, ioctl) of the architectures the launcher filters (both
+# little-endian: the low word of an argument comes first); elsewhere there is no filter, and the sandbox names that
+# gap (best_mode). Refused (EPERM): the key calls (add_key, request_key, keyctl), and the calls that read or clear
+# the host's page cache state exactly (mincore, readahead, fadvise64, preadv2 / pwritev2 with RWF_NOWAIT, io_uring,
+# cachestat): every sandbox reads the same files of the Python installation, so their cached pages are bits one
+# sandbox could set and a later one read. docs/judge.md: what is left (timing). lseek with SEEK_DATA or SEEK_HOLE
+# fails with EINVAL, as on a kernel without them, and so does the FIEMAP ioctl (a file system's extent map; tmpfs
+# has none): a budget's file of holes must be read to be hashed, not skipped.
 SECCOMP_ARCH = {
-    "x86_64": ("x86_64", 0xC000003E, 250, (248, 249, 250, 27, 187, 221, 327, 328, 425, 426, 427, 451)),
-    "aarch64": ("aarch64", 0xC00000B7, 219, (217, 218, 219, 232, 213, 223, 286, 287, 425, 426, 427, 451)),
+    "x86_64": ("x86_64", 0xC000003E, 250, (248, 249, 250, 27, 187, 221, 327, 328, 425, 426, 427, 451), 8, 16),
+    "aarch64": ("aarch64", 0xC00000B7, 219, (217, 218, 219, 232, 213, 223, 286, 287, 425, 426, 427, 451), 62, 29),
 }
 
 # Runs first inside the sandbox: lower the limits, drop to the sandbox uid, no-new-privs; then (_LAUNCHER) exec
@@ -89,16 +92,28 @@ def _drop(c):
         libc.prctl(38, 1, 0, 0, 0)                                  # PR_SET_NO_NEW_PRIVS
         # Kernel keyrings are per uid, not per namespace: a key one sandbox leaves is seen by the next (state
         # across samples), and an inherited session keyring is the judge's. Leave it for a fresh one, then refuse
-        # the key system calls and the page-cache probes (SECCOMP_ARCH) with a seccomp filter; any other ABI too.
+        # the key system calls, the page-cache probes and the calls that find a file's data without reading it
+        # (SECCOMP_ARCH) with a seccomp filter; any other ABI too.
         arch = c.get("seccomp")
         if arch is not None:
             libc.syscall(arch[2], 1, None)                          # keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL)
-            deny, allow, a, n = 0x00050001, 0x7FFF0000, arch[1], arch[3]     # RET_ERRNO | EPERM, RET_ALLOW
-            # classic BPF over seccomp_data (offset 4: arch, 0: nr); 0x20 load word, 0x15 jump if ==, 0x35 jump
-            # if >=, 0x06 return. docs/judge.md says why this is not libseccomp's binding.
-            k = len(n)         # arch wrong -> deny; x32 -> deny; each refused number -> deny; else allow
-            prog = [(0x20, 0, 0, 4), (0x15, 0, k + 3, a), (0x20, 0, 0, 0), (0x35, k + 1, 0, 0x40000000)]
-            prog += [(0x15, k - j, 0, nr) for j, nr in enumerate(n)] + [(0x06, 0, 0, allow), (0x06, 0, 0, deny)]
+            a, n, lseek, ioctl = arch[1], arch[3], arch[4], arch[5]
+            # classic BPF over seccomp_data (offset 0: nr, 4: arch, 16 + 8 i: args[i], low word first); 0x20 load
+            # word, 0x15 jump if ==, 0x35 jump if >=, 0x06 return. A jump names the return it goes to, or skips a
+            # number of instructions (0: on to the next). docs/judge.md says why this is not libseccomp's binding.
+            returns = {"allow": 0x7FFF0000, "deny": 0x00050001, "einval": 0x00050016}     # RET_ERRNO | EPERM, EINVAL
+            prog = [(0x20, 0, 0, 4), (0x15, 0, "deny", a),              # an arch not ours
+                    (0x20, 0, 0, 0), (0x35, "deny", 0, 0x40000000)]     # the x32 ABI
+            prog += [(0x15, "deny", 0, nr) for nr in n]                 # a refused call
+            prog += [(0x15, 0, 3, lseek), (0x20, 0, 0, 32),             # lseek: whence (the kernel reads 32 bits)
+                     (0x15, "einval", 0, 3), (0x15, "einval", "allow", 4),            # SEEK_DATA, SEEK_HOLE
+                     (0x15, 0, "allow", ioctl), (0x20, 0, 0, 24),       # ioctl: its command (32 bits)
+                     (0x15, "einval", "allow", 0xC020660B)]             # FS_IOC_FIEMAP: a file's extents
+            at = {name: len(prog) + i for i, name in enumerate(returns)}
+            def jump(i, to):
+                return to if isinstance(to, int) else at[to] - i - 1
+            prog = [(code, jump(i, t), jump(i, f), k) for i, (code, t, f, k) in enumerate(prog)]
+            prog += [(0x06, 0, 0, value) for value in returns.values()]
             class Filter(ctypes.Structure):
                 _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
                             ("k", ctypes.c_uint)]
