@@ -29,7 +29,7 @@ def planned_chunk(args, n_examples, capacity, dtype) -> tuple[int, float, float]
     """(examples per sampler call, the bytes the memory plan needs for them, for all n_examples in one call) on a GPU
     of `capacity` bytes: the largest count whose calls fit, 1 if none does (a call holds at least one example's G)."""
     cfg, _ = memplan.load_config(args.model)
-    shape, s = memplan.run_shape(args)
+    shape, s = memplan.run_shape(args, n_examples * args.group_size)     # rows: replaced for each count below
     costs = memplan.layer_costs(cfg, dtype, s["lora_r"], s["targets"])     # once: each count below reuses it
     peak = "peak_ckpt" if args.grad_checkpoint else "peak"
 
