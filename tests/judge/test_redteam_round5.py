@@ -91,10 +91,8 @@ ALWAYS_RAISE_PAYS = {
 }
 
 
-@pytest.mark.parametrize("task_id", [
-    pytest.param(t, marks=works(f"{t}: {why} -- 'raises {e}' guards with no only_if; a module whose every "
-                                f"function raises {e} scores {s} against the honest-wrong answer's {w}"))
-    for t, (e, why, s, w) in ALWAYS_RAISE_PAYS.items()])
+# Closed: each guard counts only beside the task's main behaviour criterion (`only_if`), which such a module fails.
+@pytest.mark.parametrize("task_id", list(ALWAYS_RAISE_PAYS))
 def test_a_module_that_always_raises_pays_no_more_than_the_honest_wrong_answer(judge, task_id):
     assert_no_more_than_honest_wrong(judge, task_id, always_raise(task_id, ALWAYS_RAISE_PAYS[task_id][0]))
 
@@ -112,9 +110,10 @@ def head_only_duplicates():
     return code.replace(loop, "        digest.update(f.read(CHUNK))     # the first chunk only\n")
 
 
-@works("pathlib-duplicate-files: hashing only each file's first 64 KiB (same-size files that differ later are "
-       "grouped as duplicates) passes every criterion: no test has two same-size files that differ after the first "
-       "chunk; scores 1.0 against the honest-wrong answer's 0.0")
+# Closed in the task file; the attack as found:
+#   pathlib-duplicate-files: hashing only each file's first 64 KiB (same-size files that differ later are grouped
+#   as duplicates) passes every criterion: no test has two same-size files that differ after the first chunk;
+#   scores 1.0 against the honest-wrong answer's 0.0
 def test_hashing_only_the_first_chunk_does_not_pay_like_the_reference(judge):
     v = judge.grade(TASKS["pathlib-duplicate-files"], fenced(head_only_duplicates()))
     assert v is not None and v.score is not None and v.score < 1.0, explain(v)
@@ -132,8 +131,9 @@ def topological_sort(graph):
 '''
 
 
-@works("topological-sort: the nodes sorted by name, every edge ignored, pass c1, c3, c7 and c9 (the 50k chain's "
-       "names sort in chain order): 0.4 against the honest-wrong answer's 0.2 (a DFS post-order, reversed)")
+# Closed in the task file; the attack as found:
+#   topological-sort: the nodes sorted by name, every edge ignored, pass c1, c3, c7 and c9 (the 50k chain's names
+#   sort in chain order): 0.4 against the honest-wrong answer's 0.2 (a DFS post-order, reversed)
 def test_sorting_the_nodes_by_name_pays_no_more_than_the_honest_wrong_answer(judge):
     assert_no_more_than_honest_wrong(judge, "topological-sort", SORTED_NODES)
 
@@ -158,9 +158,10 @@ class WeightedSampler:
 '''
 
 
-@works("weighted-choice: a sampler that always returns the first item of positive weight (one rng.random() call, "
-       "the weights otherwise ignored) passes c5, c7 and c8, which have no only_if: 0.33 against the honest-wrong "
-       "answer's 0.22")
+# Closed in the task file; the attack as found:
+#   weighted-choice: a sampler that always returns the first item of positive weight (one rng.random() call, the
+#   weights otherwise ignored) passes c5, c7 and c8, which have no only_if: 0.33 against the honest-wrong answer's
+#   0.22
 def test_a_constant_sampler_pays_no_more_than_the_honest_wrong_answer(judge):
     assert_no_more_than_honest_wrong(judge, "weighted-choice", CONSTANT_SAMPLER)
 
@@ -187,8 +188,9 @@ class RunningMedian:
 '''
 
 
-@works("streaming-median: a class that only counts, its median() always raising ValueError, passes c1 (empty stream "
-       "raises; no only_if) and c6 (__len__): 0.22 against the honest-wrong answer's 0.0")
+# Closed in the task file; the attack as found:
+#   streaming-median: a class that only counts, its median() always raising ValueError, passes c1 (empty stream
+#   raises; no only_if) and c6 (__len__): 0.22 against the honest-wrong answer's 0.0
 def test_a_median_that_always_raises_pays_no_more_than_the_honest_wrong_answer(judge):
     assert_no_more_than_honest_wrong(judge, "streaming-median", COUNTING_MEDIAN)
 
@@ -217,8 +219,9 @@ class Trie:
 '''
 
 
-@works("trie-autocomplete: a set of words whose complete() always returns [] passes c3 (unknown prefix and k == 0 "
-       "give []; no only_if), c6, c7 and c8: 0.4 against the honest-wrong answer's 0.3, with no completion at all")
+# Closed in the task file; the attack as found:
+#   trie-autocomplete: a set of words whose complete() always returns [] passes c3 (unknown prefix and k == 0 give
+#   []; no only_if), c6, c7 and c8: 0.4 against the honest-wrong answer's 0.3, with no completion at all
 def test_a_trie_that_completes_nothing_pays_no_more_than_the_honest_wrong_answer(judge):
     assert_no_more_than_honest_wrong(judge, "trie-autocomplete", WORD_SET)
 
@@ -243,10 +246,9 @@ ECHO_PAYS = {
 }
 
 
-@pytest.mark.parametrize("task_id", [
-    pytest.param(t, marks=works(f"{t}: the prompt's own code, unchanged, passes {why}: {s} against the honest-wrong "
-                                f"answer's {w}"))
-    for t, (why, s, w) in ECHO_PAYS.items()])
+# Closed: the criteria the unchanged code meets count only beside one it fails (vectorize-loop-fix: the speed, c8;
+# refactor-orders: the extracted helper shipping_cost, c2; file-handle-leak-fix: streaming, c7).
+@pytest.mark.parametrize("task_id", list(ECHO_PAYS))
 def test_the_prompts_code_unchanged_pays_no_more_than_the_honest_wrong_answer(judge, task_id):
     assert_no_more_than_honest_wrong(judge, task_id, prompt_code(task_id))
 

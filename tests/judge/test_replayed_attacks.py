@@ -9,6 +9,8 @@ pytest.raises" (a suite that tests nothing). Each such criterion now counts only
 beside them."""
 
 import ast
+import os
+import re
 
 import pytest
 
@@ -16,6 +18,7 @@ from judging import TASKS, fenced, reference
 from minigrpo.judge.answer_code import extract_code
 from test_forgery_harness import RACE_TRICK, SUITE, SUITE_TRICK
 from test_attacks import assert_no_gain
+from repo_root import ROOT
 
 UNFIXED_ACCOUNTS = TASKS["async-race-fix"]["prompt"].split("```python\n", 1)[1].split("```", 1)[0]
 
@@ -207,3 +210,65 @@ def test_the_reference_names_doing_nothing_score_at_most_0_1_on_every_code_task(
 def test_the_encoder_structure_alone_earns_only_its_dumps_options(judge):
     v = judge.grade(TASKS["json-custom-encoder"], fenced(ENCODER_SCAFFOLD))
     assert [r.id for r in v.results if r.passed] == ["c9"], [(r.id, r.reason) for r in v.results]
+
+
+class _OneBody(ast.NodeTransformer):
+    def __init__(self, statement):
+        self.statement = statement
+
+    def visit_FunctionDef(self, node):
+        self.generic_visit(node)
+        node.body = [ast.parse(self.statement).body[0]]
+        return node
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+
+def every_body(task_id, statement):
+    """The reference answer's module with every function body replaced by one statement."""
+    tree = _OneBody(statement).visit(ast.parse(extract_code(reference(task_id))))
+    return fenced(ast.unparse(ast.fix_missing_locations(tree)))
+
+
+# a policy's other do-nothing recipes: always raise the error the guards ask for, return a constant or an empty result
+NO_WORK = {"always_raises": 'raise ValueError("not implemented")', "returns_empty": "return []",
+           "returns_zero": "return 0"}
+
+
+@pytest.mark.slow
+def test_raising_or_constant_bodies_score_at_most_0_1_on_every_code_task(judge):
+    """Each "raises ValueError on bad input" or "[] for no input" guard counts only beside behaviour such a module
+    fails (a module whose every function raised ValueError met four of base-conversion's ten)."""
+    code = sorted(t for t, task in TASKS.items() if task["family"] != "writing")
+    futures = {(t, k): judge.submit(TASKS[t], every_body(t, s)) for t in code for k, s in NO_WORK.items()}
+    scores = {key: f.result().score for key, f in futures.items()}
+    high = {key: s for key, s in scores.items() if s > DECLARATIONS_DO_WORK.get(key[0], 0.1)}
+    assert not high, high
+
+
+def honest_wrong_answer(task_id):
+    with open(os.path.join(ROOT, "tests", "data", "soyuz", f"{task_id}.bad.md"), encoding="utf-8") as f:
+        return f.read()
+
+
+def prompt_code(task_id):
+    blocks = re.findall(r"```python\n(.*?)```", TASKS[task_id]["prompt"], re.S)
+    return blocks[0] if blocks else None
+
+
+@pytest.mark.slow
+def test_a_fix_tasks_prompt_code_unchanged_scores_no_more_than_the_honest_wrong_answer(judge):
+    """The do-nothing answer of a fix task is its prompt's code, unchanged: what it keeps (the behaviour the fix must
+    preserve) counts only beside what the fix changes."""
+    fix = sorted(t for t in TASKS if TASKS[t]["family"] != "writing" and prompt_code(t))
+    assert fix
+    futures = {t: (judge.submit(TASKS[t], fenced(prompt_code(t))), judge.submit(TASKS[t], honest_wrong_answer(t)))
+               for t in fix}
+    high = {}
+    for t, (echo, wrong) in futures.items():
+        echo, wrong = echo.result(), wrong.result()
+        if wrong is None or wrong.score is None:
+            raise RuntimeError(f"{t}: baseline not graded: {wrong}")
+        if echo.score > wrong.score:
+            high[t] = (echo.score, wrong.score)
+    assert not high, high

@@ -69,7 +69,7 @@ def test_clearing_the_graph_does_not_pass_the_edge_criterion(judge):
     ids = ["c2", "c3", "c8"]
     plain = passed(grade(judge, "topological-sort", BY_NAME.replace("TRICK", "pass"), ids))
     attack = passed(grade(judge, "topological-sort", BY_NAME.replace("TRICK", "graph.clear()"), ids))
-    assert plain == {"c2": False, "c3": True, "c8": False}, plain      # c8 (no mutation) counts only beside c2
+    assert plain == {"c2": False, "c3": False, "c8": False}, plain     # c3 and c8 (guards) count only beside c2
     assert attack == plain, attack
 
 
