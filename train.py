@@ -181,13 +181,14 @@ def rollout_step(model, tok, task, args, examples, step, dist_info, first=0, tim
 
 def rollout(model, tok, task, args, examples, step, index, times=None):
     """Rollouts of `examples` (their positions in this step's global batch are `index`); the seconds spent in the
-    sampler are added to times["generate"] (the rest of a rollout is the task's: mostly waiting on its judge)."""
+    sampler are added to times["generate"] (the rest of a rollout is the task's: mostly waiting on its judge).
+    The task's sampler takes `reuse` and `keep` as sampler.sample does (a multi-turn task continues kept states)."""
     seeds = [sample_seed(args, step, i) for i in index]
     rows, clock = decode_rows(task, args, len(examples)), PhaseClock(times)
 
-    def sampler(prompts, ss, n):
+    def sampler(prompts, ss, n, reuse=None, keep=False):
         with clock("generate"):
-            return generate(model, tok, args, prompts, ss, n, task.stop_strings, rows)
+            return generate(model, tok, args, prompts, ss, n, task.stop_strings, rows, reuse=reuse, keep=keep)
     return task.rollout(sampler, tok, examples, seeds, args)
 
 
@@ -209,17 +210,19 @@ def decode_path(args, device) -> str:
     return getattr(args, "decode", None) or ("fast" if torch.device(device).type == "cuda" else "eager")
 
 
-def generate(model, tok, args, prompts, seeds, n, stop_strings=(), rows=None):
+def generate(model, tok, args, prompts, seeds, n, stop_strings=(), rows=None, reuse=None, keep=False):
     """Sample n completions for each prompt (token-id lists). Returns a list of n-lists of Samples. On the fast
     path (decode_path) the decode batch is `rows` rows (padded; default the call's rows rounded up to a power of
-    two) and the cache one of a few length buckets, so one compiled graph per bucket serves the whole run."""
+    two) and the cache one of a few length buckets, so one compiled graph per bucket serves the whole run.
+    keep / reuse: sampler.sample's (keep the state after each prompt; continue kept states: minigrpo/prefix.py)."""
     fast = decode_path(args, model.device) == "fast"
     model.eval()
     with torch.no_grad():
         samples = sample(model, prompts, n=n, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                          stop_ids=tok.eos_ids, stop_strings=list(stop_strings), tokenizer=tok, seed=list(seeds),
-                         vocab_size=tok.vocab_size, compile=fast, rows=rows if fast else None)
+                         vocab_size=tok.vocab_size, compile=fast, rows=rows if fast else None, keep=keep,
+                         reuse=reuse)
     return [samples[i * n:(i + 1) * n] for i in range(len(prompts))]
 
 

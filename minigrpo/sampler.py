@@ -21,6 +21,12 @@ What a Sample holds:
 - finish_reason: "eos" (emitted a stop id), "stop" (completed a stop string) or "length" (hit max_new_tokens).
 - text: tokenizer.decode(completion_ids) without a final EOS token; None without a tokenizer.
 
+Kept states (keep=True, reuse=...; minigrpo/prefix.py): an agent's next prompt starts with its last one. keep=True
+hands out, on every Sample, the state after prefilling its prompt (`kept`, shared by the prompt's n samples, never
+modified); a later call given it in `reuse` prefills only the tokens after it. The result equals a fresh prefill of
+the whole prompt (to rounding: tests/model/test_sampler_reuse.py). `prefilled` and `reused` count, on a prompt's
+first sample, the tokens the call prefilled for it and the ones it took from a kept state.
+
 Randomness: counter-based. Sample j of prompt i draws its step-t uniform from a hash (splitmix64) of
 (seed_i, j, t), where seed_i is `seed[i]` when `seed` is a list (one per prompt) or derive_seed(seed, i) for an int
 seed, and
@@ -35,7 +41,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from minigrpo import static_decode
+from minigrpo import prefix, static_decode
 from minigrpo.common import _shr, derive_seed, left_pad, splitmix64  # noqa: F401  (sampler.splitmix64)
 
 
@@ -49,6 +55,9 @@ class Sample:
     logprobs: list
     finish_reason: str  # "eos" | "stop" | "length"
     text: str | None = None
+    prefilled: int = 0              # prompt tokens this call prefilled for it (on the prompt's first sample only)
+    reused: int = 0                 # prompt tokens taken from a kept state instead (likewise)
+    kept: prefix.Kept | None = None  # with keep=True: the state after its prompt, shared by the prompt's samples
 
 
 @dataclass
@@ -206,7 +215,7 @@ def cut_after_stop(text, stop_strings):
 @torch.no_grad()
 def sample(model, prompts, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, stop_ids=None,
            stop_strings=(), tokenizer=None, seed=None, vocab_size=None, pad_id=None, sync_every=None,
-           compact_fraction=0.25, compile=False, static=False, rows=None):
+           compact_fraction=0.25, compile=False, static=False, rows=None, keep=False, reuse=None):
     """n completions for each prompt (lists of token ids), prompt-major: result[i*n:(i+1)*n] belong to prompt i.
 
     stop_ids: ids that end a row (kept in its completion); default tokenizer.eos_ids, or none without a tokenizer.
@@ -224,6 +233,9 @@ def sample(model, prompts, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=
       sizes kept across calls, attention over all their slots, no compaction.
     rows: the static batch's fixed row count (the caller's largest call): a call with fewer rows is padded to it,
       one with more is split into calls of whole prompts (default: the next power of two of the call's rows).
+    keep: every Sample carries `kept`, the state after prefilling its prompt (prefix.Kept: .ids, .tokens).
+    reuse: one prefix.Kept or None per prompt: a prompt whose ids start with a kept state's (and go on past them)
+      prefills only the rest, continuing a copy of it; any other prompt is prefilled afresh.
     """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("sampler.py: sample needs a non-empty list of non-empty prompts (token-id lists)")
@@ -240,12 +252,14 @@ def sample(model, prompts, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=
     settings = Settings(n, max_new_tokens, temperature, top_p, top_k, vocab_size, pad_id, sync_every, compact_fraction)
     seeds = prompt_seeds(seed, len(prompts))
     scanner = StopScanner(stop_ids, stop_strings, tokenizer)
+    reuse = prefix.check_reuse(reuse, len(prompts))
     if not (compile or static):
-        return sample_batch(model, prompts, seeds, settings, scanner)
+        return sample_batch(model, prompts, seeds, settings, scanner, (reuse, keep))
     settings = replace(settings, compact_fraction=float("inf"))  # fixed shapes: no compaction
     out = []
     for part in static_decode.whole_prompt_calls(len(prompts), n, rows):
-        got = sample_batch(model, prompts[part], seeds[part], settings, scanner, static=(rows, compile))
+        got = sample_batch(model, prompts[part], seeds[part], settings, scanner, (reuse[part], keep),
+                           static=(rows, compile))
         out += [replace(x, prompt_index=x.prompt_index + part.start) for x in got]
     return out
 
@@ -261,23 +275,51 @@ def prompt_seeds(seed, P):
     return seeds
 
 
-def sample_batch(model, prompts, seeds, s, scanner, static=None):
+def sample_batch(model, prompts, seeds, s, scanner, kept, static=None):
     """n completions of each prompt, decoded as one batch: prefill, the decode loop, the Samples.
-    static: (rows, compile) for static_decode.py's fixed-shape step, None for the ordinary one."""
+    kept: (reuse, keep) as `sample` takes them, reuse a list; static: (rows, compile) for static_decode.py's
+    fixed-shape step, None for the ordinary one."""
     row_keys = sample_keys(seeds, s.n, model.device)                 # (P*n,) int64, one per sample row
+    extra = s.max_new_tokens if static is None else static_decode.new_slots(prompts, s.max_new_tokens)
+    cache, logits, keeps, reused = prefill_reusing(model, prompts, extra, s.pad_id, *kept)
     if static is None:
-        cache, logits = prefill(model, prompts, s.max_new_tokens, s.pad_id)
         cache, step = cache.repeat_interleave(s.n), decode_step
     else:
-        cache, logits = prefill(model, prompts, static_decode.new_slots(prompts, s.max_new_tokens), s.pad_id)
         cache, step = static_decode.start(model, cache, s.n, *static)
     gen_ids, logprobs, ended = decode(model, step, cache, logits, row_keys, s, scanner)
     out = []
     for r in range(len(row_keys)):  # the static batch's padding rows are not returned
         length, reason = ended.get(r, (s.max_new_tokens, "length"))
-        ids = gen_ids[r][:length]
-        out.append(Sample(r // s.n, ids, logprobs[r, :length].tolist(), reason, scanner.text(ids, reason)))
+        ids, i, first = gen_ids[r][:length], r // s.n, r % s.n == 0
+        out.append(Sample(i, ids, logprobs[r, :length].tolist(), reason, scanner.text(ids, reason),
+                          prefilled=(len(prompts[i]) - reused[i]) * first, reused=reused[i] * first, kept=keeps[i]))
     return out
+
+
+def prefill_reusing(model, prompts, extra, pad_id, reuse, keep):
+    """The prefill of a call whose prompts may continue kept states (prefix.py) -> (cache of P rows, each prompt
+    right-aligned to the longest, + `extra` slots; last-position logits (P, V) fp32; per prompt its Kept (None
+    without keep); per prompt the tokens taken from a kept state). Without a state to continue this is `prefill`.
+    Otherwise the fresh prompts are prefilled as one left-padded batch, each continued one on its own (a batch of
+    one: prefix.py says why), and the decode batch is assembled from their states."""
+    P = len(prompts)
+    goes_on = [prefix.continues(k, p) for k, p in zip(reuse, prompts)]
+    reused = [k.tokens if c else 0 for k, c in zip(reuse, goes_on)]
+    if not any(goes_on):            # nothing to continue: straight into the decode batch's cache
+        cache, logits = prefill(model, prompts, extra, pad_id)
+        kept = [prefix.keep_row(model, cache, i, p) for i, p in enumerate(prompts)] if keep else [None] * P
+        return cache, logits, kept, reused
+    rows, last, kept = [None] * P, [None] * P, [None] * P
+    fresh = [i for i in range(P) if not goes_on[i]]
+    if fresh:
+        cache, logits = prefill(model, [prompts[i] for i in fresh], 0, pad_id)
+        for j, i in enumerate(fresh):
+            rows[i], last[i] = (cache, j, len(prompts[i])), logits[j]
+            kept[i] = prefix.keep_row(model, cache, j, prompts[i]) if keep else None
+    for i in (i for i in range(P) if goes_on[i]):
+        state, logit = prefix.continue_prefill(model, reuse[i], prompts[i])
+        rows[i], last[i], kept[i] = (state.cache, 0, len(prompts[i])), logit[0], state if keep else None
+    return prefix.assemble(model, rows, extra), torch.stack(last), kept, reused
 
 
 def decode(model, step, cache, logits, row_keys, s, scanner):

@@ -17,7 +17,9 @@ What changes here, and nothing else (the model's modules and weights are the sam
   fixed buckets, LENGTHS (powers of two and 1.5x them, from 256). So a run of turn-0 answers and long revisions,
   whose prompts have any lengths, uses one graph per bucket its calls land in: a handful, counted by the tests,
   never torch's recompile limit. One StaticCache per (rows, bucket) is kept per model, at fixed addresses, so a
-  call of a shape seen before reuses its buffers (and on CUDA its recorded graph).
+  call of a shape seen before reuses its buffers (and on CUDA its recorded graph). A conversation that grows turn
+  by turn (its prefill continuing a kept state: prefix.py) moves up the buckets: each call is loaded into the bucket
+  of its longest prompt + max_new_tokens, so an episode's turns visit a few buckets, each kept for the next episode.
 - No batch compaction: a finished row keeps decoding (its tokens are discarded). At the batch sizes of GRPO a
   decode step costs the weights' read, not the rows, so this is nearly free on a GPU.
 - Nothing is merged: a LoRA model decodes as itself, each adapted layer running its fp32 branch as in training,

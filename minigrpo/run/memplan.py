@@ -8,7 +8,10 @@ What it adds up (bytes, for the resolved preset and model; one process):
                  trainable parameter (a full fine-tune: 12 more bytes per weight, the weight itself is counted above)
   rollout        the sampler's cache for one sampler call: attention K and V for rows x max_len slots, Gated
                  DeltaNet's recurrent state (fp32) and conv state, plus the prefill's transient, bounded by one
-                 layer's training activations over the prompts (no_grad keeps less), and the last-position logits
+                 layer's training activations over the tokens one prefill runs (no_grad keeps less), and the
+                 last-position logits. A task whose turns continue kept states (terminal: sampler reuse,
+                 minigrpo/prefix.py) prefills one row's new tokens at a time, and holds per row the state it
+                 continues and the one it keeps
   static caches  the fast decode path (train.py's default on CUDA) keeps one cache of the run's rows for every
                  length bucket its calls reach (static_decode.py), through training too: fixed addresses
   training       one micro-batch's saved activations for backward, with and without per-layer checkpointing, plus
@@ -138,6 +141,8 @@ class Shape:
     train_tokens: int       # their padded length
     completion_tokens: int  # columns whose log-prob is computed
     shortest_slots: int = 0  # the cache length of the run's shortest sampler call (0: every call is `slots` long)
+    turn_tokens: int = 0     # > 0: each row continues a kept state (sampler reuse), prefilling this many new tokens
+    #                          on its own; 0: the call's prompts are prefilled whole, as one batch
 
 
 def buckets_reached(shape):
@@ -158,6 +163,32 @@ def static_cache_bytes(cfg, shape, dtype_bytes):
     return sum(sum(cache_bytes(cfg, shape.rollout_rows, b, dtype_bytes)) for b in buckets_reached(shape))
 
 
+def prefill_bytes(cfg, costs, shape, dtype_bytes):
+    """The prefill's transient: one layer's training activations (a bound: no_grad keeps less) over the tokens one
+    prefill runs, attending to all the prompt's slots (the T x S mask; an attention layer's K and V of the S - T
+    slots before them expanded to the query heads), plus the last-position logits of the call's prompts. Whole
+    prompts: the call's prompts at once (T = S). Continued rows: one at a time, T = its new tokens."""
+    S = shape.prompt_tokens
+    B, T = (1, shape.turn_tokens) if shape.turn_tokens else (shape.rollout_prompts, S)
+
+    def layer(kind):
+        c = costs[kind]
+        heads = cfg.num_attention_heads if kind == "full_attention" else 0
+        earlier = 2 * B * heads * (S - T) * cfg.head_dim * dtype_bytes
+        return c.fixed + B * (c.per_token * T + c.per_token2 * T * S) + earlier
+    return max(layer(k) for k in set(cfg.layer_types)) + shape.rollout_prompts * cfg.vocab_size * 4
+
+
+def kept_bytes(cfg, shape, dtype_bytes):
+    """Continued rows (shape.turn_tokens): the kept states a call holds, per row the one it continues (the prompt
+    less its new tokens) and the one it keeps (the prompt), each a cache of exactly its tokens. 0 otherwise."""
+    if not shape.turn_tokens:
+        return 0
+    before, after = shape.prompt_tokens - shape.turn_tokens, shape.prompt_tokens
+    return sum(cache_bytes(cfg, shape.rollout_rows, before, dtype_bytes) + cache_bytes(cfg, shape.rollout_rows, after,
+                                                                                      dtype_bytes))
+
+
 def plan(cfg, shape, dtype, lora_r, targets=DEFAULT_TARGETS, beta=0.0, costs=None, fast_decode=True):
     """{part: bytes} and the derived peaks; costs: layercost.layer_costs(...) (measured here when None). fast_decode:
     the run samples with the static compiled decode (train.py's default on CUDA), whose caches stay."""
@@ -172,10 +203,10 @@ def plan(cfg, shape, dtype, lora_r, targets=DEFAULT_TARGETS, beta=0.0, costs=Non
         p["weights"] = total * 4 + (total * s if beta > 0 else 0)
         p["trainable"] = 12 * total
     kv, gdn = cache_bytes(cfg, shape.rollout_rows, shape.slots, s)
-    prefill = max(costs[k].bytes(shape.rollout_prompts, shape.prompt_tokens) for k in set(cfg.layer_types))
     p["kv_cache"], p["gdn_state"] = kv, gdn
-    p["prefill"] = prefill + shape.rollout_prompts * cfg.vocab_size * 4
-    p["rollout"] = kv + gdn + p["prefill"]
+    p["prefill"] = prefill_bytes(cfg, costs, shape, s)
+    p["kept_states"] = kept_bytes(cfg, shape, s)
+    p["rollout"] = kv + gdn + p["prefill"] + p["kept_states"]
     B, T = shape.micro_batch, shape.train_tokens
     p["logprob_chunk"] = logprob_bytes(cfg, B * shape.completion_tokens, s)
     a = s if lora_r > 0 else 4      # a full fine-tune trains fp32 weights: its activations are fp32 too
@@ -203,6 +234,7 @@ def format_plan(p, header):
     rows = [("weights", "weights"), ("trainable (fp32 weights + grads + AdamW m, v)", "trainable"),
             ("rollout: attention K/V cache", "kv_cache"), ("rollout: Gated DeltaNet state + conv", "gdn_state"),
             ("rollout: prefill transient (bound: one layer's training activations) + last logits", "prefill"),
+            ("rollout: kept states, continued and kept (sampler reuse)", "kept_states"),
             (f"fast decode: static caches, {len(p['static_buckets'])} length buckets (kept)", "static_caches"),
             ("training: activations, no checkpointing", "activations"),
             ("training: activations, per-layer checkpointing", "activations_ckpt"),
@@ -245,7 +277,9 @@ def run_shape(args, rows):
     """(Shape, settings dict) of the run train.py would start, per process. rows: the rows of its largest sampler
     call (train.decode_rows). soyuz samples its answers, then one revision per answer, whose prompts hold the
     answer and the critique; terminal's last turn holds every earlier turn: those are the longest calls and
-    sequences, with one prompt per row. mdp: the GRPO stage of its pipeline (experiments/mdp_pipeline.PIPELINES),
+    sequences, with one prompt per row; its episodes continue their kept states (sampler reuse), so a turn
+    prefills its new tokens only, and an episode is trained as one sequence, its whole conversation, whose every
+    policy turn's tokens get a log-prob. mdp: the GRPO stage of its pipeline (experiments/mdp_pipeline.PIPELINES),
     every task's samples in one call, whatever `rows` says."""
     if args.task == "mdp":
         from minigrpo.experiments.mdp_pipeline import pipeline_config
@@ -263,12 +297,22 @@ def run_shape(args, rows):
         shape = Shape(rows, rows, longest, longest + new, s["micro_batch"], longest + new, new, short + new)
     elif args.task == "terminal":           # the last turn's prompt: every earlier turn and its tool output
         from minigrpo.tasks.terminal.task import MAX_TURNS, TURN_OUTPUT_BYTES
-        longest = P + (MAX_TURNS - 1) * (new + TURN_OUTPUT_BYTES // 3 + 64)   # + 64: the tool turns' template
-        shape = Shape(rows, rows, longest, longest + new, s["micro_batch"], longest + new, new, short + new)
+        turn = new + TURN_OUTPUT_BYTES // 3 + 64     # a turn's answer and tool output; + 64: the tool turn's template
+        longest = P + (MAX_TURNS - 1) * turn
+        shape = Shape(rows, rows, longest, longest + new, s["micro_batch"], longest + new, MAX_TURNS * new,
+                      short + new, turn_tokens=turn)
     else:
         shape = Shape(max(1, rows // G), rows, P, P + new, s["micro_batch"], P + new, new, short + new)
     s["prompt_tokens"] = P
     return shape, s
+
+
+def continued(shape):
+    """The header's words for a task whose turns continue kept states ('' for the others)."""
+    if not shape.turn_tokens:
+        return ""
+    return (f"\neach turn continues its episode's kept state: one row at a time prefills its ~{shape.turn_tokens} new "
+            f"tokens; an episode trains as one sequence, {shape.completion_tokens} of its tokens the policy's")
 
 
 def print_plan(args, rows):
@@ -292,6 +336,6 @@ def print_plan(args, rows):
               f"(task prompt ~{s['prompt_tokens']} tokens, estimated: UTF-8 bytes / 3 + 16"
               + {"soyuz": f"; + answer + {CRITIQUE_TOKENS}-token critique for soyuz's revision turn",
                  "terminal": "; + 7 earlier turns, each with its tool output at the turn's cap"}.get(args.task, "")
-              + ")")
+              + ")" + continued(shape))
     print(format_plan(p, header))
     return p

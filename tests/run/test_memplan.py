@@ -94,7 +94,7 @@ def longer(shape, k):
     """The same run with every length k times as long."""
     return dataclasses.replace(shape, prompt_tokens=shape.prompt_tokens * k, slots=shape.slots * k,
                                train_tokens=shape.train_tokens * k, completion_tokens=shape.completion_tokens * k,
-                               shortest_slots=shape.shortest_slots * k)
+                               shortest_slots=shape.shortest_slots * k, turn_tokens=shape.turn_tokens * k)
 
 
 @pytest.mark.parametrize("task", sorted(PRESETS))
@@ -247,6 +247,53 @@ def test_static_caches_are_what_the_fast_path_keeps():
     q = memplan.plan(m.config, shape, torch.bfloat16, 4, costs=costs, fast_decode=False)
     assert p["peak_ckpt"] - q["peak_ckpt"] == pytest.approx(kept) and q["static_caches"] == 0
     static_decode.release(m)
+
+
+def test_kept_states_are_what_the_sampler_holds():
+    """A call whose rows continue kept states (sampler reuse) holds, per row, the state it continues and the one it
+    keeps: the plan's kept_states are their bytes, on a model with both kinds of layer."""
+    from minigrpo import sampler
+    m = load_pretrained("tiny-qwen3.5", dtype=torch.bfloat16)
+    rows, turn, L, new = 3, 40, 130, 8
+    kw = dict(n=1, max_new_tokens=new, temperature=0.0, stop_ids=())
+    before = sampler.sample(m, [[5 + i] * (L - turn) for i in range(rows)], keep=True, **kw)
+    after = sampler.sample(m, [[5 + i] * L for i in range(rows)], keep=True, reuse=[s.kept for s in before], **kw)
+    assert [s.reused for s in after] == [L - turn] * rows
+    held = sum(t.numel() * t.element_size() for s in before + after for c in [s.kept.cache]
+               for t in c.k + c.v + c.conv + c.state if t is not None)
+    shape = memplan.Shape(rows, rows, L, L + new, 1, L + new, new, turn_tokens=turn)
+    assert memplan.kept_bytes(m.config, shape, 2) == held
+    assert memplan.kept_bytes(m.config, dataclasses.replace(shape, turn_tokens=0), 2) == 0
+
+
+def test_continued_rows_prefill_one_row_of_new_tokens():
+    """Whole prompts: the prefill is bounded by one layer over the call's prompts (B = P, T = S). Continued rows:
+    over one row's new tokens, attending to every slot (T x S mask terms, K/V of the earlier slots expanded)."""
+    cfg = QwenConfig.tiny("tiny-qwen3.5")
+    c = lambda per_token, per_token2: layercost.LayerCost(per_token, per_token2, 1000)
+    costs = {"linear_attention": c(500, 0), "full_attention": c(100, 3)}
+    whole = memplan.Shape(6, 6, 300, 340, 1, 340, 40)
+    logits = 6 * cfg.vocab_size * 4
+    layers = (1000 + 6 * 500 * 300, 1000 + 6 * (100 * 300 + 3 * 300 * 300))
+    assert memplan.prefill_bytes(cfg, costs, whole, 2) == max(layers) + logits
+    turns = dataclasses.replace(whole, turn_tokens=50)
+    expanded = 2 * cfg.num_attention_heads * 250 * cfg.head_dim * 2
+    layers = (1000 + 500 * 50, 1000 + 100 * 50 + 3 * 50 * 300 + expanded)
+    assert memplan.prefill_bytes(cfg, costs, turns, 2) == max(layers) + logits
+
+
+def test_terminal_plan_continues_kept_states_and_trains_an_episode_as_one_sequence():
+    """terminal: each turn prefills its answer and tool output only, and an episode is one trained sequence whose
+    every policy turn's tokens get a log-prob; the other tasks prefill whole prompts."""
+    from minigrpo.run.flags import resolve_args
+    from minigrpo.tasks.terminal.task import MAX_TURNS, TURN_OUTPUT_BYTES
+    args = resolve_args(["--task", "terminal", "--run-name", "plan-test"])
+    shape, _ = memplan.run_shape(args, 8)
+    new = args.max_new_tokens
+    assert shape.turn_tokens == new + TURN_OUTPUT_BYTES // 3 + 64 and shape.completion_tokens == MAX_TURNS * new
+    assert shape.train_tokens == shape.slots and shape.micro_batch == 1
+    soyuz, _ = memplan.run_shape(resolve_args(["--task", "soyuz", "--run-name", "plan-test"]), 24)
+    assert soyuz.turn_tokens == 0
 
 
 def test_plan_of_a_bad_config_is_one_line(tmp_path, capsys):

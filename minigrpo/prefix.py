@@ -1,0 +1,98 @@
+"""The cache kept across turns: an agent's prompt at turn t is its prompt at turn t-1, the policy's answer and the
+environment's reply, so the state after prefilling the earlier prompt can be continued instead of recomputed
+(sampler.sample(keep=True) hands the states out, sampler.sample(reuse=...) continues them).
+
+What is kept (`Kept`): the model state after prefilling one prompt, as a one-row model.Cache of exactly its tokens,
+all real: per attention layer its K and V, per Gated DeltaNet layer its conv inputs and recurrent state, and the
+next position. Not the state after the sampled answer: the next prompt holds the answer as the chat template
+renders it, which need not be the sampled ids, so only a prompt's own ids are ever taken as a prefix.
+
+Why a continuation runs one row at a time: rows continuing different states have different numbers of new tokens,
+and in one batch the shorter ones would need pads after their kept tokens, in the middle of the row. Attention
+masks those, but Gated DeltaNet does not: its causal conv and its decay would run over them. Pads only ever sit on
+the left of a zero state, where they change nothing (model.py). So each continued row is its own batch of one, its
+new tokens right after its kept ones, and the decode batch is assembled afterwards with every row right-aligned
+(left padding only), as a left-padded prefill lays it out.
+
+Letters: P prompts, L longest prompt, T_new a continued row's new tokens, V vocabulary.
+"""
+
+import torch
+
+
+class Kept:
+    """The state after prefilling `ids` (one row): `cache`, a model.Cache of exactly len(ids) slots, every slot real.
+    Never modified: a continuation copies it first, so the G episodes of a prompt can each continue it. It belongs
+    to the model (and weights) that made it; a caller keeps it only while those do not change (one rollout)."""
+
+    def __init__(self, ids, cache):
+        self.ids, self.cache = tuple(ids), cache
+
+    @property
+    def tokens(self):
+        return len(self.ids)
+
+
+def continues(kept, prompt):
+    """Whether `prompt` can continue `kept`: its ids are a proper prefix of the prompt (an equal prompt is prefilled
+    afresh: the last position's logits are not kept)."""
+    return kept is not None and kept.tokens < len(prompt) and tuple(prompt[:kept.tokens]) == kept.ids
+
+
+def check_reuse(reuse, P):
+    """reuse: None, or one Kept or None per prompt."""
+    if reuse is None:
+        return [None] * P
+    reuse = list(reuse)
+    if len(reuse) != P or any(k is not None and not isinstance(k, Kept) for k in reuse):
+        raise ValueError(f"sampler.py: reuse= needs one prefix.Kept (a Sample's .kept) or None per prompt, "
+                         f"got {len(reuse)} entries for {P} prompts")
+    return reuse
+
+
+def copy_row(dst, d, src, s, span):
+    """Row s of cache src into row d of dst: its last `span` filled slots, real tokens all (a prompt's own), go to
+    the last `span` filled slots of dst (right-aligned: dst's slots before them stay pads), with its Gated DeltaNet
+    state and its next position. Both caches' `length` is set beforehand."""
+    a, b = src.length - span, dst.length - span
+    for x, y in zip(dst.k + dst.v, src.k + src.v):
+        if x is not None:
+            x[d, :, b:dst.length] = y[s, :, a:src.length]
+    for x, y in zip(dst.conv + dst.state, src.conv + src.state):
+        if x is not None:
+            x[d] = y[s]
+    dst.mask[d, b:dst.length] = True
+    dst.next_pos[d] = src.next_pos[s]
+
+
+def keep_row(model, cache, row, prompt):
+    """A Kept of `prompt`, whose real tokens are the last len(prompt) filled slots of `cache`'s row `row` (a
+    left-padded prefill): copied out, so that the batch's cache can be freed."""
+    out = model.new_cache(1, len(prompt))
+    out.length = len(prompt)
+    copy_row(out, 0, cache, row, len(prompt))
+    return Kept(prompt, out)
+
+
+def continue_prefill(model, kept, prompt):
+    """Prefill prompt[kept.tokens:] after a copy of `kept`'s state -> (Kept of `prompt`, last-position logits (1, V)
+    fp32). The copy holds exactly len(prompt) slots; positions and slots go on from the kept ones."""
+    cache = model.new_cache(1, len(prompt))
+    cache.length = kept.tokens
+    copy_row(cache, 0, kept.cache, 0, kept.tokens)
+    new = torch.tensor([prompt[kept.tokens:]], dtype=torch.long, device=model.device)   # (1, T_new)
+    h = model.hidden(new, cache=cache)
+    return Kept(prompt, cache), model.logits(h[:, -1]).float()
+
+
+def assemble(model, rows, extra):
+    """The decode batch of P prompts from their prefilled states: rows[i] = (cache, row, tokens), prompt i's state
+    being the last `tokens` filled slots of that cache's row. A cache of L + extra slots (L the longest prompt),
+    each row right-aligned to slot L: left padding only, as a left-padded prefill leaves it."""
+    L = max(tokens for _, _, tokens in rows)
+    out = model.new_cache(len(rows), L + extra)
+    out.length = L
+    for i, (cache, row, tokens) in enumerate(rows):
+        copy_row(out, i, cache, row, tokens)
+    out.has_pad = not bool(out.mask[:, :L].all())
+    return out
