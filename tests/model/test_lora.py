@@ -10,8 +10,9 @@ import os
 import pytest
 import torch
 
-from minigrpo.lora import (DEFAULT_TARGETS, LoRALinear, adapters_disabled, export_merged, inject_lora, load_adapter,
-                           fold_lora, lora_layers, merge_lora, save_adapter, strip_lora, unmerge_lora)
+from minigrpo.lora import (DEFAULT_TARGETS, LoRALinear, adapters_disabled, fold_lora, inject_lora, lora_layers,
+                           merge_lora, strip_lora, unmerge_lora)
+from minigrpo.lora_files import export_merged, load_adapter, save_adapter
 from minigrpo.model import Qwen
 from minigrpo.pretrained import QwenConfig
 from minigrpo.pretrained import load_pretrained

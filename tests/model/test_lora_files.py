@@ -3,7 +3,8 @@ a PEFT model's state_dict writes it) and "model.language_model." (adapters train
 import torch
 from safetensors.torch import load_file, save_file
 
-from minigrpo.lora import ADAPTER_WEIGHTS, inject_lora, load_adapter, save_adapter
+from minigrpo.lora import inject_lora
+from minigrpo.lora_files import ADAPTER_WEIGHTS, load_adapter, save_adapter
 from minigrpo.pretrained import load_pretrained
 
 

@@ -125,3 +125,35 @@ def test_train_py_runs_once_for_the_mdp_pipeline():
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["__main__", "False"]
+
+
+# The core a reader starts with: it imports with torch and numpy alone (the files, the tokenizer, the hub and the
+# plots are other modules), so a learner can run it, and its tests, after `pip install torch numpy`.
+TORCH_ONLY_CORE = ["model", "lora", "sampler", "static_decode", "logprobs", "attention", "deltanet", "grpo", "losses"]
+NOT_IN_THE_TIER = sorted(RUNTIME - {"torch", "numpy"} | OPTIONAL | {"transformers", "peft"})
+
+
+def import_with_packages_blocked(modules, blocked):
+    """Import `modules` in a fresh interpreter in which importing any of `blocked` raises; (returncode, output)."""
+    probe = ("import importlib, importlib.abc, sys\n"
+             f"BLOCKED = {sorted(blocked)!r}\n"
+             "class Blocker(importlib.abc.MetaPathFinder):\n"
+             "    def find_spec(self, name, path=None, target=None):\n"
+             "        if name.split('.')[0] in BLOCKED:\n"
+             "            raise ImportError(f'{name} is blocked: not torch, numpy or the standard library')\n"
+             "sys.meta_path.insert(0, Blocker())\n"
+             f"for m in {list(modules)!r}:\n"
+             "    importlib.import_module(m)\n"
+             "    print(m)\n")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return out.returncode, out.stdout + out.stderr
+
+
+def test_the_core_imports_with_torch_and_numpy_alone():
+    modules = [f"minigrpo.{m}" for m in TORCH_ONLY_CORE]
+    code, output = import_with_packages_blocked(modules, NOT_IN_THE_TIER)
+    assert code == 0, output[-2000:]
+    assert output.split() == modules
+    # the probe does block: the files of LoRA need safetensors
+    code, output = import_with_packages_blocked(["minigrpo.lora_files"], NOT_IN_THE_TIER)
+    assert code != 0 and "safetensors is blocked" in output, output[-2000:]
