@@ -133,27 +133,26 @@ TORCH_ONLY_CORE = ["model", "lora", "sampler", "static_decode", "logprobs", "att
 NOT_IN_THE_TIER = sorted(RUNTIME - {"torch", "numpy"} | OPTIONAL | {"transformers", "peft"})
 
 
-def import_with_packages_blocked(modules, blocked):
-    """Import `modules` in a fresh interpreter in which importing any of `blocked` raises; (returncode, output)."""
-    probe = ("import importlib, importlib.abc, sys\n"
-             f"BLOCKED = {sorted(blocked)!r}\n"
-             "class Blocker(importlib.abc.MetaPathFinder):\n"
-             "    def find_spec(self, name, path=None, target=None):\n"
-             "        if name.split('.')[0] in BLOCKED:\n"
-             "            raise ImportError(f'{name} is blocked: not torch, numpy or the standard library')\n"
-             "sys.meta_path.insert(0, Blocker())\n"
-             f"for m in {list(modules)!r}:\n"
-             "    importlib.import_module(m)\n"
-             "    print(m)\n")
-    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    return out.returncode, out.stdout + out.stderr
+def run_with_packages_blocked(code, blocked, env=None):
+    """Run `code` in a fresh interpreter in which any of `blocked` is missing (importing it raises
+    ModuleNotFoundError, as when it is not installed)."""
+    blocker = ("import importlib, importlib.abc, sys\n"
+               f"BLOCKED = {sorted(blocked)!r}\n"
+               "class Blocker(importlib.abc.MetaPathFinder):\n"
+               "    def find_spec(self, name, path=None, target=None):\n"
+               "        if name.split('.')[0] in BLOCKED:\n"
+               "            raise ModuleNotFoundError(f'{name} is blocked: not torch, numpy or the standard library')\n"
+               "sys.meta_path.insert(0, Blocker())\n")
+    return subprocess.run([sys.executable, "-c", blocker + code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=env)
 
 
 def test_the_core_imports_with_torch_and_numpy_alone():
     modules = [f"minigrpo.{m}" for m in TORCH_ONLY_CORE]
-    code, output = import_with_packages_blocked(modules, NOT_IN_THE_TIER)
-    assert code == 0, output[-2000:]
-    assert output.split() == modules
+    out = run_with_packages_blocked(f"for m in {modules!r}:\n    importlib.import_module(m)\n    print(m)\n",
+                                    NOT_IN_THE_TIER)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == modules
     # the probe does block: the files of LoRA need safetensors
-    code, output = import_with_packages_blocked(["minigrpo.lora_files"], NOT_IN_THE_TIER)
-    assert code != 0 and "safetensors is blocked" in output, output[-2000:]
+    out = run_with_packages_blocked("import minigrpo.lora_files\n", NOT_IN_THE_TIER)
+    assert out.returncode != 0 and "safetensors is blocked" in out.stderr, out.stderr[-2000:]
