@@ -38,7 +38,7 @@ class LoRALinear(nn.Module):
     def __init__(self, base_layer: nn.Linear, r: int, alpha: float, dropout: float = 0.0):
         super().__init__()
         if r <= 0:
-            raise ValueError(f"lora.py: rank r must be positive, got r={r}")
+            raise ValueError(f"rank r must be positive, got r={r}")
         self.base_layer = base_layer
         self.r, self.alpha, self.scale = r, alpha, alpha / r
         device = base_layer.weight.device
@@ -72,14 +72,14 @@ def lora_layers(model):
 def inject_lora(model, r, alpha, dropout=0.0, targets=DEFAULT_TARGETS):
     """Wrap every nn.Linear whose leaf name is in `targets`; freeze everything else. Returns the LoRA parameters."""
     if lora_layers(model):
-        raise ValueError("lora.py: inject_lora: the model already has LoRA layers; inject once (or use load_adapter)")
+        raise ValueError("the model already has LoRA layers; inject once (or use load_adapter)")
     targets = set(targets)
     for p in model.parameters():
         p.requires_grad_(False)
     found = [(name, m) for name, m in model.named_modules()
              if isinstance(m, nn.Linear) and name.rsplit(".", 1)[-1] in targets]
     if not found:
-        raise ValueError(f"lora.py: inject_lora: no nn.Linear named any of {sorted(targets)} in the model")
+        raise ValueError(f"no nn.Linear named any of {sorted(targets)} in the model")
     params = []
     for name, linear in found:
         parent_name, _, leaf = name.rpartition(".")
@@ -101,8 +101,8 @@ def adapters_disabled(model):
     """Inside the block the model is exactly the frozen base (the KL reference); no weights are copied."""
     layers = [m for _, m in lora_layers(model)]
     if any(m.merged for m in layers):
-        raise RuntimeError("lora.py: adapters_disabled: LoRA is merged into the weights; call unmerge_lora(model) "
-                           "first")
+        raise RuntimeError("LoRA is merged into the weights, so the base is not there to switch to; call "
+                           "unmerge_lora(model) first")
     previous = [m.disabled for m in layers]
     for m in layers:
         m.disabled = True

@@ -37,9 +37,9 @@ def save_adapter(model, out_dir, base_model_name_or_path=None):
     """adapter_config.json + adapter_model.safetensors, loadable by peft.PeftModel.from_pretrained."""
     layers = lora_layers(model)
     if not layers:
-        raise ValueError("lora.py: save_adapter: the model has no LoRA layers; call inject_lora first")
+        raise ValueError("the model has no LoRA layers to save; call inject_lora first")
     if any(m.merged for _, m in layers):
-        raise RuntimeError("lora.py: save_adapter: LoRA is merged; call unmerge_lora(model) before saving")
+        raise RuntimeError("LoRA is merged into the weights; call unmerge_lora(model) before saving the adapter")
     os.makedirs(out_dir, exist_ok=True)
     tensors = {}
     for path, m in layers:
@@ -61,7 +61,7 @@ def save_adapter(model, out_dir, base_model_name_or_path=None):
 
 def _read_adapter_config(path):
     if not os.path.exists(path):
-        raise FileNotFoundError(f"lora.py: {path} not found; an adapter folder needs {ADAPTER_CONFIG} and "
+        raise FileNotFoundError(f"{path} not found; an adapter folder needs {ADAPTER_CONFIG} and "
                                 f"{ADAPTER_WEIGHTS}")
     with open(path) as f:
         c = json.load(f)
@@ -70,13 +70,13 @@ def _read_adapter_config(path):
                    "modules_to_save": (None, []), "layers_to_transform": (None,)}
     for key, allowed in unsupported.items():
         if c.get(key, allowed[0]) not in allowed:
-            raise ValueError(f"lora.py: {path}: {key}={c[key]!r} is not supported (only plain LoRA: "
+            raise ValueError(f"{path}: {key}={c[key]!r} is not supported (only plain LoRA: "
                              f"{key}={allowed[0]!r})")
     targets = c.get("target_modules")
     if targets == "all-linear":  # PEFT: every linear but the output head = our defaults
         targets = list(DEFAULT_TARGETS)
     if not isinstance(targets, list):
-        raise ValueError(f"lora.py: {path}: target_modules must be a list of module names, got {targets!r}")
+        raise ValueError(f"{path}: target_modules must be a list of module names, got {targets!r}")
     c["target_modules"] = targets
     return c
 
@@ -84,7 +84,7 @@ def _read_adapter_config(path):
 def _our_path(key, path):
     """PEFT key -> our module path. Adapters trained on Qwen3_5ForConditionalGeneration say model.language_model."""
     if not key.startswith(PEFT_PREFIX):
-        raise ValueError(f"lora.py: {path}: key {key!r} does not start with {PEFT_PREFIX!r}; not a PEFT LoRA adapter")
+        raise ValueError(f"{path}: key {key!r} does not start with {PEFT_PREFIX!r}; not a PEFT LoRA adapter")
     key = key[len(PEFT_PREFIX):].replace(".default.", ".")
     if key.startswith("model.language_model."):
         key = "model." + key[len("model.language_model."):]
@@ -100,21 +100,21 @@ def load_adapter(model, adapter_dir, dropout=None):
     if not lora_layers(model):
         inject_lora(model, r, alpha, c.get("lora_dropout", 0.0) if dropout is None else dropout, c["target_modules"])
     elif (model.lora_config["r"], model.lora_config["lora_alpha"]) != (r, alpha):
-        raise ValueError(f"lora.py: {cpath}: r={r}, lora_alpha={alpha} but the model's LoRA has "
+        raise ValueError(f"{cpath}: r={r}, lora_alpha={alpha} but the model's LoRA has "
                          f"r={model.lora_config['r']}, lora_alpha={model.lora_config['lora_alpha']}")
     wpath = os.path.join(adapter_dir, ADAPTER_WEIGHTS)
     if not os.path.exists(wpath):
-        raise FileNotFoundError(f"lora.py: {wpath} not found")
+        raise FileNotFoundError(f"{wpath} not found")
     loaded = {_our_path(k, wpath): v for k, v in load_file(wpath).items()}
     layers = dict(lora_layers(model))
     expected = {f"{p}.{ab}.weight": getattr(m, ab).weight for p, m in layers.items() for ab in ("lora_A", "lora_B")}
     missing, unexpected = sorted(set(expected) - set(loaded)), sorted(set(loaded) - set(expected))
     if missing or unexpected:
-        raise ValueError(f"lora.py: {wpath}: adapter and model LoRA layers differ: missing {missing[:3]} "
+        raise ValueError(f"{wpath}: adapter and model LoRA layers differ: missing {missing[:3]} "
                          f"({len(missing)}), unexpected {unexpected[:3]} ({len(unexpected)}); check the base model")
     for key, param in expected.items():
         if loaded[key].shape != param.shape:
-            raise ValueError(f"lora.py: {wpath}: {key} has shape {tuple(loaded[key].shape)}, the model expects "
+            raise ValueError(f"{wpath}: {key} has shape {tuple(loaded[key].shape)}, the model expects "
                              f"{tuple(param.shape)}; the adapter was trained on another model size")
         param.copy_(loaded[key])
     return lora_parameters(model)
@@ -146,7 +146,7 @@ def export_merged(model, tokenizer_dir, out_dir):
     """A folder transformers.AutoModelForCausalLM.from_pretrained loads: config.json, model.safetensors, tokenizer."""
     raw = getattr(getattr(model, "config", None), "raw", None)
     if not raw:
-        raise ValueError("lora.py: export_merged: model.config.raw (the original config.json) is empty; "
+        raise ValueError("model.config.raw (the original config.json) is empty; "
                          "load the model with pretrained.load_pretrained from a checkpoint folder")
     os.makedirs(out_dir, exist_ok=True)
     tensors = merged_state_dict(model)
@@ -158,6 +158,6 @@ def export_merged(model, tokenizer_dir, out_dir):
     if tokenizer_dir is not None:
         copied = [f for f in TOKENIZER_FILES if os.path.exists(os.path.join(tokenizer_dir, f))]
         if not copied:
-            raise FileNotFoundError(f"lora.py: export_merged: no tokenizer files in {tokenizer_dir}")
+            raise FileNotFoundError(f"no tokenizer files in {tokenizer_dir}")
         for f in copied:
             shutil.copyfile(os.path.join(tokenizer_dir, f), os.path.join(out_dir, f))

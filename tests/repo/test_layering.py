@@ -128,8 +128,10 @@ def test_train_py_runs_once_for_the_mdp_pipeline():
 
 
 # The core a reader starts with: it imports with torch and numpy alone (the files, the tokenizer, the hub and the
-# plots are other modules), so a learner can run it, and its tests, after `pip install torch numpy`.
-TORCH_ONLY_CORE = ["model", "lora", "sampler", "static_decode", "logprobs", "attention", "deltanet", "grpo", "losses"]
+# plots are other modules), so a learner can run it, and its tests, after `pip install torch numpy`; pretrained
+# with it, which builds the tiny models those tests run on.
+TORCH_ONLY_CORE = ["model", "lora", "sampler", "static_decode", "logprobs", "attention", "deltanet", "grpo", "losses",
+                   "pretrained"]
 NOT_IN_THE_TIER = sorted(RUNTIME - {"torch", "numpy"} | OPTIONAL | {"transformers", "peft"})
 
 
