@@ -14,7 +14,7 @@ from test_layering import (NOT_IN_THE_TIER, absolute_imports, library_files, min
 
 TIER = ["torch", "numpy", "pytest"]
 TIER_ARGS = ["tests/core", "tests/model", "-m", "not oracle and not slow"]
-TIER_COMMAND = 'python -m pytest tests/core tests/model -m "not oracle and not slow"'     # as the README gives it
+TIER_COMMAND = 'OMP_NUM_THREADS=1 python -m pytest tests/core tests/model -m "not oracle and not slow"'  # README
 SUPPORT = os.path.join(ROOT, "tests", "support")
 
 
