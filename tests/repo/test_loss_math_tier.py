@@ -1,8 +1,9 @@
 """The torch-only tier: after only `pip install torch numpy pytest`, `python -m pytest tests/core tests/model -m
 "not oracle and not slow"` runs the loss math (tests/core) and the model tests that need no oracle (tests/model, less
-those marked oracle or slow). Every file tests/core loads (its test files, the root conftest, the helpers they import from tests/support/, and
-every minigrpo module those reach, imports inside functions included) may import only the standard library, torch,
-numpy, pytest, minigrpo and those helpers; the whole tier collects the same tests with every other package blocked."""
+those marked oracle or slow). Every file tests/core loads (its test files, the root conftest, the helpers they
+import from tests/support/, and every minigrpo module those reach, imports inside functions included) may import
+only the standard library, torch, numpy, pytest, minigrpo and those helpers; the whole tier collects the same tests
+with every other package blocked."""
 import glob
 import os
 import re
