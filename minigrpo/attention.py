@@ -51,7 +51,7 @@ def attend(q, k, v, mask):
     B, nh, T, hd = q.shape
     nkv, S = k.shape[1], k.shape[2]
     if mask is None and T not in (1, S):
-        raise ValueError(f"attend: mask=None needs T == S or T == 1, got T={T}, S={S}; pass a mask")
+        raise ValueError(f"mask=None needs T == S or T == 1, got T={T}, S={S}; pass a mask")
     causal = mask is None and T > 1
     how = layout(nh, nkv, T, S, mask is not None, q.dtype)
     if how == "fold":  # query head j*r + i uses K/V head j: row i of head j

@@ -77,14 +77,14 @@ from minigrpo import losses
 def _group_index(n, group_size, group_ids):
     """List of groups, each a list of indices into the N scores."""
     if (group_size is None) == (group_ids is None):
-        raise ValueError("grpo.group_advantages: pass exactly one of group_size= or group_ids=")
+        raise ValueError("pass exactly one of group_size= or group_ids=")
     if group_size is not None:
         if group_size < 1 or n % group_size:
-            raise ValueError(f"grpo.group_advantages: {n} scores do not split into groups of group_size={group_size}")
+            raise ValueError(f"{n} scores do not split into groups of group_size={group_size}")
         return [list(range(i, i + group_size)) for i in range(0, n, group_size)]
     ids = group_ids.tolist() if torch.is_tensor(group_ids) else list(group_ids)
     if len(ids) != n:
-        raise ValueError(f"grpo.group_advantages: {len(ids)} group_ids for {n} scores")
+        raise ValueError(f"{len(ids)} group_ids for {n} scores")
     groups = {}  # insertion order = order of first appearance
     for i, g in enumerate(ids):
         groups.setdefault(g, []).append(i)
@@ -113,11 +113,11 @@ def group_advantages(scores, group_size=None, group_ids=None, scale="group", eps
     unshaped task scores used for the zero-spread test (default: scores). Returns (advantages (N,), stats).
     """
     if scale not in ("group", "batch", "none"):
-        raise ValueError(f"grpo.group_advantages: scale={scale!r}; use 'group', 'batch' or 'none'")
+        raise ValueError(f"scale={scale!r}; use 'group', 'batch' or 'none'")
     s = _as_list(scores)
     raw = s if raw_scores is None else _as_list(raw_scores)
     if len(raw) != len(s):
-        raise ValueError(f"grpo.group_advantages: {len(raw)} raw_scores for {len(s)} scores")
+        raise ValueError(f"{len(raw)} raw_scores for {len(s)} scores")
     adv = [0.0] * len(s)
     zero_spread = 0
     for idx in _group_index(len(s), group_size, group_ids):
@@ -164,7 +164,7 @@ def recovery_rewards(s_prev, s, coef=0.5):
     """
     if isinstance(s, (list, tuple)):
         if len(s) != len(s_prev):
-            raise ValueError(f"grpo.recovery_rewards: {len(s_prev)} previous scores for {len(s)} scores")
+            raise ValueError(f"{len(s_prev)} previous scores for {len(s)} scores")
         return [recovery_rewards(p, x, coef) for p, x in zip(s_prev, s)]
     if s is None:
         return None
@@ -187,7 +187,7 @@ def span_mask(starts, lengths, T):
     starts = torch.as_tensor(starts).reshape(-1, 1)  # (B, 1) or (1, 1) for one shared start
     lengths = torch.as_tensor(lengths).reshape(-1, 1)  # (B, 1)
     if (starts < 1).any():
-        raise ValueError("grpo.span_mask: a span starts at position 0, whose token no column predicts; starts must "
+        raise ValueError("a span starts at position 0, whose token no column predicts; starts must "
                          "be >= 1")
     pos = torch.arange(1, T, device=starts.device).unsqueeze(0)  # (1, T-1): the ids position each column scores
     return (pos >= starts) & (pos < starts + lengths)  # (B, T-1)
@@ -212,7 +212,7 @@ def kl(logp, ref_logp, kind="k3"):
         return -d
     if kind == "k2":
         return 0.5 * d * d
-    raise ValueError(f"grpo.kl: kind={kind!r}; use 'k3', 'k1' or 'k2'")
+    raise ValueError(f"kind={kind!r}; use 'k3', 'k1' or 'k2'")
 
 
 def loss_normalizer(loss_masks, agg="token", max_tokens=None):
@@ -228,10 +228,10 @@ def loss_normalizer(loss_masks, agg="token", max_tokens=None):
         return float(sum(int(m.any(dim=-1).sum()) for m in masks))
     if agg == "const":
         if max_tokens is None:
-            raise ValueError("grpo.loss_normalizer: agg='const' needs max_tokens= (e.g. the max_new_tokens of "
+            raise ValueError("agg='const' needs max_tokens= (e.g. the max_new_tokens of "
                              "sampling)")
         return float(max_tokens * sum(m.size(0) for m in masks))
-    raise ValueError(f"grpo.loss_normalizer: agg={agg!r}; use 'token', 'seq' or 'const'")
+    raise ValueError(f"agg={agg!r}; use 'token', 'seq' or 'const'")
 
 
 def _aggregate(per_token, mask, agg, normalizer):
@@ -272,7 +272,7 @@ def policy_loss(logp, old_logp, advantages, loss_mask, eps_low=0.2, eps_high=0.2
     stats = {}
     if is_correction != "none":
         if sampler_logp is None:
-            raise ValueError(f"grpo.policy_loss: is_correction={is_correction!r} needs sampler_logp=")
+            raise ValueError(f"is_correction={is_correction!r} needs sampler_logp=")
         w = losses.is_weights(old, sampler_logp.to(logp.dtype), mask, is_correction, is_level, is_cap)
         pg_tok = pg_tok * w
         stats["is_weight_mean"] = masked_mean(w.expand_as(logp), mask)

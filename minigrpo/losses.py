@@ -40,7 +40,7 @@ def gspo_tokens(logp, old, adv, mask, eps_low, eps_high):
     """GSPO: one ratio per sequence, s_i = exp(mean_t(logp - old)), clipped at sequence level; the sequence's term
     is put at each of its tokens, so a per-sequence token mean (agg="seq") gives the paper's objective."""
     if adv.shape[-1] != 1:
-        raise ValueError("grpo.policy_loss: loss='gspo' takes one advantage per sequence (B,); per-token "
+        raise ValueError("loss='gspo' takes one advantage per sequence (B,); per-token "
                          "advantages need loss='gspo-token'")
     s = torch.exp(sequence_log_ratio(logp, old, mask))  # (B, 1); its gradient reaches every token of the row
     loss, low, high = ppo_terms(s, adv, eps_low, eps_high)
@@ -71,7 +71,7 @@ TOKEN_TERMS = {"grpo": grpo_tokens, "gspo": gspo_tokens, "gspo-token": gspo_toke
 
 def policy_tokens(kind, logp, old, adv, mask, eps_low, eps_high):
     if kind not in TOKEN_TERMS:
-        raise ValueError(f"grpo.policy_loss: loss={kind!r}; use one of {', '.join(LOSSES)}")
+        raise ValueError(f"loss={kind!r}; use one of {', '.join(LOSSES)}")
     return TOKEN_TERMS[kind](logp, old, adv, mask, eps_low, eps_high)
 
 
@@ -84,7 +84,7 @@ def is_weights(old, sampler_logp, mask, kind="tis", level="token", cap=2.0):
     When the two policies agree exactly, w = exp(0) = 1 everywhere, and a cap >= 1 leaves it 1: an exact no-op.
     """
     if level not in IS_LEVELS:
-        raise ValueError(f"grpo.policy_loss: is_level={level!r}; use 'token' or 'seq'")
+        raise ValueError(f"is_level={level!r}; use 'token' or 'seq'")
     d = torch.where(mask, old - sampler_logp, 0.0).detach()
     if level == "seq":
         d = d.sum(-1, keepdim=True)  # log of the sequence's ratio; exp may overflow to inf: both caps handle it
@@ -93,4 +93,4 @@ def is_weights(old, sampler_logp, mask, kind="tis", level="token", cap=2.0):
         return torch.clamp(w, max=cap)
     if kind == "mis":
         return torch.where(w <= cap, w, 0.0)
-    raise ValueError(f"grpo.policy_loss: is_correction={kind!r}; use one of {', '.join(IS_CORRECTIONS)}")
+    raise ValueError(f"is_correction={kind!r}; use one of {', '.join(IS_CORRECTIONS)}")

@@ -13,7 +13,6 @@ import torch.nn as nn
 from minigrpo.common import UsageError, first_line, read_json
 from minigrpo.hub import local_folder
 from minigrpo.model import Qwen
-from minigrpo.tokenizer import Tokenizer
 
 FAMILIES = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5"}
 
@@ -133,6 +132,7 @@ class QwenConfig:
 def load_model_and_tokenizer(name, dtype=None, device=None):
     """(Qwen model, Tokenizer) of --model `name` for a command line: a missing or damaged folder, a bad config.json
     or the hub out of reach is a UsageError, one line naming --model and the file."""
+    from minigrpo.tokenizer import Tokenizer  # here, as safetensors in load_weights: the model alone needs torch only
     try:
         return load_pretrained(name, dtype=dtype, device=device), Tokenizer.from_pretrained(name)
     except (OSError, ValueError) as e:

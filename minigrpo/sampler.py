@@ -158,7 +158,7 @@ class StopScanner:
         self.stop_ids = set(stop_ids)
         self.strings = [s for s in stop_strings if s]
         if self.strings and tokenizer is None:
-            raise ValueError("sampler.py: stop_strings need tokenizer= to decode completions")
+            raise ValueError("stop_strings need tokenizer= to decode completions")
         self.tok = tokenizer
         self.window = max((len(s.encode()) for s in self.strings), default=0) + 1
 
@@ -238,9 +238,9 @@ def sample(model, prompts, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=
       prefills only the rest, continuing a copy of it; any other prompt is prefilled afresh.
     """
     if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("sampler.py: sample needs a non-empty list of non-empty prompts (token-id lists)")
+        raise ValueError("sample needs a non-empty list of non-empty prompts (token-id lists)")
     if n < 1 or max_new_tokens < 1:
-        raise ValueError(f"sampler.py: n={n} and max_new_tokens={max_new_tokens} must both be >= 1")
+        raise ValueError(f"n={n} and max_new_tokens={max_new_tokens} must both be >= 1")
     if stop_ids is None:
         stop_ids = tokenizer.eos_ids if tokenizer is not None else ()
     if vocab_size is None and tokenizer is not None:
@@ -271,7 +271,7 @@ def prompt_seeds(seed, P):
         seed = int(torch.randint(0, 2**62, (1,)).item())
     seeds = list(seed) if isinstance(seed, (list, tuple)) else [derive_seed(seed, i) for i in range(P)]
     if len(seeds) != P:
-        raise ValueError(f"sampler.py: {len(seeds)} seeds for {P} prompts; pass one per prompt or an int")
+        raise ValueError(f"{len(seeds)} seeds for {P} prompts; pass one per prompt or an int")
     return seeds
 
 

@@ -99,7 +99,7 @@ def evaluate(examples: list[dict], completions: list[str]) -> tuple[dict, list[d
     format_compliance: share well-formed; partial_format: share partial; continues_after_answer: share with text
     after </answer>; mean_score: mean reward; mean_length: mean characters."""
     if len(examples) != len(completions):
-        raise ValueError(f"evaluate: {len(examples)} examples but {len(completions)} completions")
+        raise ValueError(f"{len(examples)} examples but {len(completions)} completions")
     rows = [{"id": ex["id"], "gold": ex["answer"], **g.details(ex, c), "completion": c}
             for ex, c in zip(examples, completions)]
     n = max(1, len(rows))
@@ -160,7 +160,7 @@ def _generate_batched(generate, prompts: list, batch_size: int | None, progress:
         chunks = tqdm(chunks, desc="hint probe", unit="batch")
     texts = [t for start in chunks for t in generate(prompts[start:start + size])]
     if len(texts) != len(prompts):
-        raise ValueError(f"hint_probe: generate returned {len(texts)} texts for {len(prompts)} prompts")
+        raise ValueError(f"generate returned {len(texts)} texts for {len(prompts)} prompts")
     return texts
 
 

@@ -159,7 +159,7 @@ def mdp_difference_table(results: dict, pairs=MDP_DIFFERENCES) -> tuple:
         ra, rb = results[a]["solved_by_record"], results[b]["solved_by_record"]
         for budget in sorted(ra):
             if len(ra[budget]) != len(rb[budget]):
-                raise ValueError(f"report.mdp_difference_table: {a} and {b} played different records at budget "
+                raise ValueError(f"{a} and {b} played different records at budget "
                                  f"{budget}")
             diff, lo, hi = paired_bootstrap(ra[budget], rb[budget])
             reading = "within noise" if lo <= 0 <= hi else ("above" if lo > 0 else "below")

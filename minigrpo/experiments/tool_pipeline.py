@@ -213,7 +213,7 @@ def table(results) -> tuple:
     bootstrap 95% interval (shares in points, counts per episode as they are)."""
     base, trained = results["base"]["episodes"], results["grpo"]["episodes"]
     if len(base) != len(trained):
-        raise ValueError(f"tool_pipeline.table: the base played {len(base)} episodes, the trained policy "
+        raise ValueError(f"the base played {len(base)} episodes, the trained policy "
                          f"{len(trained)}: not the same eval")
     header = ["metric", "base", "trained", "trained - base", "95% low", "95% high", "reading"]
     rows = []

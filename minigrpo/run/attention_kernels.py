@@ -33,7 +33,7 @@ class Call:
         meta = lambda t: (tuple(t.shape), tuple(t.stride()), t.storage_offset())
         mask = None if attn_mask is None else (tuple(attn_mask.shape), attn_mask.stride(-1))
         if dropout_p:
-            raise ValueError("Call: dropout is not modelled (no caller uses it)")
+            raise ValueError("dropout is not modelled (no caller uses it)")
         return cls(meta(q), meta(k), meta(v), q.dtype, q.dtype == k.dtype == v.dtype, mask, bool(is_causal),
                    bool(enable_gqa))
 

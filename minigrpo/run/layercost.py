@@ -58,7 +58,7 @@ class LayerCost:
         each length weighted by its own size (relative errors). With three terms the constrained optimum is the
         least-squares fit of one subset of them whose terms all come out >= 0: every subset is tried."""
         if len(lengths) < 3:
-            raise ValueError(f"layercost.py: a fit needs three or more lengths, got {list(lengths)}")
+            raise ValueError(f"a fit needs three or more lengths, got {list(lengths)}")
         T = torch.tensor(lengths, dtype=torch.float64)
         y = torch.tensor(measured, dtype=torch.float64)
         w = 1 / y.clamp(min=1)

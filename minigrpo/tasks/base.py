@@ -71,7 +71,7 @@ class DataState:
 
 def next_examples(train, count, state: DataState, seed) -> list:
     if not train:
-        raise ValueError("next_examples: the train split is empty")     # the loop below would never end
+        raise ValueError("the train split is empty")     # the loop below would never end
     out = []
     while len(out) < count:
         order = np.random.default_rng(derive_seed(seed, "epoch", state.epoch)).permutation(len(train))

@@ -1,16 +1,11 @@
-"""minigrpo/common.py: the small shared helpers."""
+"""minigrpo/common.py: the small shared helpers (its process signals, Ctrl-C and process groups, are
+tests/run/test_signals.py)."""
 import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
-from repo_root import ROOT
 
-from minigrpo.common import (atomic_write, derive_seed, kill_process_group, left_pad, mean, pick_dtype, read_json,
-                             splitmix64)
+from minigrpo.common import atomic_write, derive_seed, left_pad, mean, pick_dtype, read_json, splitmix64
 
 
 def test_left_pad_puts_every_row_last_token_in_the_last_column():
@@ -48,53 +43,9 @@ def test_pick_dtype():
     assert pick_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
 
 
-def test_kill_process_group_ends_the_child_and_its_children():
-    proc = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
-                             "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"],
-                            start_new_session=True)
-    time.sleep(0.5)
-    kill_process_group(proc)
-    assert proc.returncode is not None
-    kill_process_group(proc)            # a group already gone is fine
-
-
 def test_derive_seed_is_splitmix64_folded_over_the_parts():
     seeds = [derive_seed(*p) for p in [(0,), (0, 1), (1, 0), (0, "a"), (0, "b"), (0, 1, 2), (0, 2, 1)]]
     assert len(set(seeds)) == len(seeds)                                   # order and strings matter
     assert all(0 <= s < 2**63 for s in seeds) and derive_seed(0, "a") == derive_seed(0, "a")
     one = int(splitmix64(torch.tensor(7))) % 2**64 >> 1
     assert derive_seed(7) == one                                           # one part: splitmix64 of it, 63 bits
-
-
-CTRL_C_IN_A_CALLBACK = """
-import os, signal, weakref
-from minigrpo.common import catch_ctrl_c, stop_if_ctrl_c
-if {catch}:
-    catch_ctrl_c()
-class Thing:
-    pass
-def callback(ref):          # a finalizer, as an import lock's: a KeyboardInterrupt raised here is "ignored"
-    os.kill(os.getpid(), signal.SIGINT)
-    for _ in range(10 ** 6):
-        pass
-thing = Thing()
-ref = weakref.ref(thing, callback)
-del thing
-print("went on")
-try:
-    stop_if_ctrl_c()
-    print("not stopped")
-except KeyboardInterrupt:
-    print("stopped")
-"""
-
-
-@pytest.mark.parametrize("catch", [False, True])
-def test_a_ctrl_c_python_swallows_in_a_callback_still_stops(catch):
-    # SIGINT at its default, as under a terminal (a suite run with `nohup ... &` starts children with it ignored)
-    out = subprocess.run([sys.executable, "-c", CTRL_C_IN_A_CALLBACK.format(catch=catch)], capture_output=True,
-                         text=True, timeout=60, cwd=ROOT,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    assert out.stdout.splitlines() == (["went on", "stopped"] if catch else ["went on", "not stopped"]), out
-    # without the handler Python prints the interrupt it dropped; with it the Ctrl-C is acted on, not printed
-    assert ("Traceback" in out.stderr) != catch, out.stderr

@@ -91,7 +91,8 @@ def test_eval_py_reports_adapter_minus_base(tmp_path):
     import torch
 
     import eval as ev
-    from minigrpo.lora import inject_lora, save_adapter
+    from minigrpo.lora import inject_lora
+    from minigrpo.lora_files import save_adapter
     model = load_pretrained("tiny")
     for p in inject_lora(model, r=2, alpha=4):
         torch.nn.init.normal_(p, std=0.5, generator=torch.Generator().manual_seed(0))

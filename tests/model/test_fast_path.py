@@ -9,14 +9,16 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import train
-from minigrpo import static_decode
-from minigrpo.lora import adapters_disabled, inject_lora, lora_layers
-from minigrpo.pretrained import load_pretrained
-from minigrpo.run.gap import gap_metrics, off_policy, token_sums
-from minigrpo.sampler import decode_step as sampler_decode_step
-from minigrpo.sampler import prefill, sample
-from minigrpo.tokenizer import Tokenizer
+pytestmark = pytest.mark.oracle   # train.py's loop: the run-time packages, the tokenizer's first
+pytest.importorskip("tokenizers")
+import train  # noqa: E402
+from minigrpo import static_decode  # noqa: E402
+from minigrpo.lora import adapters_disabled, inject_lora, lora_layers  # noqa: E402
+from minigrpo.pretrained import load_pretrained  # noqa: E402
+from minigrpo.run.gap import gap_metrics, off_policy, token_sums  # noqa: E402
+from minigrpo.sampler import decode_step as sampler_decode_step  # noqa: E402
+from minigrpo.sampler import prefill, sample  # noqa: E402
+from minigrpo.tokenizer import Tokenizer  # noqa: E402
 
 VOCAB = 261
 PROMPTS = [[10, 20, 30, 40, 50, 60, 70], [257, 5], [99, 98, 97, 96]]

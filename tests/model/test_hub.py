@@ -11,13 +11,13 @@ import sys
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
-from minigrpo.pretrained import load_pretrained
-
+pytestmark = pytest.mark.oracle
 pytest.importorskip("huggingface_hub")
+from safetensors.torch import save_file  # noqa: E402
 from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 
+from minigrpo.pretrained import load_pretrained  # noqa: E402
 from repo_root import ROOT  # noqa: E402
 
 TEMPLATE = os.path.join(ROOT, "tests", "data", "chat_templates", "qwen3.jinja")

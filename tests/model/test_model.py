@@ -9,11 +9,12 @@ import math
 import pytest
 import torch
 
+pytestmark = pytest.mark.oracle
 transformers = pytest.importorskip("transformers")
 
 from minigrpo.deltanet import chunked_delta_rule, l2norm, recurrent_delta_rule  # noqa: E402
 from minigrpo.pretrained import QwenConfig  # noqa: E402
-from minigrpo.pretrained import load_pretrained
+from minigrpo.pretrained import load_pretrained  # noqa: E402
 
 V = 300
 LIN, FULL = "linear_attention", "full_attention"

@@ -33,6 +33,7 @@ from minigrpo.run.gap import gap_metrics, token_sums
 from minigrpo.sampler import sample
 
 VOCAB, PROMPT, NEW, P, N = 4096, 12, 32, 4, 4
+pytestmark = pytest.mark.slow   # a 2,560-wide bf16 model, decoded eagerly, static and compiled by inductor
 SHARE, GAP = 0.85, 1.3      # the static paths against the eager path: share at least SHARE x, gap at most GAP x
 
 

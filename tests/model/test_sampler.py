@@ -8,7 +8,6 @@ from minigrpo.logprobs import token_logprobs
 from minigrpo.pretrained import QwenConfig
 from minigrpo.pretrained import load_pretrained
 from minigrpo.sampler import cut_after_stop, sample
-from minigrpo.tokenizer import Tokenizer
 
 KINDS = ["tiny", "tiny-qwen3.5"]
 VOCAB = 261  # byte tokenizer ids; the tiny embedding has 272 rows
@@ -29,6 +28,7 @@ def argmax_loop(model, prompt, steps):
     return ids[len(prompt):]
 
 
+@pytest.mark.oracle
 def test_greedy_equals_argmax_loop_and_transformers(kind, tmp_path):
     from transformers import AutoConfig, AutoModelForCausalLM
     raw = dict(QwenConfig.tiny(kind).raw)
@@ -58,8 +58,6 @@ def test_vocab_padding_rows_never_sampled():
     assert any(t >= VOCAB for s in free for t in s.completion_ids)  # without the mask they win
     masked = sample(model, PROMPTS, n=2, max_new_tokens=4, stop_ids=(), seed=0, vocab_size=VOCAB)
     assert all(t < VOCAB for s in masked for t in s.completion_ids)
-    tok = Tokenizer.from_pretrained("tiny")
-    assert all(t < VOCAB for s in sample(model, PROMPTS, 2, 4, tokenizer=tok, seed=0) for t in s.completion_ids)
 
 
 def test_seeds(kind):
@@ -88,9 +86,9 @@ def first_stop(ids, tok, stop_ids, stop_strings):
     return len(ids), "length"
 
 
-def test_stop_ids_and_strings_end_only_their_row(kind):
-    model = load_pretrained(kind)
-    tok = Tokenizer.from_pretrained("tiny")
+@pytest.mark.oracle
+def test_stop_ids_and_strings_end_only_their_row(kind, tiny_tokenizer):
+    model, tok = load_pretrained(kind), tiny_tokenizer
     for seed in range(3, 50):    # the first seed whose draws end row 0 at the stop id and row 4 at the stop string
         kw = dict(n=3, max_new_tokens=24, seed=seed, tokenizer=tok)
         free = sample(model, PROMPTS, stop_ids=(), **kw)
@@ -122,14 +120,17 @@ def test_stop_ids_and_strings_end_only_their_row(kind):
         assert out[0].finish_reason == "eos" and out[4].finish_reason == "stop" and "length" in reasons
 
 
-def test_defaults_come_from_the_tokenizer():
+@pytest.mark.oracle
+def test_defaults_come_from_the_tokenizer(tiny_tokenizer):
     """stop_ids default to tokenizer.eos_ids, vocab_size to tokenizer.vocab_size."""
-    model = load_pretrained("tiny")
-    tok = Tokenizer.from_pretrained("tiny")
+    model, tok = load_pretrained("tiny"), tiny_tokenizer
     free = sample(model, PROMPTS, n=2, max_new_tokens=16, seed=0, vocab_size=VOCAB, stop_ids=())
     tok.eos_ids = [free[1].completion_ids[3]]  # pretend that token is the EOS
     out = sample(model, PROMPTS, n=2, max_new_tokens=16, seed=0, tokenizer=tok)
     assert out[1].finish_reason == "eos" and out[1].completion_ids == free[1].completion_ids[:4]
+    with torch.no_grad():
+        model.lm_head.weight[VOCAB:] = 1.0  # the embedding's padding rows: they win unless masked
+    assert all(t < VOCAB for s in sample(model, PROMPTS, 2, 4, tokenizer=tok, seed=0) for t in s.completion_ids)
 
 
 @pytest.mark.parametrize("temperature,top_p,top_k", [(1.0, 1.0, 0), (0.7, 1.0, 0), (0.7, 0.8, 5), (0.0, 1.0, 0)])
@@ -167,10 +168,11 @@ def test_splitmix64_matches_the_reference_and_uniforms_lie_in_0_1():
     assert u.min() >= 0 and u.max() < 1 and len(set(u.tolist())) == 200
 
 
-def test_a_prompts_samples_do_not_depend_on_its_batch_mates():
+@pytest.mark.oracle
+def test_a_prompts_samples_do_not_depend_on_its_batch_mates(tiny_tokenizer):
     """Per-prompt seeds: prompt B sampled alone equals prompt B sampled beside prompt A (what lets N ranks and one
     process draw the same rollouts)."""
-    tok = Tokenizer.from_pretrained("tiny")
+    tok = tiny_tokenizer
     model = load_pretrained("tiny")
     a, b = tok.chat([{"role": "user", "content": "hello there"}]), tok.chat([{"role": "user", "content": "hi"}])
     both = sample(model, [a, b], n=3, max_new_tokens=6, tokenizer=tok, seed=[11, 22])

@@ -6,10 +6,13 @@ import math
 
 import pytest
 import torch
-from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
-from minigrpo.pretrained import load_pretrained
-from minigrpo.sampler import choose, sample, sample_keys, truncate, uniforms
+pytestmark = pytest.mark.oracle
+pytest.importorskip("transformers")
+from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper  # noqa: E402
+
+from minigrpo.pretrained import load_pretrained  # noqa: E402
+from minigrpo.sampler import choose, sample, sample_keys, truncate, uniforms  # noqa: E402
 
 VOCAB = 261  # the byte tokenizer's ids; the tiny embedding has 272 rows
 

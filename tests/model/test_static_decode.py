@@ -8,7 +8,6 @@ import torch
 from minigrpo import static_decode
 from minigrpo.pretrained import load_pretrained
 from minigrpo.sampler import sample
-from minigrpo.tokenizer import Tokenizer
 
 KINDS = ["tiny", "tiny-qwen3.5"]
 VOCAB = 261
@@ -30,11 +29,11 @@ def test_static_equals_the_ordinary_path(kind, temperature, top_p, top_k):
     assert_same(sample(model, PROMPTS, static=True, **kw), sample(model, PROMPTS, **kw))
 
 
+@pytest.mark.oracle
 @pytest.mark.parametrize("kind", KINDS)
-def test_static_with_stop_ids_and_strings(kind):
+def test_static_with_stop_ids_and_strings(kind, tiny_tokenizer):
     """Rows that stop early keep decoding in the static batch (no compaction); what is returned is the same."""
-    model = load_pretrained(kind)
-    tok = Tokenizer.from_pretrained("tiny")
+    model, tok = load_pretrained(kind), tiny_tokenizer
     for seed in range(32):    # the first seed whose rows end by a stop id, by a stop string and by length
         kw = dict(n=3, max_new_tokens=24, seed=seed, tokenizer=tok)
         free = sample(model, PROMPTS, stop_ids=(), **kw)
@@ -78,6 +77,7 @@ def test_the_static_cache_is_kept_and_reused():
     assert model not in static_decode._pool
 
 
+@pytest.mark.slow   # inductor builds C++ on the CPU: it needs a compiler, and a cold cache takes long
 def test_compiled_step_compiles_once(capsys):
     """torch.compile(fullgraph=True) of the static step on the CPU (inductor): 64 decode steps of two batches whose
     prompts have other lengths run on one graph; error_on_recompile turns any recompilation into a failure, and

@@ -24,9 +24,9 @@ import os
 import pytest
 from repo_root import ROOT
 
-from minigrpo.tokenizer import Tokenizer, detect_family
-
+pytestmark = pytest.mark.oracle
 transformers = pytest.importorskip("transformers")
+from minigrpo.tokenizer import Tokenizer, detect_family  # noqa: E402
 from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 
 TEMPLATES = os.path.join(ROOT, "tests", "data", "chat_templates")

@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from minigrpo.tokenizer import Tokenizer
-from minigrpo.toolcalls import parse_tool_calls
-
+pytestmark = pytest.mark.oracle
 transformers = pytest.importorskip("transformers")
+from minigrpo.tokenizer import Tokenizer  # noqa: E402
+from minigrpo.toolcalls import parse_tool_calls  # noqa: E402
 sys.path.insert(0, os.path.dirname(__file__))
 from test_tokenizer import hf_apply, make_folder, template_text  # noqa: E402
 

@@ -125,3 +125,36 @@ def test_train_py_runs_once_for_the_mdp_pipeline():
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["__main__", "False"]
+
+
+# The core a reader starts with: it imports with torch and numpy alone (the files, the tokenizer, the hub and the
+# plots are other modules), so a learner can run it, and its tests, after `pip install torch numpy`; pretrained
+# with it, which builds the tiny models those tests run on.
+TORCH_ONLY_CORE = ["model", "lora", "sampler", "static_decode", "logprobs", "attention", "deltanet", "grpo", "losses",
+                   "pretrained"]
+NOT_IN_THE_TIER = sorted(RUNTIME - {"torch", "numpy"} | OPTIONAL | {"transformers", "peft"})
+
+
+def run_with_packages_blocked(code, blocked, env=None):
+    """Run `code` in a fresh interpreter in which any of `blocked` is missing (importing it raises
+    ModuleNotFoundError, as when it is not installed)."""
+    blocker = ("import importlib, importlib.abc, sys\n"
+               f"BLOCKED = {sorted(blocked)!r}\n"
+               "class Blocker(importlib.abc.MetaPathFinder):\n"
+               "    def find_spec(self, name, path=None, target=None):\n"
+               "        if name.split('.')[0] in BLOCKED:\n"
+               "            raise ModuleNotFoundError(f'{name} is blocked: not torch, numpy or the standard library')\n"
+               "sys.meta_path.insert(0, Blocker())\n")
+    return subprocess.run([sys.executable, "-c", blocker + code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+def test_the_core_imports_with_torch_and_numpy_alone():
+    modules = [f"minigrpo.{m}" for m in TORCH_ONLY_CORE]
+    out = run_with_packages_blocked(f"for m in {modules!r}:\n    importlib.import_module(m)\n    print(m)\n",
+                                    NOT_IN_THE_TIER)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == modules
+    # the probe does block: the files of LoRA need safetensors
+    out = run_with_packages_blocked("import minigrpo.lora_files\n", NOT_IN_THE_TIER)
+    assert out.returncode != 0 and "safetensors is blocked" in out.stderr, out.stderr[-2000:]
