@@ -9,7 +9,7 @@ def scripted(tok, plans, seeds=range(10), calls=None, turns=9, episodes=8):
     """`seeds`: the examples' seeds the rollout will use; `calls` (a list) records (rows, n, decoded prompts)."""
     episode_of = {turn_seed(s, t, k): k for s in seeds for t in range(1, turns) for k in range(episodes)}
 
-    def generate(prompts, seeds, n):
+    def generate(prompts, seeds, n, reuse=None, keep=False):
         if calls is not None:
             calls.append((len(prompts), n, [tok.decode(p) for p in prompts]))
         out = []
