@@ -185,7 +185,7 @@ def rollout(model, tok, task, args, examples, step, index, times=None):
     seeds = [sample_seed(args, step, i) for i in index]
     rows, clock = decode_rows(task, args, len(examples)), PhaseClock(times)
 
-    def sampler(prompts, ss, n, reuse=None, keep=False):     # reuse/keep: the sampler's cache across turns
+    def sampler(prompts, ss, n, reuse=None, keep=False):     # the multi-turn loop's call (tasks/episodes.py)
         with clock("generate"):
             return generate(model, tok, args, prompts, ss, n, task.stop_strings, rows)
     return task.rollout(sampler, tok, examples, seeds, args)

@@ -11,8 +11,8 @@ The task is minigrpo/tasks/lookup.py: "what is qx?", whose three-digit answer on
             the base can call and copy, but calls only about half the time and then a quarter of the time with the
             wrong key: it knows how to call, not when, and not always what
     GRPO    a copy of the base trained through train.py's loop (the `trainer`) on the "train" split, the reward
-            being the episode's score (1 for the right final answer), every policy turn of an episode trained on
-            its episode's group-relative advantage; tool results are prompt, never trained
+            being the episode's score (1 for the right final answer), each episode trained as one sequence on its
+            group-relative advantage; the tool results in it are never trained
     eval    base and trained policy play the held-out "eval" split (keys and values neither the pretraining nor
             GRPO saw), `eval_samples` episodes per key at temperature 1 with fixed seeds, through the same
             multi-turn loop (minigrpo/tasks/episodes.py)

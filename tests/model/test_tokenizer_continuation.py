@@ -2,7 +2,7 @@
 chat template renders after that turn's text when the environment's messages follow it, on the official templates
 (transformers, the oracle) and on the built-in renderers of the tiny tokenizers."""
 import pytest
-from test_tokenizer import FAMILIES, folders, hf_apply, transformers  # noqa: F401  (folders: the fixture)
+from test_tokenizer import FAMILIES, folders, transformers  # noqa: F401  (folders: the fixture)
 
 from minigrpo.tokenizer import Tokenizer
 
@@ -57,8 +57,9 @@ def test_continuation_of_the_built_in_renderers(name):
     for conversation, reply, tools, thinking in cases():
         whole = tok.render(conversation + reply, True, thinking, tools)
         assert tok.continuation(reply, False, thinking, tools) == tok.encode(after_answer(whole))
-    assert tok.decode(tok.continuation([{"role": "tool", "content": "7"}], True, False)) == \
-        "\n<|im_start|>user\n<tool_response>\n7\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert tok.decode(tok.continuation([{"role": "tool", "content": "7"}], True, False)) == (
+        "\n<|im_start|>user\n<tool_response>\n7\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+        "<think>\n\n</think>\n\n")
 
 
 def test_no_messages_is_a_new_assistant_turn():

@@ -49,8 +49,7 @@ def test_each_turn_reuses_the_state_its_episode_kept_and_the_last_keeps_none():
     assert log[3][1].ids == log[2][0] and log[4][1].ids == log[3][0]            # then each its own last prompt
     lengths = [len(p) for p, _, _ in log]
     # episode 0 prefilled the shared first prompt; every later turn only what came after its kept state
-    assert [s.info["prefill_tokens"] for s in seqs] == \
-        [lengths[0], lengths[1] - lengths[0], lengths[2] - lengths[0] + lengths[3] - lengths[2] + lengths[4] - lengths[3]]
+    assert [s.info["prefill_tokens"] for s in seqs] == [lengths[0], lengths[1] - lengths[0], lengths[4] - lengths[0]]
     assert [s.info["reused_tokens"] for s in seqs] == [0, lengths[0], lengths[0] + lengths[2] + lengths[3]]
     assert [(s.info["fresh_prefills"], s.info["kept_dropped"]) for s in seqs] == [(0, 0)] * 3
     m = step_metrics(1, 0, seqs, {}, [], 0.0, 0.0, 1.0, 1.0, {})

@@ -85,8 +85,9 @@ def test_the_environment_speaks_in_the_context_never_in_the_trained_tokens():
     assert [capped.completion_ids[t["start"]:t["start"] + t["tokens"]] for t in turns] == \
         [TOK.encode("call") + [TOK.im_end_id]] * 4
     # each later turn's prompt is the context so far: the earlier one's prompt, its ids, the reply's ids
-    assert [prompts[-1] for _, _, prompts in calls[1:]] == [TOK.decode(capped.prompt_ids + capped.completion_ids[:t["start"]])
-                                            for t in turns[1:]]
+    context = capped.prompt_ids + capped.completion_ids
+    assert [prompts[-1] for _, _, prompts in calls[1:]] == \
+        [TOK.decode(context[:len(capped.prompt_ids) + t["start"]]) for t in turns[1:]]
 
 
 def test_every_environment_is_closed_when_a_step_fails():

@@ -85,7 +85,7 @@ def test_base_demonstrations_mix_both_skills():
         first, second = tok.decode(a0[:-1]), tok.decode(a1[:-1])
         assert a0[-1] == a1[-1] == tok.im_end_id and sorted(first) == sorted(ex["target"])
         ask = f"<|im_start|>user\nsort {ex['letters']}<|im_end|>\n<|im_start|>assistant\n"
-        assert tok.decode(p0).startswith(ask) and tok.decode(p1).startswith(ask + f"{first}<|im_end|>")
+        assert tok.decode(p0).startswith(ask) and p1[:len(p0) + len(a0)] == p0 + a0   # as the loop builds it
         assert f"user\n{critique(ex, grade(ex, first))}<|im_end|>" in tok.decode(p1)
         assert second in (first, ex["target"])
         sorted0 += first == ex["target"]

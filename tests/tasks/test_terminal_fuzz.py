@@ -49,7 +49,8 @@ def hostile_turn(rng):
 
 
 def hostile_policy(salt):
-    def generate(prompts, seeds, n, reuse=None, keep=False):     # each sample's turn drawn from its own seed: the same whatever the order
+    # each sample's turn drawn from its own seed: the same whatever the order
+    def generate(prompts, seeds, n, reuse=None, keep=False):
         out = []
         for seed in seeds:
             group = []
