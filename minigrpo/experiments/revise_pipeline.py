@@ -89,8 +89,9 @@ def base_items(tok, task, copies: int, seed: int, p_sorted: float, p_fixed: floa
             second = ex["target"] if rng.random() < p_fixed else first
             prompt, answer = tok.chat(task.messages(ex), enable_thinking=False), tok.encode(first) + [tok.im_end_id]
             said = [{"role": "user", "content": critique(ex, grade(ex, first))}]
-            items.append((prompt, answer))      # turn 1's prompt as the loop builds it (minigrpo/tasks/episodes.py)
-            items.append((prompt + answer + tok.continuation(said, True, False), tok.encode(second) + [tok.im_end_id]))
+            items.append((prompt, answer))
+            revision = prompt + answer + tok.continuation(said, ended=True, enable_thinking=False)   # as episodes.py
+            items.append((revision, tok.encode(second) + [tok.im_end_id]))
     return items
 
 

@@ -108,7 +108,8 @@ def pretrain_items(tok, task, transcripts) -> list:
                 replies.append(m)
                 continue
             if replies:
-                context, replies = context + tok.continuation(replies, True, False, task.tools), []
+                context = context + tok.continuation(replies, ended=True, enable_thinking=False, tools=task.tools)
+                replies = []
             answer = tok.encode(m["content"]) + [tok.im_end_id]
             items.append((context, answer))
             context = context + answer

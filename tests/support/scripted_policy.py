@@ -1,6 +1,7 @@
-"""A scripted policy for the multi-turn rollout loop (minigrpo/tasks/episodes.py): a `generate(prompts, seeds, n)`
-whose k-th episode of a chunk writes plans[k % len(plans)][t] at its turn t. The turn is read from the prompt (the
-count of earlier assistant turns in it); a later turn's episode from its seed (episodes.turn_seed)."""
+"""A scripted policy for the multi-turn rollout loop (minigrpo/tasks/episodes.py): a `generate(prompts, seeds, n,
+reuse, keep)` that keeps no sampler state, whose k-th episode of a chunk writes plans[k % len(plans)][t] at its turn
+t. The turn is read from the prompt (the count of earlier assistant turns in it); a later turn's episode from its
+seed (episodes.turn_seed)."""
 from minigrpo.sampler import Sample
 from minigrpo.tasks.episodes import turn_seed
 
