@@ -186,7 +186,7 @@ def rollout(model, tok, task, args, examples, step, index, times=None):
     seeds = [sample_seed(args, step, i) for i in index]
     rows, clock = decode_rows(task, args, len(examples)), PhaseClock(times)
 
-    def sampler(prompts, ss, n, reuse=None, keep=False):
+    def sampler(prompts, ss, n, reuse=None, keep=False):     # the multi-turn loop's call (tasks/episodes.py)
         with clock("generate"):
             return generate(model, tok, args, prompts, ss, n, task.stop_strings, rows, reuse=reuse, keep=keep)
     return task.rollout(sampler, tok, examples, seeds, args)
@@ -231,28 +231,23 @@ def assign_advantages(all_seqs, args):
     samples may come from several ranks). Zero spread is judged on the raw
     score, so shaping alone never creates a gradient inside a group whose answers all scored the same. An example
     drawn twice in one step (across an epoch boundary) forms one larger group: same prompt, same baseline.
-    The Seqs of an episode with a trajectory reward (Seq.episode set: an agent's turns) are one unit: the episode
-    counts once in its example's group, however many turns it took, and each of its turns gets its advantage."""
-    unit_of = [i if s.episode is None else s.episode for i, s in enumerate(all_seqs)]
-    first = {}
-    for i, u in enumerate(unit_of):
-        first.setdefault(u, i)
-    units = [all_seqs[i] for i in first.values()]          # a unit's first Seq carries the unit's reward
-    keys = [(s.example_id, s.turn if s.episode is None else "episode") for s in units]
+    An agentic episode with a trajectory reward is one Seq (minigrpo/tasks/episodes.py), so it counts once in its
+    example's group however many turns it took, and every token it trains gets its advantage."""
+    keys = [(s.example_id, s.turn) for s in all_seqs]
     ids = {k: i for i, k in enumerate(dict.fromkeys(keys))}
-    adv, stats = grpo.group_advantages([s.reward for s in units], group_ids=[ids[k] for k in keys],
-                                       scale=args.adv_scale, raw_scores=[s.score for s in units])
-    by_unit = dict(zip(first, adv.tolist()))
-    for s, u in zip(all_seqs, unit_of):
-        s.advantage = by_unit[u]
+    adv, stats = grpo.group_advantages([s.reward for s in all_seqs], group_ids=[ids[k] for k in keys],
+                                       scale=args.adv_scale, raw_scores=[s.score for s in all_seqs])
+    for s, a in zip(all_seqs, adv.tolist()):
+        s.advantage = a
     return stats
 
 
 def overlong_shaping(all_seqs, args):
     """--overlong-buffer: DAPO's soft overlong punishment added to each Seq's reward and logged in its info. The
     raw score is left alone, so the penalty never gives a group whose answers all scored the same a gradient."""
-    for s in all_seqs:
-        penalty = grpo.overlong_penalty(len(s.completion_ids), args.max_new_tokens, args.overlong_buffer)
+    for s in all_seqs:       # an episode's: its longest turn's (each turn is cut at max_new_tokens)
+        penalty = min(grpo.overlong_penalty(t["tokens"], args.max_new_tokens, args.overlong_buffer)
+                      for t in s.policy_turns())
         if penalty and s.reward is not None:
             s.reward, s.info["overlong_penalty"] = s.reward + penalty, penalty
 

@@ -41,6 +41,7 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"
 CONTROL = SPECIALS[:3]  # what skip_special_tokens drops; <think> tags are plain added tokens in Qwen
 QWEN2_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 TINY = {"tiny": "qwen3", "tiny-qwen3.5": "qwen3_5"}
+_PLACEHOLDER = "PLACEHOLDER-OF-THE-SAMPLED-TURN"  # Tokenizer.continuation: no template changes it
 
 # -----------------------------------------------------------------------------
 # chat templates
@@ -323,6 +324,23 @@ class Tokenizer:
 
     def chat(self, messages, add_generation_prompt=True, enable_thinking=None, tools=None):
         return self.encode(self.render(messages, add_generation_prompt, enable_thinking, tools))
+
+    def continuation(self, messages, ended, enable_thinking=None, tools=None):
+        """The ids that follow a sampled assistant turn when `messages` (an environment's reply: tool results, a
+        user turn; none: the policy just takes another turn) are appended, up to and including the next assistant
+        turn's generation prompt: the end of the assistant turn (its <|im_end|> unless `ended`, the sample having
+        emitted it), "\n", the messages' turns and the new assistant header (with whatever the template puts after
+        it, e.g. Qwen3.5's "<think>\n"). Taken from the template's own rendering of a conversation whose assistant
+        turn is a placeholder, as the text that follows the placeholder: an episode appends these ids to the ids
+        the policy sampled, so that nothing the policy wrote is ever decoded and encoded again
+        (minigrpo/tasks/episodes.py)."""
+        conversation = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _PLACEHOLDER}]
+        text = self.render(conversation + list(messages), True, enable_thinking, tools)
+        after = text[text.index(_PLACEHOLDER) + len(_PLACEHOLDER):]
+        if not after.startswith("<|im_end|>"):      # every Qwen template closes an assistant turn so
+            raise ValueError(f"continuation: the {self.family} template does not end an assistant turn with "
+                             "<|im_end|>")
+        return self.encode(after[len("<|im_end|>"):] if ended else after)
 
     def parse_tool_calls(self, text, tools=None):
         """The tool calls in a decoded policy turn, in this family's format: (calls, errors), never raises."""

@@ -18,23 +18,25 @@ class Batch:
     """One micro-batch, left-padded; every (B, T-1) tensor is aligned as logprobs.token_logprobs is."""
     ids: torch.Tensor          # (B, T) prompt + completion
     attn: torch.Tensor         # (B, T) 1 = real token
-    mask: torch.Tensor         # (B, T-1) True = a completion token to train (grpo.span_mask)
+    mask: torch.Tensor         # (B, T-1) True = a completion token to train (collate)
     adv: torch.Tensor          # (B,) advantage of each sequence
     sampled: torch.Tensor      # (B, T-1) the sampler's log-probs of the completion tokens
     first_col: int             # first column any completion occupies: logits are needed only from there
 
 
 def collate(seqs, pad_id, device, mask_truncated=False) -> Batch:
-    """Left-pad prompt+completion; the loss mask covers exactly each completion's positions, by position, never by
-    token id (grpo.span_mask: the EOS a model emitted is trained even when it equals the pad id)."""
+    """Left-pad prompt+completion; the loss mask covers each completion's positions, by position, never by token id
+    (grpo.span_mask: the EOS a model emitted is trained even when it equals the pad id), and of those the ones its
+    Seq trains (Seq.loss_mask: an episode's policy tokens, not its environment's; --mask-truncated drops the turns
+    cut at max_new_tokens)."""
     ids, attn = left_pad([s.prompt_ids + s.completion_ids for s in seqs], pad_id)
     T = ids.shape[1]
     lengths = [len(s.completion_ids) for s in seqs]
-    trained = [0 if mask_truncated and s.finish_reason == "length" else c for s, c in zip(seqs, lengths)]
-    loss_mask = grpo.span_mask([T - c for c in lengths], trained, T)      # completions end at the last column
+    loss_mask = grpo.span_mask([T - c for c in lengths], lengths, T)      # completions end at the last column
     sampled = torch.zeros((len(seqs), T - 1))
     for i, (s, c) in enumerate(zip(seqs, lengths)):
         if c:
+            loss_mask[i, T - 1 - c:] &= torch.tensor(s.loss_mask(mask_truncated))
             sampled[i, T - 1 - c:] = torch.tensor(s.logprobs, dtype=torch.float32)   # column t scores token t+1
     adv = torch.tensor([s.advantage for s in seqs], dtype=torch.float32)
     first_col = T - 1 - max(lengths)

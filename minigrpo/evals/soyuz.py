@@ -74,8 +74,9 @@ def eval_soyuz(args, out):
 
 
 def soyuz_generate(model, tok, args, bar):
-    """The `generate(prompts, seeds, n)` the soyuz rollout calls: n samples per token-id prompt, as train.py's."""
-    def generate(prompts, seeds, n):
+    """The `generate(prompts, seeds, n, reuse, keep)` the rollouts call: n samples per token-id prompt, as
+    train.py's."""
+    def generate(prompts, seeds, n, reuse=None, keep=False):
         samples = sample(model, prompts, n=n, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                          top_p=args.top_p, tokenizer=tok, seed=list(seeds), compile=args.compile)
         bar.update(len(samples))

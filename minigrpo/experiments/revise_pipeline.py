@@ -87,10 +87,11 @@ def base_items(tok, task, copies: int, seed: int, p_sorted: float, p_fixed: floa
         for k in range(copies):
             first = ex["target"] if rng.random() < p_sorted else shuffled(ex["target"], seed, "base", ex["id"], k)
             second = ex["target"] if rng.random() < p_fixed else first
-            conv = task.messages(ex) + [{"role": "assistant", "content": first},
-                                        {"role": "user", "content": critique(ex, grade(ex, first))}]
-            items.append((tok.chat(task.messages(ex), enable_thinking=False), tok.encode(first) + [tok.im_end_id]))
-            items.append((tok.chat(conv, enable_thinking=False), tok.encode(second) + [tok.im_end_id]))
+            prompt, answer = tok.chat(task.messages(ex), enable_thinking=False), tok.encode(first) + [tok.im_end_id]
+            said = [{"role": "user", "content": critique(ex, grade(ex, first))}]
+            items.append((prompt, answer))
+            revision = prompt + answer + tok.continuation(said, ended=True, enable_thinking=False)   # as episodes.py
+            items.append((revision, tok.encode(second) + [tok.im_end_id]))
     return items
 
 
@@ -113,7 +114,7 @@ def evaluate(model, tok, task, args, cfg, seed, temperature=1.0, top_p=1.0) -> d
     eargs = argparse.Namespace(group_size=cfg.eval_samples, enable_thinking=False)
     seeds = [derive_seed(seed, "revise eval", i) for i in range(len(examples))]
 
-    def generate(prompts, ss, n):
+    def generate(prompts, ss, n, reuse=None, keep=False):
         out = sample(model, prompts, n=n, max_new_tokens=args.max_new_tokens, temperature=temperature, top_p=top_p,
                      tokenizer=tok, seed=list(ss))
         return [out[i * n:(i + 1) * n] for i in range(len(prompts))]

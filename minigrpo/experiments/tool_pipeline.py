@@ -11,8 +11,8 @@ The task is minigrpo/tasks/lookup.py: "what is qx?", whose three-digit answer on
             the base can call and copy, but calls only about half the time and then a quarter of the time with the
             wrong key: it knows how to call, not when, and not always what
     GRPO    a copy of the base trained through train.py's loop (the `trainer`) on the "train" split, the reward
-            being the episode's score (1 for the right final answer), every policy turn of an episode trained on
-            its episode's group-relative advantage; tool results are prompt, never trained
+            being the episode's score (1 for the right final answer), each episode trained as one sequence on its
+            group-relative advantage; the tool results in it are never trained
     eval    base and trained policy play the held-out "eval" split (keys and values neither the pretraining nor
             GRPO saw), `eval_samples` episodes per key at temperature 1 with fixed seeds, through the same
             multi-turn loop (minigrpo/tasks/episodes.py)
@@ -97,14 +97,22 @@ def pretrain_transcripts(task, cfg, seed) -> list:
 
 
 def pretrain_items(tok, task, transcripts) -> list:
-    """(prompt ids, answer ids) per assistant turn: the prompt rendered as the multi-turn loop renders it before
-    that turn (everything earlier, tool results included), the answer the turn's text and <|im_end|>."""
+    """(prompt ids, answer ids) per assistant turn: the prompt as the multi-turn loop builds it before that turn (the
+    first prompt rendered, then each earlier answer's ids and the tool's reply rendered after them:
+    minigrpo/tasks/episodes.py), the answer the turn's text and <|im_end|>."""
     items = []
     for conv in transcripts:
-        for i, m in enumerate(conv):
-            if m["role"] == "assistant":
-                prompt = tok.chat(conv[:i], tools=task.tools, enable_thinking=False)
-                items.append((prompt, tok.encode(m["content"]) + [tok.im_end_id]))
+        context, replies = tok.chat(conv[:1], tools=task.tools, enable_thinking=False), []
+        for m in conv[1:]:
+            if m["role"] != "assistant":
+                replies.append(m)
+                continue
+            if replies:
+                context = context + tok.continuation(replies, ended=True, enable_thinking=False, tools=task.tools)
+                replies = []
+            answer = tok.encode(m["content"]) + [tok.im_end_id]
+            items.append((context, answer))
+            context = context + answer
     return items
 
 
@@ -149,7 +157,7 @@ def evaluate(model, tok, task, args, cfg, seed, temperature=1.0) -> dict:
     eargs = argparse.Namespace(group_size=cfg.eval_samples, enable_thinking=False, max_new_tokens=cfg.max_new_tokens)
     seeds = [derive_seed(seed, "lookup eval", i) for i in range(len(examples))]
 
-    def generate(prompts, ss, n):
+    def generate(prompts, ss, n, reuse=None, keep=False):
         out = sample(model, prompts, n=n, max_new_tokens=cfg.max_new_tokens, temperature=temperature,
                      tokenizer=tok, seed=list(ss))
         return [out[i * n:(i + 1) * n] for i in range(len(prompts))]

@@ -36,6 +36,7 @@ from minigrpo import checkpoints
 from minigrpo.common import StopRun, atomic_write, mean
 from minigrpo.run import lock
 from minigrpo.run.gap import gap_metrics
+from minigrpo.tasks.episodes import CACHE_COUNTS
 
 
 MARKER = ".minigrpo-run"
@@ -295,8 +296,10 @@ def std(xs):
 
 
 def step_metrics(step, epoch, all_seqs, adv_stats, loss_stats, grad_norm, lr, t_sample, t_train, extra):
-    """Summarise one step. `all_seqs` are every rank's Seqs (gathered); loss_stats this rank's micro-batch stats."""
-    tokens = sum(len(s.completion_ids) for s in all_seqs)
+    """Summarise one step. `all_seqs` are every rank's Seqs (gathered); loss_stats this rank's micro-batch stats.
+    Lengths and truncation are per policy turn (an agentic episode is one Seq of several turns: Seq.policy_turns)."""
+    turns = [t for s in all_seqs for t in s.policy_turns()]
+    tokens = sum(t["tokens"] for t in turns)        # the policy's sampled tokens (an episode's tool output is not)
     w = [st["tokens"] for st in loss_stats] or [1.0]
     wmean = lambda key: sum(st.get(key, 0.0) * n for st, n in zip(loss_stats, w)) / max(sum(w), 1.0)
     # "loss" and "pg" of a micro-batch are its share of the step's loss (divided by the step's normaliser): their
@@ -315,8 +318,8 @@ def step_metrics(step, epoch, all_seqs, adv_stats, loss_stats, grad_norm, lr, t_
         "sampler_logp_diff": wmean("sampler_logp_diff"),
         **gap_metrics(loss_stats),    # p95 and max of the gap, and the share of the policy's move it carries
         "grad_norm": grad_norm, "lr": lr,
-        "completion_len": tokens / max(len(all_seqs), 1),
-        "truncated": sum(s.finish_reason == "length" for s in all_seqs) / max(len(all_seqs), 1),
+        "completion_len": tokens / max(len(turns), 1),
+        "truncated": sum(t["finish_reason"] == "length" for t in turns) / max(len(turns), 1),
         "zero_spread": adv_stats.get("zero_spread_frac", adv_stats.get("zero_spread", 0)),
         "failed_scores": sum(s.score is None for s in all_seqs),
         "sampler_tok_s": tokens / max(t_sample, 1e-9),
@@ -324,6 +327,9 @@ def step_metrics(step, epoch, all_seqs, adv_stats, loss_stats, grad_norm, lr, t_
     }
     for turn in sorted({s.turn for s in all_seqs}):
         m[f"score_turn{turn}"] = mean([s.score for s in all_seqs if s.turn == turn])
+    for key in CACHE_COUNTS:        # a multi-turn rollout's sampler work (minigrpo/tasks/episodes.py)
+        if any(key in s.info for s in all_seqs):
+            m[key] = sum(s.info.get(key, 0) for s in all_seqs)
     m.update(extra)
     return m
 

@@ -13,7 +13,11 @@ class Seq:
     """One trained completion of a rollout: its prompt (everything before it, never trained), its own tokens,
     the sampler's log-probs of them, the raw task score, and the (possibly shaped) reward its advantage uses.
     The sampler's part (tokens, log-probs, finish reason, text) is copied from its sampler.Sample by `of`; the rest
-    is the task's, which the sampler never sees."""
+    is the task's, which the sampler never sees.
+
+    A whole agentic episode is one Seq too (minigrpo/tasks/episodes.py): its completion is everything after the
+    first prompt, the policy's sampled tokens and the environment's between them; `trained` marks the policy's
+    (the only ones with log-probs and a loss), info["turns"] says where each policy turn lies, its turn is 0."""
     example_id: str
     turn: int
     prompt_ids: list
@@ -25,14 +29,28 @@ class Seq:
     reward: float | None = None     # what the advantage is computed from (shaped for turn > 0)
     advantage: float = 0.0
     info: dict = field(default_factory=dict)
-    episode: tuple | None = None    # an episode whose turns share one advantage (a trajectory reward): its id;
-    #                                 None: this Seq is its own unit in its (example, turn) group
+    trained: list | None = None     # per completion token, True where the policy sampled it; None: all of them
 
     @classmethod
-    def of(cls, sample, example_id, turn, prompt_ids, score, reward, info=None, episode=None):
+    def of(cls, sample, example_id, turn, prompt_ids, score, reward, info=None):
         """The Seq of a sampler.Sample of example `example_id`'s prompt at `turn`."""
         return cls(example_id, turn, prompt_ids, list(sample.completion_ids), list(sample.logprobs),
-                   sample.finish_reason, sample.text, score, reward, info=info or {}, episode=episode)
+                   sample.finish_reason, sample.text, score, reward, info=info or {})
+
+    def policy_turns(self) -> list:
+        """Where the policy's turns lie in completion_ids: [{"start", "tokens", "finish_reason", ...}], an
+        episode's from info["turns"] (with each turn's environment info), a single turn's the whole completion."""
+        return self.info.get("turns") or [{"start": 0, "tokens": len(self.completion_ids),
+                                           "finish_reason": self.finish_reason}]
+
+    def loss_mask(self, drop_truncated=False) -> list:
+        """Per completion token, whether the loss trains it: the policy's tokens, less (drop_truncated, train.py
+        --mask-truncated) those of every turn cut at max_new_tokens; an episode's other turns stay trained."""
+        mask = [True] * len(self.completion_ids) if self.trained is None else list(self.trained)
+        for turn in self.policy_turns() if drop_truncated else []:
+            if turn["finish_reason"] == "length":
+                mask[turn["start"]:turn["start"] + turn["tokens"]] = [False] * turn["tokens"]
+        return mask
 
 
 class SingleTurnTask:

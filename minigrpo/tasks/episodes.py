@@ -3,11 +3,24 @@ each policy turn its environment answers (a critique, a tool's result) or ends t
 
     turn 0     the G episodes of a prompt share it: one sampler call draws their G first turns (prefilled once)
     env        env.step(text, last) -> Reply (or a Future of one): messages to append, or done with a score
-    turn t>0   each live episode's conversation so far is its prompt: one sample each, every live episode of a
-               chunk in one sampler call; the environment's messages are prompt, never trained
+    turn t>0   each live episode's context so far is its prompt: one sample each, every live episode of a chunk in
+               one sampler call; the environment's messages are prompt, never trained
     end        a Reply with done, or the turn cap (task.max_turns; `last` tells the environment to end now)
     failure    env.step raising (or its Future failing) ends that episode alone, scored 0, the exception in
                info["env_error"] and printed once; the rollout and the step go on
+
+Token in, token out: an episode's context is token ids, never text. Turn 0's prompt is rendered once from
+env.messages(); then each policy turn's ids go in exactly as sampled, and each reply's messages are rendered once
+(Tokenizer.continuation: the end of the assistant turn, the messages' turns, the next assistant header) and
+appended. Nothing the policy wrote is decoded and encoded again, so text that spells a control token stays the
+ordinary ids it was sampled as. The environment is handed each turn's decoded text (sample.text).
+
+What comes out (the Seqs train.py trains):
+    per_turn_advantage False    one Seq per episode (a trajectory reward): prompt = turn 0's prompt, completion =
+                                everything after it, Seq.trained True on the policy's ids only, the episode's score
+                                as its reward; info["turns"] says where each policy turn lies and how it ended
+    per_turn_advantage True     one Seq per policy turn (the two-turn tasks' shaped rewards, each turn its own group):
+                                its prompt the context before it, its completion the turn's ids
 
 What a task hands this module (duck-typed, as everything in minigrpo/tasks):
 
@@ -17,14 +30,22 @@ What a task hands this module (duck-typed, as everything in minigrpo/tasks):
                                     (minigrpo.toolcalls.parse_tool_calls)
     max_turns: int                  the turn cap (the two-turn tasks: 2)
     tools: list | None              JSON schemas of the tools, rendered in the system turn (None: no tools)
-    turn_rewards(replies) -> list   per policy turn, (raw score, reward); default `trajectory_rewards`
-    per_turn_advantage: bool        True: each turn is its own group across the G episodes (the two-turn tasks'
-                                    shaped turn rewards); False: the episode is one unit, all its turns share its
-                                    advantage (a trajectory reward; train.py assign_advantages)
+    per_turn_advantage: bool        (default False) True: each turn its own Seq and group across the G episodes,
+                                    paid by turn_rewards(replies) -> per turn (raw score, reward)
     chunk: int | None               examples per sampler call (None: all at once)
     workers: int | None             run env.step on this many threads (an agent's commands run in sandboxes that
                                     wait on processes, so the episodes' commands of a turn run side by side); its
                                     step then returns a Reply, never a Future
+    keep_tokens: int | None         the most tokens of kept sampler states the live episodes may hold between
+                                    turns (None: no limit); past it the largest are dropped and prefilled afresh
+
+The sampler callback is generate(prompts, seeds, n, reuse=None, keep=False) -> per prompt a list of n samples. With
+keep=True a sample carries `kept`, the model's state after its prompt (.ids, .tokens; shared by a prompt's n
+samples); an episode hands its last one back as `reuse` for its next turn, whose prompt starts with those ids, so
+the sampler prefills only the new tokens. Samples say `prefilled` and `reused` (tokens, on a prompt's first sample);
+a sampler that says nothing prefilled the whole prompt. keep is off on a call whose episodes are all at their last
+turn. The counts go into each Seq's info: prefill_tokens, reused_tokens, fresh_prefills (turns after the first
+prefilled from their start) and kept_dropped (kept states dropped for keep_tokens).
 
 The loop, chunk by chunk: sample turn 0 of chunk k and hand every answer to its environment; while those replies are
 pending (a judge working in its pool), sample turn 0 of chunk k+1; then take chunk k's replies and sample its next
@@ -79,12 +100,6 @@ def then(fut: Future, fn) -> Future:
     return out
 
 
-def trajectory_rewards(replies) -> list:
-    """Every turn is paid the episode's final score: (score, reward) per policy turn."""
-    final = replies[-1].score
-    return [(final, final)] * len(replies)
-
-
 def turn_seed(seed, turn, k):
     """The seed of turn `turn` >= 1 of the k-th of the G episodes of the example whose seed is `seed`: a function of
     the example and the episode only, so how many examples share a sampler call (the chunk, the rank's share) never
@@ -92,18 +107,42 @@ def turn_seed(seed, turn, k):
     return derive_seed(seed, "revision", k) if turn == 1 else derive_seed(seed, "turn", turn, k)
 
 
+CACHE_COUNTS = ("prefill_tokens", "reused_tokens", "fresh_prefills", "kept_dropped")
+
+
+@dataclass
+class Turn:
+    """One policy turn of an episode: where its ids start in the context, the sample, the reply, the cache counts."""
+    start: int
+    sample: object
+    reply: Reply | None = None
+    cache: dict = field(default_factory=dict)
+
+
 class Episode:
-    """One conversation: its environment, the messages so far, and per policy turn [prompt ids, sample, reply]."""
+    """One episode: its environment, its context (token ids: the first prompt, then each turn's sampled ids and the
+    environment's reply rendered once), and its turns."""
 
     def __init__(self, index, env, seed, k, pool=None):
         self.index, self.env, self.seed, self.k, self.pool = index, env, seed, k, pool   # k: among its example's G
-        self.conversation = env.messages()
-        self.turns, self.pending = [], None     # pending: the Future of the last turn's reply
+        self.context, self.prompt_len = [], 0       # set by begin()
+        self.trained, self.logprobs = [], []        # per context id after the first prompt
+        self.turns, self.pending = [], None         # pending: the Future of the last turn's reply
+        self.kept, self.dropped = None, False       # the sampler's state after the last prompt; dropped for the budget
 
-    def took(self, prompt, sample, last):
-        """The policy's turn: its environment is handed the text (the reply may come later)."""
-        self.turns.append([prompt, sample, None])
-        self.conversation = self.conversation + [{"role": "assistant", "content": sample.text}]
+    def begin(self, prompt):
+        self.context, self.prompt_len = list(prompt), len(prompt)
+
+    def took(self, sample, last, first=True):
+        """The policy's turn: its ids join the context as sampled; its environment is handed the text (the reply may
+        come later). `first`: the first of its prompt's samples (which carries the prompt's prefill counts)."""
+        reused = getattr(sample, "reused", 0)
+        cache = {"prefill_tokens": getattr(sample, "prefilled", len(self.context) if first else 0),
+                 "reused_tokens": reused, "fresh_prefills": int(bool(self.turns) and not reused),
+                 "kept_dropped": int(self.dropped)}
+        self.turns.append(Turn(len(self.context), sample, cache=cache))
+        self.extend(sample.completion_ids, True, sample.logprobs)
+        self.kept, self.dropped = getattr(sample, "kept", None), False
         if self.pool is not None:
             self.pending = self.pool.submit(self.env.step, sample.text, last)
             return
@@ -114,17 +153,25 @@ class Episode:
             reply.set_exception(e)
         self.pending = reply if isinstance(reply, Future) else answered(reply)
 
-    def settle(self) -> bool:
-        """Take the pending reply; True if the episode goes on. An exception of the environment's ends this
-        episode alone: it scores 0, the reason in info["env_error"], the traceback printed once."""
+    def extend(self, ids, trained, logprobs=None):
+        # new lists, never in place: the context handed to the sampler as a prompt (maybe kept by it) stays as it was
+        self.context = self.context + list(ids)
+        self.trained = self.trained + [trained] * len(ids)
+        self.logprobs = self.logprobs + (list(logprobs) if logprobs is not None else [0.0] * len(ids))
+
+    def settle(self, follow=None) -> bool:
+        """Take the pending reply; True if the episode goes on, its reply's messages then appended as the ids
+        follow(messages, sample) renders. An exception of the environment's ends this episode alone: it scores 0,
+        the reason in info["env_error"], the traceback printed once."""
         try:
             reply = self.pending.result()
         except Exception as e:      # noqa: BLE001 - one episode's bytes must not end the step
             reply = failed(e)
-        self.turns[-1][2], self.pending = reply, None
-        if reply.done:
+        self.turns[-1].reply, self.pending = reply, None
+        if reply.done or follow is None:
+            self.kept = None        # nothing more to sample: its state is freed
             return False
-        self.conversation = self.conversation + list(reply.messages)
+        self.extend(follow(reply.messages, self.turns[-1].sample), False)
         return True
 
 
@@ -138,16 +185,41 @@ class Chunk:
         return all(ep.pending.done() for ep in self.live)
 
 
+def trim_kept(episodes, budget):
+    """Drop kept sampler states, largest first, until the episodes hold at most `budget` tokens of them (a state
+    shared by a prompt's G episodes counts once); an episode whose state is dropped prefills its next turn afresh."""
+    held = {}
+    for ep in episodes:
+        if ep.kept is not None:
+            held.setdefault(id(ep.kept), (ep.kept, []))[1].append(ep)
+    total = sum(kept.tokens for kept, _ in held.values())
+    for kept, eps in sorted(held.values(), key=lambda h: -h[0].tokens):
+        if total <= budget:
+            return
+        total -= kept.tokens
+        for ep in eps:
+            ep.kept, ep.dropped = None, True
+
+
 def rollout(task, generate, tok, examples, seeds, args) -> list:
-    """`generate(prompts, seeds, n)` -> per prompt a list of n samples. Returns the Seqs of every policy turn of every
-    episode, each episode's turns in order, episodes example-major (the G of an example together)."""
+    """`generate(prompts, seeds, n, reuse=None, keep=False)` -> per prompt a list of n samples. Returns the Seqs of
+    every episode (module docstring), episodes example-major (the G of an example together), an episode's turns in
+    order."""
     size, G = getattr(task, "chunk", None) or len(examples), args.group_size
-    cap, tools = task.max_turns, getattr(task, "tools", None)
+    cap, tools, budget = task.max_turns, getattr(task, "tools", None), getattr(task, "keep_tokens", None)
     waiting, finished, opened = deque(), [], []
     pool = ThreadPoolExecutor(task.workers) if getattr(task, "workers", None) else None
 
-    def chat(conversation):
-        return tok.chat(conversation, enable_thinking=args.enable_thinking, tools=tools)
+    def follow(messages, sample):       # a reply's messages as the ids after the sampled turn
+        ended = list(sample.completion_ids[-1:]) == [tok.im_end_id]
+        return tok.continuation(messages, ended, enable_thinking=args.enable_thinking, tools=tools)
+
+    def sampled(eps, prompts, seeds, n, last):     # one sampler call; each episode takes its sample
+        groups = generate(prompts, seeds, n, reuse=[ep.kept for ep in eps[::n]], keep=not last)
+        for j, (ep, sample) in enumerate(zip(eps, [s for g in groups for s in g])):
+            ep.took(sample, last, first=j % n == 0)
+        if budget is not None:
+            trim_kept(opened, budget)
 
     def place(chunk):           # a chunk at its last turn, or with no episode left, is done sampling
         (finished if not chunk.live or chunk.turn + 1 == cap else waiting).append(chunk)
@@ -158,19 +230,17 @@ def rollout(task, generate, tok, examples, seeds, args) -> list:
             for k in range(G):
                 eps.append(Episode(i, task.env(examples[i], tok.family), seeds[i], k, pool))
                 opened.append(eps[-1])
-        prompts = [chat(eps[n * G].conversation) for n in range(len(idx))]
-        groups = generate(prompts, [seeds[i] for i in idx], G)
-        for ep, prompt, sample in zip(eps, [p for p in prompts for _ in range(G)], [s for g in groups for s in g]):
-            ep.took(prompt, sample, cap == 1)
+            prompt = tok.chat(eps[-1].env.messages(), enable_thinking=args.enable_thinking, tools=tools)
+            for ep in eps[-G:]:
+                ep.begin(prompt)
+        sampled(eps, [ep.context for ep in eps[::G]], [seeds[i] for i in idx], G, cap == 1)
         place(Chunk(eps))
 
     def advance(chunk):         # the chunk's replies are in: sample its live episodes' next turn together
-        chunk.live, chunk.turn = [ep for ep in chunk.live if ep.settle()], chunk.turn + 1
+        chunk.live, chunk.turn = [ep for ep in chunk.live if ep.settle(follow)], chunk.turn + 1
         if chunk.live:
-            prompts = [chat(ep.conversation) for ep in chunk.live]
-            samples = generate(prompts, [turn_seed(ep.seed, chunk.turn, ep.k) for ep in chunk.live], 1)
-            for ep, prompt, s in zip(chunk.live, prompts, samples):
-                ep.took(prompt, s[0], chunk.turn + 1 == cap)
+            sampled(chunk.live, [ep.context for ep in chunk.live],
+                    [turn_seed(ep.seed, chunk.turn, ep.k) for ep in chunk.live], 1, chunk.turn + 1 == cap)
         place(chunk)
 
     try:
@@ -181,7 +251,7 @@ def rollout(task, generate, tok, examples, seeds, args) -> list:
         while waiting:
             advance(waiting.popleft())
         return [seq for ep in sorted((ep for c in finished for ep in c.episodes), key=lambda e: (e.index, e.k))
-                for seq in episode_seqs(task, ep, examples[ep.index]["id"])]
+                for seq in episode_seqs(task, ep, examples[ep.index]["id"], tok)]
     finally:
         if pool is not None:
             pool.shutdown(wait=True)        # no step still running when the environments close
@@ -189,11 +259,28 @@ def rollout(task, generate, tok, examples, seeds, args) -> list:
             ep.env.close()
 
 
-def episode_seqs(task, ep, example_id) -> list:
-    """The Seqs of one finished episode: one per policy turn, with the task's (score, reward) for each."""
+def episode_seqs(task, ep, example_id, tok) -> list:
+    """The Seqs of one finished episode: the whole episode as one (a trajectory reward: its final score), or with
+    per_turn_advantage one per policy turn, each with the task's (score, reward) for it."""
     if ep.pending is not None:
         ep.settle()
-    rewards = getattr(task, "turn_rewards", trajectory_rewards)([r for _, _, r in ep.turns])
-    unit = None if getattr(task, "per_turn_advantage", False) else (ep.seed, ep.k)
-    return [Seq.of(sample, example_id, t, prompt, score, reward, info=dict(reply.info), episode=unit)
-            for t, ((prompt, sample, reply), (score, reward)) in enumerate(zip(ep.turns, rewards))]
+    if not getattr(task, "per_turn_advantage", False):
+        return [whole_episode(ep, example_id, tok)]
+    rewards = task.turn_rewards([t.reply for t in ep.turns])
+    return [Seq.of(t.sample, example_id, i, ep.context[:t.start], score, reward, info={**t.reply.info, **t.cache})
+            for i, (t, (score, reward)) in enumerate(zip(ep.turns, rewards))]
+
+
+def whole_episode(ep, example_id, tok) -> Seq:
+    """One Seq for the whole episode: turn 0's prompt, then everything after it, trained on the policy's ids only,
+    paid the final reply's score. info: the final reply's info (how the episode ended), per policy turn in
+    info["turns"] where it lies in the completion, its length, how it finished and its reply's info, and the
+    episode's cache counts (summed over its turns)."""
+    last, start = ep.turns[-1], ep.prompt_len
+    turns = [{**t.reply.info, "start": t.start - start, "tokens": len(t.sample.completion_ids),
+              "finish_reason": t.sample.finish_reason} for t in ep.turns]
+    cache = {key: sum(t.cache[key] for t in ep.turns) for key in CACHE_COUNTS}
+    completion = ep.context[start:]
+    return Seq(example_id, 0, ep.context[:start], completion, ep.logprobs, last.sample.finish_reason,
+               tok.decode(completion), last.reply.score, last.reply.score,
+               info={**last.reply.info, "turns": turns, **cache}, trained=ep.trained)

@@ -130,7 +130,7 @@ class LookupTask:
     name = "lookup"
     stop_strings: list[str] = []
     chunk = None                    # every episode of a step in one sampler call per turn: the tool answers at once
-    per_turn_advantage = False      # an episode is one unit of its key's group: every turn shares its advantage
+    per_turn_advantage = False      # an episode is one trained sequence, one member of its key's group
 
     def __init__(self, seed: int = 0, max_turns: int = 3, show_tools: bool = False):
         self.tables = split_tables(seed)               # fixed by `seed` alone: every run sees one eval set

@@ -186,8 +186,8 @@ class SoyuzTask:
         return critique(ex, verdict)
 
     def rollout(self, generate, tok, examples, seeds, args):
-        """`generate(prompts, seeds, n)` -> per prompt a list of n samples. Returns the Seqs of both turns, each
-        rollout's turn 0 followed by its turn 1 (twoturn.rollout; with chunks, judging overlaps generation)."""
+        """`generate(prompts, seeds, n, reuse, keep)` -> per prompt n samples (episodes.py). The Seqs of both turns,
+        each rollout's turn 0 followed by its turn 1 (twoturn.rollout; with chunks, judging overlaps generation)."""
         judge_stats = self.judge.stats()
         out = twoturn.rollout(self, generate, tok, examples, seeds, args)
         self._count_ungraded(judge_stats)

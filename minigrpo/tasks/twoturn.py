@@ -38,8 +38,8 @@ BAD = 0.5  # below this a turn-0 answer counts as bad (a harsh critique in soyuz
 
 
 def rollout(task, generate, tok, examples, seeds, args) -> list:
-    """`generate(prompts, seeds, n)` -> per prompt a list of n samples. Returns the Seqs of both turns, each
-    rollout's turn 0 followed by its turn 1, example-major."""
+    """`generate(prompts, seeds, n, reuse, keep)` -> per prompt n samples (episodes.py). The Seqs of both turns,
+    each rollout's turn 0 followed by its turn 1, example-major."""
     return episodes.rollout(TwoTurn(task), generate, tok, examples, seeds, args)
 
 

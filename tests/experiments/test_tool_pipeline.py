@@ -55,13 +55,16 @@ def test_a_pretraining_item_is_the_turn_the_loop_samples():
             {"role": "assistant", "content": call_text(ex["key"])}, {"role": "tool", "content": ex["value"]},
             {"role": "assistant", "content": ex["value"]}]
 
-    def generate(prompts, seeds, n):
+    def generate(prompts, seeds, n, reuse=None, keep=False):
         turn = [TOK.decode(p).count("<|im_start|>assistant") - 1 for p in prompts]
         texts = [conv[1 if t == 0 else 3]["content"] for t in turn]
         return [[Sample(0, TOK.encode(x) + [TOK.im_end_id], [0.0] * (len(x) + 1), "eos", x)] * n for x in texts]
     seqs = TASK.rollout(generate, TOK, [ex], [0], argparse.Namespace(group_size=2, enable_thinking=False))
-    assert [s.score for s in seqs] == [1.0] * 4
-    assert [(s.prompt_ids, s.completion_ids) for s in seqs[:2]] == P.pretrain_items(TOK, TASK, [conv])
+    assert [s.score for s in seqs] == [1.0] * 2
+    episode = seqs[0]
+    turns = [(episode.prompt_ids + episode.completion_ids[:t["start"]],
+              episode.completion_ids[t["start"]:t["start"] + t["tokens"]]) for t in episode.policy_turns()]
+    assert turns == P.pretrain_items(TOK, TASK, [conv])
 
 
 def test_an_episodes_outcome_is_read_from_its_environment():

@@ -1,6 +1,7 @@
-"""A scripted policy for the multi-turn rollout loop (minigrpo/tasks/episodes.py): a `generate(prompts, seeds, n)`
-whose k-th episode of a chunk writes plans[k % len(plans)][t] at its turn t. The turn is read from the prompt (the
-count of earlier assistant turns in it); a later turn's episode from its seed (episodes.turn_seed)."""
+"""A scripted policy for the multi-turn rollout loop (minigrpo/tasks/episodes.py): a `generate(prompts, seeds, n,
+reuse, keep)` that keeps no sampler state, whose k-th episode of a chunk writes plans[k % len(plans)][t] at its turn
+t. The turn is read from the prompt (the count of earlier assistant turns in it); a later turn's episode from its
+seed (episodes.turn_seed)."""
 from minigrpo.sampler import Sample
 from minigrpo.tasks.episodes import turn_seed
 
@@ -9,7 +10,7 @@ def scripted(tok, plans, seeds=range(10), calls=None, turns=9, episodes=8):
     """`seeds`: the examples' seeds the rollout will use; `calls` (a list) records (rows, n, decoded prompts)."""
     episode_of = {turn_seed(s, t, k): k for s in seeds for t in range(1, turns) for k in range(episodes)}
 
-    def generate(prompts, seeds, n):
+    def generate(prompts, seeds, n, reuse=None, keep=False):
         if calls is not None:
             calls.append((len(prompts), n, [tok.decode(p) for p in prompts]))
         out = []

@@ -1,6 +1,6 @@
 """The multi-turn rollout loop (minigrpo/tasks/episodes.py) on a scripted environment: episodes that end at
-different turns, the turn cap, environment messages as prompt, one sampler call per turn, every environment closed,
-and train.py's advantages with one unit per episode."""
+different turns, the turn cap, environment messages in the context but never trained, one sampler call per turn,
+every environment closed, and train.py's advantages with one Seq per episode."""
 from argparse import Namespace
 
 import pytest
@@ -58,31 +58,42 @@ PLANS = [["answer"], ["call", "answer"], ["call", "call", "call", "call"]]     #
 def test_episodes_end_at_their_own_turn_and_the_cap_ends_the_rest():
     calls, task = [], CounterTask()
     seqs = episodes.rollout(task, scripted_(PLANS, calls), TOK, [{"id": "a"}, {"id": "b"}], [0, 1], ARGS)
-    turns = [[s.turn for s in seqs if s.episode == ep] for ep in dict.fromkeys(s.episode for s in seqs)]
-    assert turns == [[0], [0, 1], [0, 1, 2, 3]] * 2
-    assert [s.example_id for s in seqs] == ["a"] * 7 + ["b"] * 7                 # example-major, turns in order
+    assert [len(s.info["turns"]) for s in seqs] == [1, 2, 4] * 2                 # one Seq per episode
+    assert [s.example_id for s in seqs] == ["a"] * 3 + ["b"] * 3 and {s.turn for s in seqs} == {0}
     # one sampler call per turn: turn 0 draws the G of each prompt at once, then only live episodes
     assert [(rows, n) for rows, n, _ in calls] == [(2, 3), (4, 1), (2, 1), (2, 1)]
-    # every turn of an episode is paid its final score; the capped one was told `last` and ended
-    assert [s.reward for s in seqs[:7]] == [0.0, 0.5, 0.5, 1.0, 1.0, 1.0, 1.0]
-    assert seqs[6].info == {"ended_by": "cap"} and seqs[1].info == {"tool_calls": 1}
+    # an episode is paid its final score; the capped one was told `last` and ended
+    assert [s.reward for s in seqs[:3]] == [0.0, 0.5, 1.0]
+    assert seqs[2].info["ended_by"] == "cap" and seqs[1].info["turns"][0]["tool_calls"] == 1
+    assert [t["finish_reason"] for t in seqs[2].info["turns"]] == ["eos"] * 4
     assert all(env.closed for env in task.envs) and len(task.envs) == 6
 
 
-def test_the_environment_speaks_in_the_prompt_never_in_the_trained_tokens():
+def test_the_environment_speaks_in_the_context_never_in_the_trained_tokens():
     calls, task = [], CounterTask()
     seqs = episodes.rollout(task, scripted_(PLANS, calls), TOK, [{"id": "a"}], [0], ARGS)
-    last = [s for s in seqs if s.turn == 3][0]
-    prompt = TOK.decode(last.prompt_ids)
-    assert prompt.count("result 1") == 1 and "result 3" in prompt and "count for a" in prompt
-    assert '"name": "count"' in prompt                                          # the tools, in the system turn
-    assert "result" not in last.text and TOK.decode(last.completion_ids).startswith("call")
+    capped = seqs[2]
+    prompt, after = TOK.decode(capped.prompt_ids), TOK.decode(capped.completion_ids)
+    assert "count for a" in prompt and '"name": "count"' in prompt and "result" not in prompt   # tools: system turn
+    assert after.count("result 1") == 1 and "result 3" in after and after.startswith("call<|im_end|>\n")
+    assert capped.text == after
+    own = [i for i, t in zip(capped.completion_ids, capped.trained) if t]
+    assert own == (TOK.encode("call") + [TOK.im_end_id]) * 4                    # the policy's ids, as sampled
+    assert [lp for lp, t in zip(capped.logprobs, capped.trained) if t] == [-0.1] * len(own)
+    assert all(lp == 0.0 for lp, t in zip(capped.logprobs, capped.trained) if not t)
+    turns = capped.info["turns"]
+    assert [capped.completion_ids[t["start"]:t["start"] + t["tokens"]] for t in turns] == \
+        [TOK.encode("call") + [TOK.im_end_id]] * 4
+    # each later turn's prompt is the context so far: the earlier one's prompt, its ids, the reply's ids
+    context = capped.prompt_ids + capped.completion_ids
+    assert [prompts[-1] for _, _, prompts in calls[1:]] == \
+        [TOK.decode(context[:len(capped.prompt_ids) + t["start"]]) for t in turns[1:]]
 
 
 def test_every_environment_is_closed_when_a_step_fails():
     task = CounterTask()
 
-    def broken(prompts, seeds, n):
+    def broken(prompts, seeds, n, reuse=None, keep=False):
         if n == 1:
             raise RuntimeError("the sampler failed")
         return scripted_(PLANS, [])(prompts, seeds, n)
@@ -93,9 +104,9 @@ def test_every_environment_is_closed_when_a_step_fails():
 
 def seeds_logged(generate, log):
     """`generate` that also logs every row's seed with the call's n (G for turn 0, 1 for a later turn)."""
-    def logged(prompts, seeds, n):
+    def logged(prompts, seeds, n, reuse=None, keep=False):
         log.extend((n, s) for s in seeds)
-        return generate(prompts, seeds, n)
+        return generate(prompts, seeds, n, reuse, keep)
     return logged
 
 
@@ -114,21 +125,19 @@ def test_chunks_sample_the_same_episodes_with_the_same_seeds():
     assert len(two) > len(one)                                     # per chunk: more, smaller sampler calls
 
 
-def seq(example, turn, reward, episode):
-    return Seq(example, turn, [1], [2], [0.0], "eos", "x", reward, reward, episode=episode)
+def seq(example, turn, reward):
+    return Seq(example, turn, [1], [2], [0.0], "eos", "x", reward, reward)
 
 
-def test_an_episode_is_one_unit_of_its_group_however_many_turns_it_took():
-    # two episodes of one prompt: A took 3 turns and scored 1, B answered at once and scored 0
-    seqs = [seq("e", 0, 1.0, "A"), seq("e", 1, 1.0, "A"), seq("e", 2, 1.0, "A"), seq("e", 0, 0.0, "B")]
+def test_an_episode_is_one_seq_of_its_group_however_many_turns_it_took():
+    seqs = episodes.rollout(CounterTask(), scripted_(PLANS, []), TOK, [{"id": "a"}], [0], ARGS)
     train.assign_advantages(seqs, Namespace(adv_scale="group"))
-    a, b = seqs[0].advantage, seqs[3].advantage
-    assert a == pytest.approx(-b) and a > 0                       # mean 0.5 over 2 episodes, not 0.75 over 4 Seqs
-    assert [s.advantage for s in seqs[:3]] == [a] * 3
+    # three episodes of 1, 2 and 4 turns scored 0, 0.5 and 1: each counts once in the group's mean and std
+    assert [s.advantage for s in seqs] == pytest.approx([-1.0, 0.0, 1.0], abs=1e-5)
 
 
 def test_per_turn_units_are_unchanged():
-    seqs = [seq("e", 0, 1.0, None), seq("e", 0, 0.0, None), seq("e", 1, 1.0, None), seq("e", 1, 1.0, None)]
+    seqs = [seq("e", 0, 1.0), seq("e", 0, 0.0), seq("e", 1, 1.0), seq("e", 1, 1.0)]
     train.assign_advantages(seqs, Namespace(adv_scale="group"))
     assert seqs[0].advantage == pytest.approx(-seqs[1].advantage) and seqs[0].advantage > 0
     assert seqs[2].advantage == seqs[3].advantage == 0.0          # turn 1's group has no spread
@@ -157,11 +166,19 @@ def test_an_environment_that_raises_ends_its_episode_alone(workers, capsys):
     task = FragileTask(workers)
     plans = [["call", "boom"], ["call", "answer"], ["boom"]]
     seqs = episodes.rollout(task, scripted_(plans, []), TOK, [{"id": "a"}], [0], ARGS)
-    by = {ep: [s for s in seqs if s.episode == ep] for ep in dict.fromkeys(s.episode for s in seqs)}
-    assert [[(s.turn, s.reward) for s in turns] for turns in by.values()] == \
-        [[(0, 0.0), (1, 0.0)], [(0, 0.5), (1, 0.5)], [(0, 0.0)]]
-    failed = [turns[-1].info for turns in by.values() if "env_error" in turns[-1].info]
-    assert failed == [{"env_error": "RecursionError: deep inside the environment", "ended": "env error"}] * 2
+    assert [(len(s.info["turns"]), s.reward) for s in seqs] == [(2, 0.0), (2, 0.5), (1, 0.0)]
+    failed = [(s.info["env_error"], s.info["ended"]) for s in seqs if "env_error" in s.info]
+    assert failed == [("RecursionError: deep inside the environment", "env error")] * 2
     err = capsys.readouterr().err
     assert err.count("Traceback") == 2 and err.count("RecursionError: deep inside the environment") == 4
     assert all(env.closed for env in task.envs)
+
+
+def test_the_steps_lengths_and_truncation_are_per_policy_turn():
+    from minigrpo.run.folder import step_metrics
+    seqs = episodes.rollout(CounterTask(), scripted_(PLANS, []), TOK, [{"id": "a"}], [0], ARGS)
+    seqs[2].info["turns"][1]["finish_reason"] = "length"          # one of the capped episode's 4 turns cut
+    m = step_metrics(1, 0, seqs, {}, [], 0.0, 0.0, 1.0, 1.0, {})
+    lengths = [len("answer") + 1, len("call") + 1, len("answer") + 1] + [len("call") + 1] * 4    # 7 turns, eos each
+    assert m["completion_len"] == sum(lengths) / 7 and m["truncated"] == 1 / 7
+    assert m["reward_mean"] == 0.5                                # the mean of the 3 episodes' scores

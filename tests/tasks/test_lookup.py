@@ -116,9 +116,11 @@ def test_whole_episodes_through_the_loop_and_their_metrics():
              [call_text(EX["key"])] * 3]
     args = Namespace(group_size=4, enable_thinking=False)
     seqs = TASK.rollout(scripted_(plans), TOK, [EX], [7], args)
-    assert [len([s for s in seqs if s.episode == (7, k)]) for k in range(4)] == [2, 1, 2, 3]
+    assert [len(s.info["turns"]) for s in seqs] == [2, 1, 2, 3]                # one Seq per episode
     assert [s.score for s in seqs if s.info["done"]] == [1.0, 0.0, 0.0, 0.0]
-    assert all(s.reward == s.score for s in seqs)         # every turn is paid its episode's score
+    assert all(s.reward == s.score for s in seqs)         # an episode is paid its score
     m = episode_metrics(seqs)
     assert m == {"success": 0.25, "called": 0.75, "right_key": 0.5, "tool_errors": 0.0, "turns": 2.0}
-    assert "<tool_response>\n" + EX["value"] + "\n</tool_response>" in TOK.decode(seqs[1].prompt_ids)
+    tool, ids = TOK.encode("<tool_response>\n" + EX["value"] + "\n</tool_response>"), seqs[0].completion_ids
+    at = [i for i in range(len(ids)) if ids[i:i + len(tool)] == tool]
+    assert len(at) == 1 and not any(seqs[0].trained[at[0]:at[0] + len(tool)])     # in the context, never trained

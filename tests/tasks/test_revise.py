@@ -85,7 +85,7 @@ def test_base_demonstrations_mix_both_skills():
         first, second = tok.decode(a0[:-1]), tok.decode(a1[:-1])
         assert a0[-1] == a1[-1] == tok.im_end_id and sorted(first) == sorted(ex["target"])
         ask = f"<|im_start|>user\nsort {ex['letters']}<|im_end|>\n<|im_start|>assistant\n"
-        assert tok.decode(p0).startswith(ask) and tok.decode(p1).startswith(ask + f"{first}<|im_end|>")
+        assert tok.decode(p0).startswith(ask) and p1[:len(p0) + len(a0)] == p0 + a0   # as the loop builds it
         assert f"user\n{critique(ex, grade(ex, first))}<|im_end|>" in tok.decode(p1)
         assert second in (first, ex["target"])
         sorted0 += first == ex["target"]
@@ -99,7 +99,7 @@ def test_base_demonstrations_mix_both_skills():
 
 def scripted(tok, firsts, log=None):
     """Turn 0 (n > 1): the scripted answers; turn 1 (n == 1): the perfect revision of the conversation's answer."""
-    def generate(prompts, seeds, n):
+    def generate(prompts, seeds, n, reuse=None, keep=False):
         out = []
         for p in prompts:
             text = tok.decode(p)
@@ -108,7 +108,7 @@ def scripted(tok, firsts, log=None):
             if n > 1:
                 out.append([fake(tok, a) for a in firsts[:n]])
             else:
-                first = re.findall(r"assistant\n(\w*)<\|im_end\|>", text)[0]
+                first = re.findall(r"assistant\n<think>\n\n</think>\n\n(\w*)<\|im_end\|>", text)[0]
                 out.append([fake(tok, apply_critique(first, text.split("user\n")[-1], 4))])
         return out
     return generate
@@ -145,7 +145,8 @@ def test_the_critique_is_the_second_user_turn_and_the_first_answer_is_prompt():
     seqs = revise_rollout(0.5, True, log)
     revisions = [t for t in log if t.count("<|im_start|>user") == 2]
     assert len(revisions) == 3
-    assert "sort dbca<|im_end|>" in revisions[0] and "assistant\ndcba<|im_end|>" in revisions[0]
+    # the first answer as it was sampled, after turn 0's prompt (its empty think block included: token in, token out)
+    assert "sort dbca<|im_end|>" in revisions[0] and "assistant\n<think>\n\n</think>\n\ndcba<|im_end|>" in revisions[0]
     assert "user\nfix 1:a 2:b 3:c 4:d<|im_end|>" in revisions[0] and "user\nall correct<|im_end|>" in revisions[2]
     tok = Tokenizer.from_pretrained("tiny")
     assert tok.decode(seqs[1].prompt_ids) == revisions[0]                      # never trained: it is prompt

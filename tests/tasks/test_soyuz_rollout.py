@@ -48,7 +48,7 @@ class ScriptedJudge:
 def scripted_generate(tok, turn0_texts, delay=0.0, log=None):
     """Turn 0 (n > 1): the scripted answers in order; turn 1 (n == 1): 'good' after a harsh critique, 'meh' after
     a light one."""
-    def generate(prompts, seeds, n):
+    def generate(prompts, seeds, n, reuse=None, keep=False):
         time.sleep(delay)
         out = []
         for p in prompts:
@@ -164,7 +164,7 @@ def test_with_chunks_judging_overlaps_generation():
 
     generate = scripted_generate(tok, ["bad", "good"])
 
-    def sampler(prompts, seeds, n):
+    def sampler(prompts, seeds, n, reuse=None, keep=False):
         log("sample start", len(prompts), n)
         if len([e for e in events if e[1] == "sample start"]) == 2:
             second_call.set()

@@ -49,7 +49,8 @@ def hostile_turn(rng):
 
 
 def hostile_policy(salt):
-    def generate(prompts, seeds, n):     # each sample's turn drawn from its own seed: the same whatever the order
+    # each sample's turn drawn from its own seed: the same whatever the order
+    def generate(prompts, seeds, n, reuse=None, keep=False):
         out = []
         for seed in seeds:
             group = []
@@ -67,11 +68,9 @@ def test_hostile_turns_never_end_a_rollout_and_every_reward_is_in_0_1(capsys):
     examples = [{"id": e} for e in EXERCISES if e in task.by_id]
     args = Namespace(group_size=GROUP, enable_thinking=False)
     seqs = task.rollout(hostile_policy(0), TOK, examples, list(range(len(examples))), args)
-    episodes = {s.episode for s in seqs}
-    assert len(episodes) == GROUP * len(examples) and len(seqs) >= len(episodes)
+    assert len(seqs) == GROUP * len(examples)                                  # one Seq per episode
     assert all(s.reward is not None and 0.0 <= s.reward <= 1.0 for s in seqs)
-    finals = [max((s for s in seqs if s.episode == ep), key=lambda s: s.turn) for ep in episodes]
-    assert all("ended" in s.info and "env_error" not in s.info for s in finals), [s.info for s in finals]
+    assert all("ended" in s.info and "env_error" not in s.info for s in seqs), [s.info for s in seqs]
     m = task.step_metrics(seqs)
     assert m["env_errors"] == 0.0 and "Traceback" not in capsys.readouterr().err
     assert m["turns"] > 4 and m["tool_calls"] > 4 and m["tool_errors"] > 4, m     # the turns did reach the shell

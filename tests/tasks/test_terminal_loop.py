@@ -1,6 +1,6 @@
 """The terminal task through the multi-turn loop (minigrpo/tasks/episodes.py) and train.py / eval.py: a policy that
-plays an exercise's reference transcript is paid 1.0 on every one of its turns, the wrong transcript less; the
-tool results are prompt; the per-episode metrics; `--task terminal` end to end on the tiny model."""
+plays an exercise's reference transcript is paid 1.0 for its episode, the wrong transcript less; the tool results
+are in the context but never trained; the per-episode metrics; `--task terminal` end to end on the tiny model."""
 import json
 from argparse import Namespace
 
@@ -24,28 +24,30 @@ def playing(transcripts):
     return scripted(TOK, [[turn(c) for c in t.commands] + [t.answer] for t in transcripts], seeds=[0])
 
 
-def test_the_reference_is_paid_on_every_turn_and_the_wrong_transcript_less():
+def test_the_reference_is_paid_for_its_episode_and_the_wrong_transcript_less():
     args = Namespace(group_size=2, enable_thinking=False)
-    seqs = TASK.rollout(playing([EXERCISE.reference, EXERCISE.wrong]), TOK, [{"id": EXERCISE.id}], [0], args)
-    right = [s for s in seqs if s.episode == (0, 0)]
-    wrong = [s for s in seqs if s.episode == (0, 1)]
-    assert len(right) == len(EXERCISE.reference.commands) + 1 and len(wrong) == len(EXERCISE.wrong.commands) + 1
-    assert [s.reward for s in right] == [1.0] * len(right)
-    assert all(s.reward < 0.5 for s in wrong)
-    last = TOK.decode(right[-1].prompt_ids)
-    assert "<tool_response>" in last and "[exit code 0]" in last            # the tool results are prompt
-    assert "[exit code" not in right[-1].text
-    m = agent_metrics(seqs)
-    assert m["solved"] == 0.5 and m["tool_calls"] == (len(right) + len(wrong) - 2) / 2 and m["turn_cap"] == 0.0
+    right, wrong = TASK.rollout(playing([EXERCISE.reference, EXERCISE.wrong]), TOK, [{"id": EXERCISE.id}], [0], args)
+    assert len(right.info["turns"]) == len(EXERCISE.reference.commands) + 1
+    assert len(wrong.info["turns"]) == len(EXERCISE.wrong.commands) + 1
+    assert right.reward == 1.0 and wrong.reward < 0.5
+    context = TOK.decode(right.completion_ids)
+    assert "<tool_response>" in context and "[exit code 0]" in context       # the tool results are in the context
+    own = TOK.decode([i for i, t in zip(right.completion_ids, right.trained) if t])
+    assert "[exit code" not in own and "<tool_response>" not in own          # ... and never trained
+    m = agent_metrics([right, wrong])
+    turns = len(right.info["turns"]) + len(wrong.info["turns"])
+    assert m["solved"] == 0.5 and m["tool_calls"] == (turns - 2) / 2 and m["turn_cap"] == 0.0
 
 
-def seq(ep, turn, score, **info):
-    return Seq("x", turn, [1], [2], [0.0], "eos", "t", score, score, info=info, episode=ep)
+def episode(score, *turns, **info):
+    """An episode's Seq whose policy turns carry `turns` (each a dict of its reply's info)."""
+    return Seq("x", 0, [1], [2], [0.0], "eos", "t", score, score,
+               info={**info, "turns": [{"start": 0, "tokens": 1, "finish_reason": "eos", **t} for t in turns]})
 
 
 def test_agent_metrics_count_episodes_not_turns():
-    seqs = [seq("a", 0, 1.0, tool_calls=1), seq("a", 1, 1.0, tool_calls=2),
-            seq("a", 2, 1.0, ended="answer", host_seconds=0.5), seq("b", 0, 0.0, tool_errors=1, ended="turn cap")]
+    seqs = [episode(1.0, {"tool_calls": 1}, {"tool_calls": 2}, {"host_seconds": 0.5}, ended="answer"),
+            episode(0.0, {"tool_errors": 1}, ended="turn cap")]
     m = agent_metrics(seqs)
     assert m == {"solved": 0.5, "score": 0.5, "turns": 2.0, "tool_calls": 1.5, "tool_errors": 0.5, "timeouts": 0.0,
                  "turn_cap": 0.5, "env_errors": 0.0, "host_seconds": 0.25}

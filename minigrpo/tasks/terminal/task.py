@@ -245,7 +245,7 @@ class TerminalTask:
         return cls()
 
     def rollout(self, generate, tok, examples, seeds, args):
-        """Every exercise's G episodes through the multi-turn loop: each turn is a Seq, paid its episode's score."""
+        """Every exercise's G episodes through the multi-turn loop: each episode is one Seq, paid its score."""
         return episodes.rollout(self, generate, tok, examples, seeds, args)
 
     def details(self, ex, completion):
@@ -278,20 +278,17 @@ class TerminalTask:
 
 
 def agent_metrics(seqs) -> dict:
-    """Per episode, over a rollout's Seqs (one per policy turn, grouped by Seq.episode): the share solved (score 1),
-    the mean score, turns, shell calls run, malformed calls, commands that timed out, the share that hit the
-    turn cap, the share ended by an error of the environment (episodes.failed) and the host's seconds of work
+    """Per episode, over a rollout's Seqs (one per episode, its policy turns in info["turns"]): the share solved
+    (score 1), the mean score, turns, shell calls run, malformed calls, commands that timed out, the share that hit
+    the turn cap, the share ended by an error of the environment (episodes.failed) and the host's seconds of work
     (Episode.host_s: handing the folder over, starting and ending sandboxes, the snapshot, the removal)."""
-    eps = {}
-    for s in seqs:
-        eps.setdefault(s.episode, []).append(s)
-    if not eps:
+    if not seqs:
         return {}
-    finals = [turns[-1] for turns in eps.values()]
-    scored = [s.score for s in finals if s.score is not None]
-    per = lambda key: sum(s.info.get(key, 0) for s in seqs) / len(eps)     # noqa: E731
-    return {"solved": sum(x == 1.0 for x in scored) / len(eps), "score": sum(scored) / max(len(scored), 1),
-            "turns": len(seqs) / len(eps), "tool_calls": per("tool_calls"), "tool_errors": per("tool_errors"),
-            "timeouts": per("timeouts"),
-            "turn_cap": sum(s.info.get("ended") == "turn cap" for s in finals) / len(eps),
-            "env_errors": sum("env_error" in s.info for s in finals) / len(eps), "host_seconds": per("host_seconds")}
+    n = len(seqs)
+    scored = [s.score for s in seqs if s.score is not None]
+    per = lambda key: sum(t.get(key, 0) for s in seqs for t in s.policy_turns()) / n     # noqa: E731
+    return {"solved": sum(x == 1.0 for x in scored) / n, "score": sum(scored) / max(len(scored), 1),
+            "turns": sum(len(s.policy_turns()) for s in seqs) / n, "tool_calls": per("tool_calls"),
+            "tool_errors": per("tool_errors"), "timeouts": per("timeouts"),
+            "turn_cap": sum(s.info.get("ended") == "turn cap" for s in seqs) / n,
+            "env_errors": sum("env_error" in s.info for s in seqs) / n, "host_seconds": per("host_seconds")}
