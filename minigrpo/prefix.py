@@ -4,8 +4,9 @@ environment's reply, so the state after prefilling the earlier prompt can be con
 
 What is kept (`Kept`): the model state after prefilling one prompt, as a one-row model.Cache of exactly its tokens,
 all real: per attention layer its K and V, per Gated DeltaNet layer its conv inputs and recurrent state, and the
-next position. Not the state after the sampled answer: the next prompt holds the answer as the chat template
-renders it, which need not be the sampled ids, so only a prompt's own ids are ever taken as a prefix.
+next position. Not the state after the sampled answer: a row decodes on past its end until the host reads its
+tokens (every sync_every steps) or compaction drops it, and a Gated DeltaNet memory cannot be rewound, so the answer's
+ids are prefilled with the next turn's new tokens (once: its own forward, in parallel, not a decode).
 
 Why a continuation runs one row at a time: rows continuing different states have different numbers of new tokens,
 and in one batch the shorter ones would need pads after their kept tokens, in the middle of the row. Attention

@@ -133,16 +133,17 @@ class Episode:
     def begin(self, prompt):
         self.context, self.prompt_len = list(prompt), len(prompt)
 
-    def took(self, sample, last, first=True):
+    def took(self, sample, last):
         """The policy's turn: its ids join the context as sampled; its environment is handed the text (the reply may
-        come later). `first`: the first of its prompt's samples (which carries the prompt's prefill counts)."""
-        reused = getattr(sample, "reused", 0)
-        cache = {"prefill_tokens": getattr(sample, "prefilled", len(self.context) if first else 0),
-                 "reused_tokens": reused, "fresh_prefills": int(bool(self.turns) and not reused),
+        come later). The prompt's prefill counts ride on its first sample (0 on its siblings)."""
+        cache = {"prefill_tokens": sample.prefilled, "reused_tokens": sample.reused,
+                 "fresh_prefills": int(bool(self.turns) and not sample.reused),
                  "kept_dropped": int(self.dropped)}
         self.turns.append(Turn(len(self.context), sample, cache=cache))
         self.extend(sample.completion_ids, True, sample.logprobs)
-        self.kept, self.dropped = getattr(sample, "kept", None), False
+        self.kept, self.dropped = sample.kept, False
+        if self.kept is not None:    # the turn keeps its Sample: the state must live only here, freed when replaced
+            sample.kept = None
         if self.pool is not None:
             self.pending = self.pool.submit(self.env.step, sample.text, last)
             return
@@ -216,8 +217,8 @@ def rollout(task, generate, tok, examples, seeds, args) -> list:
 
     def sampled(eps, prompts, seeds, n, last):     # one sampler call; each episode takes its sample
         groups = generate(prompts, seeds, n, reuse=[ep.kept for ep in eps[::n]], keep=not last)
-        for j, (ep, sample) in enumerate(zip(eps, [s for g in groups for s in g])):
-            ep.took(sample, last, first=j % n == 0)
+        for ep, sample in zip(eps, [s for g in groups for s in g]):
+            ep.took(sample, last)
         if budget is not None:
             trim_kept(opened, budget)
 

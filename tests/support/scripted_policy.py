@@ -1,5 +1,5 @@
 """A scripted policy for the multi-turn rollout loop (minigrpo/tasks/episodes.py): a `generate(prompts, seeds, n,
-reuse, keep)` that keeps no sampler state, whose k-th episode of a chunk writes plans[k % len(plans)][t] at its turn
+reuse, keep)` that keeps no sampler state (each prompt counted as prefilled whole), whose k-th episode of a chunk writes plans[k % len(plans)][t] at its turn
 t. The turn is read from the prompt (the count of earlier assistant turns in it); a later turn's episode from its
 seed (episodes.turn_seed)."""
 from minigrpo.sampler import Sample
@@ -19,7 +19,8 @@ def scripted(tok, plans, seeds=range(10), calls=None, turns=9, episodes=8):
             group = []
             for j in range(n):
                 text = plans[(j if n > 1 else episode_of[seed]) % len(plans)][turn]
-                group.append(Sample(0, tok.encode(text) + [tok.im_end_id], [-0.1] * (len(text) + 1), "eos", text))
+                group.append(Sample(0, tok.encode(text) + [tok.im_end_id], [-0.1] * (len(text) + 1), "eos", text,
+                                    prefilled=len(p) * (j == 0)))     # no reuse: every prompt prefilled whole
             out.append(group)
         return out
     return generate

@@ -89,7 +89,28 @@ def test_the_budget_keeps_the_smaller_states():
 def test_a_sampler_that_knows_nothing_of_reuse_prefills_every_prompt_whole():
     log = []
     seqs = episodes.rollout(CounterTask(), scripted(TOK, PLANS, calls=log), TOK, [{"id": "a"}], [0], ARGS)
-    assert not any(hasattr(Sample, k) for k in ("kept", "prefilled", "reused"))
     lengths = [len(TOK.encode(p)) for _, _, prompts in log for p in prompts]
     assert [s.info["prefill_tokens"] for s in seqs] == [lengths[0], lengths[1], lengths[2] + lengths[3] + lengths[4]]
     assert [(s.info["reused_tokens"], s.info["fresh_prefills"]) for s in seqs] == [(0, 0), (0, 1), (0, 3)]
+
+
+def test_only_each_episodes_last_kept_state_stays_alive():
+    """A turn keeps its Sample for the episode's Seq; the state the Sample carried must not stay alive with it, or
+    every turn's prefill state would be held until the rollout ends (the memory plan counts one per episode)."""
+    import gc
+    import weakref
+    made, alive = [], []
+
+    def tracking(generate):
+        def call(prompts, seeds, n, reuse=None, keep=False):
+            gc.collect()
+            alive.append(sum(r() is not None for r in made))    # states alive when the next turn is sampled
+            groups = generate(prompts, seeds, n, reuse, keep)
+            made.extend(weakref.ref(g[0].kept) for g in groups if g[0].kept is not None)
+            return groups
+        return call
+    episodes.rollout(CounterTask(), tracking(reusing(PLANS, [])), TOK, [{"id": "a"}], [0], ARGS)
+    # turn 0's one shared state, then at most one per live episode (3 episodes, fewer as they end)
+    assert alive[0] == 0 and max(alive[1:]) <= ARGS.group_size
+    gc.collect()
+    assert sum(r() is not None for r in made) == 0                  # none outlives the rollout
