@@ -38,7 +38,7 @@ from minigrpo.model import enable_activation_checkpointing
 from minigrpo.optim import adamw
 from minigrpo.pretrained import CheckpointError, load_pretrained, load_model_and_tokenizer
 from minigrpo.run import callsize, dist_timeout, plots
-from minigrpo.run.flags import resolve_args
+from minigrpo.run.flags import loss_settings, resolve_args
 from minigrpo.run.folder import ProgressBar, RunFolder, Tracker, epoch_summary, sample_records, step_metrics
 from minigrpo.run.gap import token_sums, warn_off_policy
 from minigrpo.run.resume import resume_or_start, trainer_state
@@ -77,6 +77,7 @@ def grpo_loop(run, args, policy, task) -> dict:
     n_steps = args.steps or args.epochs * math.ceil(len(train_set) / args.tasks_per_step)
     model, tok, params, reference = policy or build_policy(args, device, dtype)
     opt, sched = adamw(params, args.lr, n_steps, args.warmup, args.schedule, args.adam_beta2, args.weight_decay)
+    settings = loss_settings(args)                         # the loss's flags, once
     data, step, nonfinite = resume_or_start(run, args, model, opt, sched, dist_info, device, n_steps)
     calls = callsize.size_calls(task, args, device, dtype, dist_info.world)   # a multi-turn task's rows per call
     if dist_info.main:
@@ -101,8 +102,8 @@ def grpo_loop(run, args, policy, task) -> dict:
         overlong_shaping(all_seqs, args)                       # --overlong-buffer's length penalty, on the reward
         adv_stats = assign_advantages(all_seqs, args)          # identical on every rank; sets each Seq's advantage
         t1 = time.perf_counter()
-        loss_stats, grad_norm = policy_update(model, reference, params, opt, sched, my_seqs, args, dist_info, tok,
-                                              device, times)
+        loss_stats, grad_norm = policy_update(model, reference, params, opt, sched, settings, my_seqs, args, dist_info,
+                                              tok, device, times)
         t_train = time.perf_counter() - t1
         loss_stats = [st for part in all_gather_objects(loss_stats, dist_info) for st in part]   # weighed by tokens
         step += 1
@@ -268,7 +269,7 @@ def validate(model, tok, task, args, step, dist_info) -> dict:
 # all-reduce). The normaliser is computed once for the whole optimizer step (all micro-batches, all ranks), so the
 # gradient does not depend on how the step is cut into micro-batches.
 
-def policy_update(model, reference, params, opt, sched, my_seqs, args, dist_info, tok, device, times=None):
+def policy_update(model, reference, params, opt, sched, settings, my_seqs, args, dist_info, tok, device, times=None):
     """μ passes over this rank's rollouts of the step (my_seqs); each pass accumulates over micro-batches, then one
     optimizer step. Returns per-micro-batch statistics and the gradient norm of the last pass run. A non-finite
     norm ends the step at that pass: its optimizer step and the schedule's are not taken, while with μ > 1 the
@@ -287,7 +288,7 @@ def policy_update(model, reference, params, opt, sched, my_seqs, args, dist_info
         opt.zero_grad(set_to_none=True)
         for b, ref, old in zip(batches, refs, olds):
             with clock("policy"):
-                stats.append(micro_batch_step(model, b, ref, old, norm, args, V, pass_))
+                stats.append(micro_batch_step(model, b, ref, old, norm, settings, args, V, pass_))
         with clock("optimizer"):
             grad_norm = all_reduce_and_clip(params, args, dist_info)
             if not math.isfinite(grad_norm):
@@ -298,17 +299,10 @@ def policy_update(model, reference, params, opt, sched, my_seqs, args, dist_info
     return stats, grad_norm
 
 
-def micro_batch_step(model, b, ref, old, norm, args, V, pass_) -> dict:
+def micro_batch_step(model, b, ref, old, norm, settings, args, V, pass_) -> dict:
     """One micro-batch's forward and backward (its gradient adds to the step's); returns its statistics."""
     logp, ent = log_probs(model, b, args, V, entropy=True)
-    gspo = args.loss.startswith("gspo")    # the sequence ratio has its own, much smaller, clip
-    loss, st = grpo.policy_loss(logp, old, b.adv, b.mask,
-                                eps_low=args.gspo_eps_low if gspo else args.eps_low,
-                                eps_high=args.gspo_eps_high if gspo else args.eps_high,
-                                agg=args.agg, normalizer=norm, ref_logp=ref, beta=args.beta,
-                                kl_kind=args.kl, max_tokens=args.max_new_tokens, loss=args.loss,
-                                sampler_logp=b.sampled, is_correction=args.is_correction,
-                                is_level=args.is_level, is_cap=args.is_cap)
+    loss, st = grpo.policy_loss(logp, b.adv, b.mask, settings, norm, grpo.Against(old, ref, b.sampled))
     loss.backward()
     mask = b.mask.bool()
     st = {k: float(v) for k, v in st.items()}

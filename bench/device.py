@@ -184,6 +184,7 @@ def train_section(sec, M, plan_proc):
     from minigrpo import grpo
     from minigrpo.dist import init_distributed
     from minigrpo.optim import adamw
+    from minigrpo.run.flags import loss_settings
     from minigrpo.tasks.base import Seq
     import train
     c, dev = M.cfg, M.device
@@ -214,8 +215,7 @@ def train_section(sec, M, plan_proc):
         mark("reference forward")
         M.ours.train()
         logp, _ = train.log_probs(M.ours, b, args, V, entropy=True)
-        loss, st = grpo.policy_loss(logp, None, b.adv, b.mask, eps_low=args.eps_low, eps_high=args.eps_high,
-                                    agg=args.agg, normalizer=norm, ref_logp=ref, beta=args.beta, kl_kind=args.kl)
+        loss, st = grpo.policy_loss(logp, b.adv, b.mask, loss_settings(args), norm, grpo.Against(ref=ref))
         mark("policy forward")
         loss.backward()
         mark("backward")

@@ -92,8 +92,8 @@ def numerics(sec, M):
         ref_lp = train.reference_logprobs(M.ours, None, b, M.args, M.vocab)
         M.ours.train()
         logp, _ = train.log_probs(M.ours, b, M.args, M.vocab, entropy=True)
-        _, st = grpo.policy_loss(logp, None, b.adv, b.mask, normalizer=grpo.loss_normalizer([b.mask]),
-                                 ref_logp=ref_lp, beta=M.args.beta, kl_kind=M.args.kl)
+        _, st = grpo.policy_loss(logp, b.adv, b.mask, grpo.LossSettings(beta=M.args.beta, kl_kind=M.args.kl),
+                                 grpo.loss_normalizer([b.mask]), grpo.Against(ref=ref_lp))
         M.ours.eval()
         kl, dmax = float(st["kl"]), (logp.detach() - ref_lp).abs()[b.mask.bool()].max().item()
         return dict(minigrpo=f"KL {kl:.3g}: {'exactly 0' if kl == 0.0 else 'NOT 0'}",
@@ -124,8 +124,8 @@ def optimizer_steps(M):
         ref = train.reference_logprobs(M.ours, None, b, args, M.vocab)
         M.ours.train()
         logp = train.log_probs(M.ours, b, args, M.vocab)
-        loss, _ = grpo.policy_loss(logp, None, b.adv, b.mask, normalizer=grpo.loss_normalizer([b.mask]),
-                                   ref_logp=ref, beta=args.beta, kl_kind=args.kl)
+        loss, _ = grpo.policy_loss(logp, b.adv, b.mask, grpo.LossSettings(beta=args.beta, kl_kind=args.kl),
+                                   grpo.loss_normalizer([b.mask]), grpo.Against(ref=ref))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

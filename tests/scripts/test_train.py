@@ -191,7 +191,7 @@ def test_eos_equal_to_pad_is_trained_by_the_trainer():
     assert not (b.ids[:, 1:] != PAD)[:, eos_col].any()     # the bug: masking by token id drops the emitted EOS
     args = argparse.Namespace(temperature=1.0)
     logp = train.log_probs(ToyLM(), b, args, vocab_size=None)
-    loss, _ = grpo.policy_loss(logp, None, b.adv.double(), b.mask)
+    loss, _ = grpo.policy_loss(logp, b.adv.double(), b.mask)
     g = torch.autograd.grad(loss, logp)[0]
     assert (g[:, eos_col] != 0).all()                  # the emitted EOS is an action and gets a gradient
     assert (g[0, :eos_col - 2] == 0).all() and (g[1, :eos_col] == 0).all()   # prompts and pads do not
