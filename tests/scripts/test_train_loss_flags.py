@@ -90,8 +90,8 @@ def update_stats(*flags, adv=(1.0, 1.0, 1.0, 1.0)):
                 "", 1.0, 1.0)
         s.advantage = adv[i]
         seqs.append(s)
-    stats, _ = train.policy_update(model, reference, params, opt, sched, loss_settings(args), seqs, args, Dist(), tok,
-                                   torch.device("cpu"))
+    up = train.Updater(model, reference, params, opt, sched, loss_settings(args))
+    stats, _ = train.policy_update(up, seqs, args, Dist(), tok)
     return stats
 
 
