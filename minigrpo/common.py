@@ -1,6 +1,6 @@
 """Small helpers every part of minigrpo shares, one home each: the machine (device, dtype, CPU threads), usage
 errors, seeds, left padding, atomic file writes, JSON files, ending a process group, a Ctrl-C that always stops,
-and a None-skipping mean."""
+a None-skipping mean and the clock of seconds by phase."""
 import contextlib
 import hashlib
 import json
