@@ -40,7 +40,7 @@ import torch
 
 from minigrpo.evals import gsm8k, mdp, revise, soyuz, synthetic, terminal
 from minigrpo.evals.common import UsageError, adapter_base, resolve_adapter, resolve_model
-from minigrpo.run import lock
+from minigrpo.run import cli, lock
 from minigrpo.run.flags import WEAK_SANDBOX_HELP, sandbox_refusal
 from minigrpo.run.presets import PRESETS
 from minigrpo.tasks import TASKS
@@ -191,28 +191,21 @@ def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)  # argparse itself exits 2 on unknown flags or bad values
     args.argv = argv
-    made = None
-    try:
+    held = {}                       # hold_out's answer and the start of the eval, once it got that far
+
+    def evaluate():
         check_args(args)
         resolve_defaults(args)
         torch.manual_seed(args.sample_seed)
-        made = hold_out(args.out)
-        t0 = time.perf_counter()
-        result = EVALS[args.task](args, args.out)
-    except BaseException as e:
-        left = drop_out(args.out, made)
-        if isinstance(e, UsageError):
-            print(f"eval.py: error: {e}", file=sys.stderr)
-            raise SystemExit(2) from None
-        if isinstance(e, KeyboardInterrupt):
-            print(f"\neval.py: stopped by Ctrl-C; {left}", file=sys.stderr)
-            raise SystemExit(130) from None
-        raise
+        held["made"] = hold_out(args.out)
+        held["t0"] = time.perf_counter()
+        return EVALS[args.task](args, args.out)
+    result = cli.run("eval.py", evaluate, lambda e: drop_out(args.out, held.get("made")))
     lock.release(args.out)
     with open(os.path.join(args.out, "report.md"), encoding="utf-8") as f:
         print(f.read())
     print(f"eval.py: wrote {', '.join(sorted(os.listdir(args.out)))} to {args.out} "
-          f"in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
+          f"in {time.perf_counter() - held['t0']:.0f}s", file=sys.stderr)
     return result
 
 

@@ -21,32 +21,31 @@ presets: minigrpo/run/presets.py.
 import argparse
 import math
 import os
-import random
-import shutil
 import sys
-import time
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from minigrpo import checkpoints, grpo
-from minigrpo.common import (PhaseClock, StopRun, UsageError, catch_ctrl_c, derive_seed, first_line, mean, pick_device,
-                             pick_dtype, set_cpu_threads, stop_if_ctrl_c, threads_note)
+from minigrpo.common import (PhaseClock, UsageError, catch_ctrl_c, derive_seed, first_line, mean, pick_device,
+                             pick_dtype, seed_everything, set_cpu_threads, stop_if_ctrl_c, threads_note)
 from minigrpo.dist import all_gather_objects, assert_replicas_in_sync, finish_distributed, init_distributed
 from minigrpo.lora import inject_lora
 from minigrpo.model import enable_activation_checkpointing
 from minigrpo.optim import adamw
 from minigrpo.pretrained import CheckpointError, load_pretrained, load_model_and_tokenizer
-from minigrpo.run import callsize, dist_timeout, plots
-from minigrpo.run.flags import resolve_args
+from minigrpo.run import callsize, cli, dist_timeout, plots
+from minigrpo.run.flags import loss_settings, resolve_args
 from minigrpo.run.folder import ProgressBar, RunFolder, Tracker, epoch_summary, sample_records, step_metrics
 from minigrpo.run.gap import token_sums, warn_off_policy
-from minigrpo.run.resume import resume_or_start, trainer_state
+from minigrpo.run.resume import nonfinite_streak, resume_or_start, trainer_state
 from minigrpo.sampler import sample
 from minigrpo.tasks import task_from_args
 from minigrpo.tasks.base import next_examples
 from minigrpo.update import (all_reduce_and_clip, collate, log_probs, micro_batches, reference_logprobs,
                              step_normalizer)
+
+PHASES = PhaseClock()   # seconds by phase of the running step (phase_metrics), each timed where it is spent
 
 
 # -----------------------------------------------------------------------------------------------------------------
@@ -77,6 +76,7 @@ def grpo_loop(run, args, policy, task) -> dict:
     n_steps = args.steps or args.epochs * math.ceil(len(train_set) / args.tasks_per_step)
     model, tok, params, reference = policy or build_policy(args, device, dtype)
     opt, sched = adamw(params, args.lr, n_steps, args.warmup, args.schedule, args.adam_beta2, args.weight_decay)
+    up = Updater(model, reference, params, opt, sched, loss_settings(args))
     data, step, nonfinite = resume_or_start(run, args, model, opt, sched, dist_info, device, n_steps)
     calls = callsize.size_calls(task, args, device, dtype, dist_info.world)   # a multi-turn task's rows per call
     if dist_info.main:
@@ -86,30 +86,24 @@ def grpo_loop(run, args, policy, task) -> dict:
               + "".join(f"; {n}" for n in (calls, dist_timeout.timeout_note(args)) if n), file=sys.stderr)
     bar = ProgressBar(n_steps, step, args.task, enabled=dist_info.main and not args.quiet)
     tracker = Tracker(args.log_to if dist_info.main else None, run, vars(args), step)    # --log-to
-    t_checkpoint, off_policy_warned = 0.0, False
+    PHASES.reset()
+    off_policy_warned = False
     while step < n_steps:
         stop_if_ctrl_c()                                       # one Python swallowed in a callback stops here
         epoch = data.epoch                                     # the epoch this step's examples come from
-        # seconds by phase since the last metrics row: the checkpoint saved after it (written before this row, so
-        # that a row is never missing under a checkpoint), the sampler, the rest of the rollout (waiting on the
-        # judge), then policy_update's reference, policy and optimizer
-        times = {"checkpoint": t_checkpoint, "generate": 0.0}
-        t0 = time.perf_counter()
-        all_seqs, my_seqs, drawn = sample_step(model, tok, task, args, train_set, data, step, dist_info, times)
-        t_sample = time.perf_counter() - t0
-        times.update(sample=t_sample, judge=t_sample - times["generate"])
+        with PHASES("sample"):
+            all_seqs, my_seqs, drawn = sample_step(model, tok, task, args, train_set, data, step, dist_info)
         overlong_shaping(all_seqs, args)                       # --overlong-buffer's length penalty, on the reward
         adv_stats = assign_advantages(all_seqs, args)          # identical on every rank; sets each Seq's advantage
-        t1 = time.perf_counter()
-        loss_stats, grad_norm = policy_update(model, reference, params, opt, sched, my_seqs, args, dist_info, tok,
-                                              device, times)
-        t_train = time.perf_counter() - t1
+        with PHASES("train"):
+            loss_stats, grad_norm = policy_update(up, my_seqs, args, dist_info, tok)
         loss_stats = [st for part in all_gather_objects(loss_stats, dist_info) for st in part]   # weighed by tokens
         step += 1
         nonfinite = nonfinite_streak(nonfinite, grad_norm, step, run, args.mu)
+        times = PHASES.times
         m = step_metrics(step, epoch, all_seqs, adv_stats, loss_stats, grad_norm, sched.get_last_lr()[0],
-                         t_sample, t_train, task.step_metrics(all_seqs))
-        m.update({f"time_{k}": v for k, v in times.items()})  # seconds by phase (this rank's)
+                         times["sample"], times["train"], task.step_metrics(all_seqs))
+        m.update(phase_metrics(times))                         # seconds by phase (this rank's)
         m.update(drawn)                                        # --dynamic-sampling: prompts drawn and dropped
         if args.eval_every and step % args.eval_every == 0:       # every rank validates its share
             m.update(validate(model, tok, task, args, step, dist_info))
@@ -119,17 +113,18 @@ def grpo_loop(run, args, policy, task) -> dict:
             tracker.log(m)
             for rec in sample_records(step, all_seqs, tok):
                 run.append("samples.jsonl", rec)
-        t2 = time.perf_counter()
-        if step % args.save_every == 0 or step == n_steps:
-            save(run, step, model, tok, params, args, dist_info, trainer_state(step, data, opt, sched, nonfinite))
-        t_checkpoint = time.perf_counter() - t2
+        PHASES.reset()       # the checkpoint's seconds go in the next row: a row is written before its checkpoint,
+        with PHASES("checkpoint"):                             # so that no checkpoint is without its row
+            if step % args.save_every == 0 or step == n_steps:
+                save(run, step, model, tok, params, args, dist_info, trainer_state(step, data, opt, sched, nonfinite))
         bar.update(m)
     bar.close()
     tracker.close()
     first_reward, last_reward = run.first_and_last("reward_mean")   # the run's, not only this process's steps
     if dist_info.main:
         print(epoch_summary(run.file("metrics.jsonl")))      # the result: stdout; progress and warnings: stderr
-        print(f"mean reward: first step {_fmt(first_reward)} -> last step {_fmt(last_reward)}")
+        fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
+        print(f"mean reward: first step {fmt(first_reward)} -> last step {fmt(last_reward)}")
     return {"run": run.path, "first_reward": first_reward, "last_reward": last_reward, "model": model}
 
 
@@ -137,16 +132,16 @@ def grpo_loop(run, args, policy, task) -> dict:
 # Rollouts. A Seq (minigrpo/tasks) is one trained completion: its prompt (never trained), its own tokens, the
 # sampler's log-probs of them, the raw task score and the (possibly shaped) reward its advantage comes from.
 
-def sample_step(model, tok, task, args, train_set, data, step, dist_info, times=None):
+def sample_step(model, tok, task, args, train_set, data, step, dist_info):
     """The step's rollouts: (all_seqs, my_seqs, metrics). --tasks-per-step examples; with --dynamic-sampling
     (DAPO) only examples with a group whose raw scores spread (grpo.has_spread) are kept, and more are drawn,
     --tasks-per-step at a time and at most --max-draws times, until --tasks-per-step are kept (fewer if the draws
-    run out). Every draw advances the data order and has seeds of its own, so a resume repeats the step. `times` (a
-    dict) gets the seconds spent in the sampler as "generate"."""
+    run out). Every draw advances the data order and has seeds of its own, so a resume repeats the step."""
     all_seqs, my_seqs, kept, drawn, scores = [], [], [], 0, []
     for _ in range(args.max_draws if args.dynamic_sampling else 1):
         examples = next_examples(train_set, args.tasks_per_step, data, args.seed)
-        drawn_all, drawn_mine = rollout_step(model, tok, task, args, examples, step, dist_info, drawn, times)
+        drawn_all, drawn_mine = rollout_step(model, tok, task, args, step, list(enumerate(examples, drawn)),
+                                             dist_info)
         drawn += len(examples)
         if not args.dynamic_sampling:
             return drawn_all, drawn_mine, {}
@@ -166,30 +161,23 @@ def sample_step(model, tok, task, args, train_set, data, step, dist_info, times=
                                "dynamic_drawn_score": mean(scores)}
 
 
-def rollout_step(model, tok, task, args, examples, step, dist_info, first=0, times=None):
-    """This rank's share of the step's examples rolled out, then exchanged: (all_seqs, my_seqs) = (every rank's
-    Seqs, rank-major, the same list on every rank; this rank's, the ones it trains on). `first`: the global index
-    of examples[0] in the step (a later draw of dynamic sampling), so that every prompt of a step has its own seed."""
-    index = list(range(dist_info.rank, len(examples), dist_info.world))   # this rank's share of the tasks
+def rollout_step(model, tok, task, args, step, examples, dist_info):
+    """`examples`, (index in the step, example) pairs, each rank rolling out its share, then exchanged: (all_seqs,
+    my_seqs) = (every rank's Seqs, rank-major, the same list on every rank; this rank's, the ones it trains on).
+    The index seeds the example's samples (sample_seed), so every prompt of a step, in any draw, has its own. The
+    seconds in the sampler are the "generate" phase; the rest of a rollout is the task's (mostly its judge)."""
+    mine = examples[dist_info.rank::dist_info.world]        # this rank's share of the tasks
     # fewer tasks than ranks (gsm8k's one a step on 8 GPUs): a rank with none samples nothing, and then joins
     # every collective of the step with empty contributions (no Seqs, a zero normaliser, zero gradients)
-    my_seqs = rollout(model, tok, task, args, [examples[i] for i in index], step,
-                      [first + i for i in index], times) if index else []
+    rows = decode_rows(task, args, len(mine))
+
+    def sampler(prompts, seeds, n, reuse=None, keep=False):     # the multi-turn loop's call (tasks/episodes.py)
+        with PHASES("generate"):
+            return generate(model, tok, args, prompts, seeds, n, task.stop_strings, rows, reuse=reuse, keep=keep)
+    seeds = [sample_seed(args, step, i) for i, _ in mine]
+    my_seqs = task.rollout(sampler, tok, [ex for _, ex in mine], seeds, args) if mine else []
     parts = all_gather_objects(my_seqs, dist_info)              # rank-major; parts[rank] is ours
     return [s for part in parts for s in part], parts[dist_info.rank]
-
-
-def rollout(model, tok, task, args, examples, step, index, times=None):
-    """Rollouts of `examples` (their positions in this step's global batch are `index`); the seconds spent in the
-    sampler are added to times["generate"] (the rest of a rollout is the task's: mostly waiting on its judge).
-    The task's sampler takes `reuse` and `keep` as sampler.sample does (a multi-turn task continues kept states)."""
-    seeds = [sample_seed(args, step, i) for i in index]
-    rows, clock = decode_rows(task, args, len(examples)), PhaseClock(times)
-
-    def sampler(prompts, ss, n, reuse=None, keep=False):     # the multi-turn loop's call (tasks/episodes.py)
-        with clock("generate"):
-            return generate(model, tok, args, prompts, ss, n, task.stop_strings, rows, reuse=reuse, keep=keep)
-    return task.rollout(sampler, tok, examples, seeds, args)
 
 
 def sample_seed(args, step, index):
@@ -256,7 +244,7 @@ def validate(model, tok, task, args, step, dist_info) -> dict:
     """Greedy, one sample per val example, each rank its share: the mean raw score of the final turn (val_reward)."""
     examples = task.examples("val")[:args.eval_limit]
     greedy = argparse.Namespace(**{**vars(args), "group_size": 1, "temperature": 0.0})
-    seqs, _ = rollout_step(model, tok, task, greedy, examples, step, dist_info)
+    seqs, _ = rollout_step(model, tok, task, greedy, step, list(enumerate(examples)), dist_info)
     final = max(s.turn for s in seqs)
     return {"val_reward": mean([s.score for s in seqs if s.turn == final]), "val_examples": len(examples)}
 
@@ -266,90 +254,76 @@ def validate(model, tok, task, args, step, dist_info) -> dict:
 # all-reduce). The normaliser is computed once for the whole optimizer step (all micro-batches, all ranks), so the
 # gradient does not depend on how the step is cut into micro-batches.
 
-def policy_update(model, reference, params, opt, sched, my_seqs, args, dist_info, tok, device, times=None):
+@dataclass(frozen=True)
+class Updater:
+    """What every step's update works on, built once (reference None: LoRA's adapters-off policy, or --beta 0)."""
+    model: torch.nn.Module
+    reference: torch.nn.Module | None
+    params: list
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LRScheduler
+    settings: grpo.LossSettings
+
+
+def policy_update(up, my_seqs, args, dist_info, tok):
     """μ passes over this rank's rollouts of the step (my_seqs); each pass accumulates over micro-batches, then one
     optimizer step. Returns per-micro-batch statistics and the gradient norm of the last pass run. A non-finite
     norm ends the step at that pass: its optimizer step and the schedule's are not taken, while with μ > 1 the
-    optimizer steps of the passes before it stand. `times` (a dict) gets the seconds of each phase: reference (the
-    step's fixed log-probs), policy (forward + backward), optimizer (all-reduce, clip, AdamW)."""
-    V, clock = tok.vocab_size, PhaseClock(times)
-    batches = [collate(mb, tok.pad_id, device, args.mask_truncated) for mb in micro_batches(my_seqs, args.micro_batch)]
-    norm = step_normalizer(batches, args, dist_info)
+    optimizer steps of the passes before it stand. Its phases: reference (the step's fixed log-probs), policy
+    (forward + backward), optimizer (all-reduce, clip, AdamW)."""
+    model, T, V = up.model, args.temperature, tok.vocab_size
+    batches = [collate(mb, tok.pad_id, model.device, args.mask_truncated)
+               for mb in micro_batches(my_seqs, args.micro_batch)]
+    norm = step_normalizer(batches, up.settings, dist_info)
     model.eval()  # the fixed log-probs of this step: reference, and the behaviour policy when μ > 1
-    with clock("reference"), torch.no_grad():
-        refs = [reference_logprobs(model, reference, b, args, V) for b in batches]
-        olds = [log_probs(model, b, args, V) if args.mu > 1 else None for b in batches]
+    with PHASES("reference"), torch.no_grad():
+        refs = [reference_logprobs(model, up.reference, b, T, V) if up.settings.beta else None for b in batches]
+        olds = [log_probs(model, b, T, V) if args.mu > 1 else None for b in batches]
     stats, grad_norm = [], 0.0
     for pass_ in range(args.mu):
         model.train()
-        opt.zero_grad(set_to_none=True)
+        up.opt.zero_grad(set_to_none=True)
         for b, ref, old in zip(batches, refs, olds):
-            with clock("policy"):
-                stats.append(micro_batch_step(model, b, ref, old, norm, args, V, pass_))
-        with clock("optimizer"):
-            grad_norm = all_reduce_and_clip(params, args, dist_info)
+            with PHASES("policy"):
+                st = micro_batch_step(model, b, grpo.Against(old, ref, b.sampled), norm, up.settings, T, V)
+                stats.append(st | {"pass": pass_})
+        with PHASES("optimizer"):
+            grad_norm = all_reduce_and_clip(up.params, args.max_grad_norm, dist_info)
             if not math.isfinite(grad_norm):
-                opt.zero_grad(set_to_none=True)
+                up.opt.zero_grad(set_to_none=True)
                 return stats, grad_norm
-            opt.step()
-    sched.step()
+            up.opt.step()
+    up.sched.step()
     return stats, grad_norm
 
 
-def micro_batch_step(model, b, ref, old, norm, args, V, pass_) -> dict:
+def micro_batch_step(model, b, against, norm, settings, temperature, V) -> dict:
     """One micro-batch's forward and backward (its gradient adds to the step's); returns its statistics."""
-    logp, ent = log_probs(model, b, args, V, entropy=True)
-    gspo = args.loss.startswith("gspo")    # the sequence ratio has its own, much smaller, clip
-    loss, st = grpo.policy_loss(logp, old, b.adv, b.mask,
-                                eps_low=args.gspo_eps_low if gspo else args.eps_low,
-                                eps_high=args.gspo_eps_high if gspo else args.eps_high,
-                                agg=args.agg, normalizer=norm, ref_logp=ref, beta=args.beta,
-                                kl_kind=args.kl, max_tokens=args.max_new_tokens, loss=args.loss,
-                                sampler_logp=b.sampled, is_correction=args.is_correction,
-                                is_level=args.is_level, is_cap=args.is_cap)
+    logp, ent = log_probs(model, b, temperature, V, entropy=True)
+    loss, st = grpo.policy_loss(logp, b.adv, b.mask, settings, norm, against)
     loss.backward()
     mask = b.mask.bool()
     st = {k: float(v) for k, v in st.items()}
-    st["loss"], st["pass"] = float(loss.detach()), pass_
+    st["loss"] = float(loss.detach())
     st["entropy"] = float(grpo.masked_mean(ent.detach(), mask))
     gap = (logp.detach() - b.sampled).abs()
     st["sampler_logp_diff"] = float(grpo.masked_mean(gap, mask))
     st["sampler_logp_gaps"] = gap[mask].tolist()          # per token: runs.step_metrics' p95 and max
-    st.update(token_sums(logp.detach(), b.sampled, ref, mask))   # the share of the policy's move the sampler carries
+    st.update(token_sums(logp.detach(), b.sampled, against.ref, mask))   # the share of the move the sampler carries
     return st
 
 
-# -----------------------------------------------------------------------------------------------------------------
-# Run policy: when a run stops by itself. Each rule counts a streak of bad steps and stops the run, with the last
-# good checkpoint intact, when the streak reaches its limit.
-
-MAX_NONFINITE_STEPS = 3      # non-finite loss or gradient in a row (policy_update: what of each is skipped)
-
-
-def nonfinite_streak(streak, grad_norm, step, run, mu=1) -> int:
-    """The streak of non-finite steps after this one; stops the run at MAX_NONFINITE_STEPS. What was skipped
-    depends on μ: with one pass the whole update, with several the pass that went non-finite and those after it
-    (the optimizer steps of the passes before it stand), so only with μ = 1 are the weights an earlier step's."""
-    streak = streak + 1 if not math.isfinite(grad_norm) else 0
-    skipped = "step skipped" if mu == 1 else "its pass and the passes after it skipped, earlier passes applied"
-    if streak:
-        print(f"warning: step {step}: non-finite loss or gradient, {skipped} ({streak} in a row)", file=sys.stderr)
-    if streak >= MAX_NONFINITE_STEPS:
-        kept = (f"their updates were skipped, so the weights are those of step {step - streak}" if mu == 1 else
-                f"with --mu {mu} each kept the passes before its non-finite one")
-        raise SystemExit(f"stopping: {streak} non-finite steps in a row (steps {step - streak + 1}-{step}, the last "
-                         f"grad-norm {grad_norm}; {kept}): lower --lr or check the data; {run.checkpoint_note()}")
-    return streak
+def phase_metrics(t) -> dict:
+    """metrics.jsonl's seconds by phase since the row before: the checkpoint saved after it, the sampler
+    (generate), the rest of the rollout (judge: mostly waiting on the task's judge), then policy_update's."""
+    g = t.get("generate", 0.0)
+    return {"time_checkpoint": t.get("checkpoint", 0.0), "time_generate": g, "time_sample": t["sample"],
+            "time_judge": t["sample"] - g,
+            **{f"time_{k}": t[k] for k in ("reference", "policy", "optimizer") if k in t}}
 
 
 # -----------------------------------------------------------------------------------------------------------------
-# Set-up: seeds, the policy, the data order, resume, checkpoints
-
-def seed_everything(seed):
-    torch.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed)
-
+# Set-up: the policy, checkpoints
 
 def build_policy(args, device, dtype):
     """(model, tokenizer, trainable params, reference or None). One compute dtype for the whole run; LoRA weights
@@ -386,66 +360,34 @@ def save(run, step, model, tok, params, args, dist_info, state):
         plots.write_run_curves(run.path)      # never raises: a failed plot is one warning line
 
 
-def _fmt(x):
-    return "n/a" if x is None else f"{x:.3f}"
-
-
 # -----------------------------------------------------------------------------------------------------------------
 # The command line
 
 def main(argv=None):
     catch_ctrl_c()
-    try:
-        args = resolve_args(argv)
-    except SystemExit as e:   # a usage error with its one-line message: exit code 2, as argparse's own
-        if isinstance(e.code, str):
-            usage_error(e.code)
-        raise
+    args = cli.parse("train.py", resolve_args, argv)   # a flag that cannot be used: one line, exit code 2
     if args.plan:             # the memory plan from the model's config.json; nothing is loaded
         from minigrpo.run.memplan import print_plan
         from minigrpo.tasks import task_class
         try:       # the task's class, not a task: building one would start its judge and read its data
             return print_plan(args, decode_rows(task_class(args.task), args, args.tasks_per_step))
         except CheckpointError as e:    # a config.json value of the wrong type: one line naming file and key
-            usage_error(f"--model {args.model}: {first_line(str(e))}")
+            cli.usage_error("train.py", f"--model {args.model}: {first_line(str(e))}")
     if pick_device(args.device).type == "cpu":   # saved in config.json: a resume computes as this run did
         args.threads = set_cpu_threads(args.threads, "kept from the run resumed" if args.resume else "set by --threads")
-    run_path = os.path.join(args.runs_dir, args.run_name)
-    made = not os.path.exists(run_path)
-    try:
-        if args.task == "mdp":    # the verifier-MDP pipeline: SFT, DPO, then GRPO through this file's train()
-            from minigrpo.experiments.mdp_pipeline import run_pipeline
-            return run_pipeline(args, trainer=train)
-        if args.experiment:       # the revise experiment: a base, three shaping arms x seeds through train(), report
-            from minigrpo.experiments.revise_pipeline import run_experiment
-            return run_experiment(args, trainer=train)
-        train(args)
-        finish_distributed()  # torchrun: the process group is torn down before exit, not by it
-    except UsageError as e:   # a model or data file that cannot be used: one line; the run folder made for it goes
-        if made and RunFolder(args.runs_dir, args.run_name).holds_nothing():
-            shutil.rmtree(run_path)     # made by this process: its marker, no checkpoint, the judge's empty cache
-        usage_error(str(e))
-    except StopRun as e:      # a run-policy rule (a judge that is down, a full disk): its cause, what is kept
-        print(f"train.py: {e}; {stop_note(args, argv)}", file=sys.stderr)
-        raise SystemExit(1) from None
-    except KeyboardInterrupt:  # Ctrl-C: the steps after the last checkpoint are redone by the resume
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(f"\ntrain.py: stopped by Ctrl-C; {stop_note(args, argv)}", file=sys.stderr)
-        raise SystemExit(130) from None
+    return cli.run("train.py", lambda: command(args), cli.training_ended(args, argv))
 
 
-def stop_note(args, argv):
-    """What a stopped run keeps and the command that continues it; a pipeline continues by the same command."""
-    run = RunFolder(args.runs_dir, args.run_name)
-    if args.task == "mdp" or args.experiment:
-        return run.rerun_note(sys.argv[1:] if argv is None else argv)
-    return run.stop_note()
-
-
-def usage_error(line):
-    """The one line of a flag, model or data problem, as argparse prints its own: exit code 2."""
-    print(f"train.py: error: {line}", file=sys.stderr)
-    raise SystemExit(2) from None
+def command(args):
+    """What the flags ask for: one training run, or a pipeline of them."""
+    if args.task == "mdp":    # the verifier-MDP pipeline: SFT, DPO, then GRPO through this file's train()
+        from minigrpo.experiments.mdp_pipeline import run_pipeline
+        return run_pipeline(args, trainer=train)
+    if args.experiment:       # the revise experiment: a base, three shaping arms x seeds through train(), report
+        from minigrpo.experiments.revise_pipeline import run_experiment
+        return run_experiment(args, trainer=train)
+    train(args)
+    finish_distributed()  # torchrun: the process group is torn down before exit, not by it
 
 
 if __name__ == "__main__":

@@ -184,6 +184,7 @@ def train_section(sec, M, plan_proc):
     from minigrpo import grpo
     from minigrpo.dist import init_distributed
     from minigrpo.optim import adamw
+    from minigrpo.run.flags import loss_settings
     from minigrpo.tasks.base import Seq
     import train
     c, dev = M.cfg, M.device
@@ -210,16 +211,15 @@ def train_section(sec, M, plan_proc):
 
         norm = grpo.loss_normalizer([b.mask], args.agg, max_tokens=args.max_new_tokens)
         M.ours.eval()
-        ref = train.reference_logprobs(M.ours, None, b, args, V)
+        ref = train.reference_logprobs(M.ours, None, b, args.temperature, V) if args.beta else None
         mark("reference forward")
         M.ours.train()
-        logp, _ = train.log_probs(M.ours, b, args, V, entropy=True)
-        loss, st = grpo.policy_loss(logp, None, b.adv, b.mask, eps_low=args.eps_low, eps_high=args.eps_high,
-                                    agg=args.agg, normalizer=norm, ref_logp=ref, beta=args.beta, kl_kind=args.kl)
+        logp, _ = train.log_probs(M.ours, b, args.temperature, V, entropy=True)
+        loss, st = grpo.policy_loss(logp, b.adv, b.mask, loss_settings(args), norm, grpo.Against(ref=ref))
         mark("policy forward")
         loss.backward()
         mark("backward")
-        train.all_reduce_and_clip(M.params, args, dist1)
+        train.all_reduce_and_clip(M.params, args.max_grad_norm, dist1)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
@@ -255,9 +255,9 @@ def train_section(sec, M, plan_proc):
     def backend():
         def both():
             with torch.no_grad():
-                train.log_probs(M.ours, b, args, V)
+                train.log_probs(M.ours, b, args.temperature, V)
             M.ours.train()
-            train.log_probs(M.ours, b, args, V, entropy=True)  # with grad, as the policy forward; no backward
+            train.log_probs(M.ours, b, args.temperature, V, entropy=True)  # with grad, as the policy forward; no backward
             M.ours.eval()
         _, ev = profiled(both, dev)
         return dict(minigrpo=attention_kernels(ev), note="the SDPA op of a no-grad and a with-grad forward")

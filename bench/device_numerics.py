@@ -89,11 +89,11 @@ def numerics(sec, M):
     def kl_step0():
         b = grpo_batch(M, 2, c["num_len"] // 2, c["num_len"] // 2, seed=1)
         M.ours.eval()
-        ref_lp = train.reference_logprobs(M.ours, None, b, M.args, M.vocab)
+        ref_lp = train.reference_logprobs(M.ours, None, b, M.args.temperature, M.vocab)
         M.ours.train()
-        logp, _ = train.log_probs(M.ours, b, M.args, M.vocab, entropy=True)
-        _, st = grpo.policy_loss(logp, None, b.adv, b.mask, normalizer=grpo.loss_normalizer([b.mask]),
-                                 ref_logp=ref_lp, beta=M.args.beta, kl_kind=M.args.kl)
+        logp, _ = train.log_probs(M.ours, b, M.args.temperature, M.vocab, entropy=True)
+        _, st = grpo.policy_loss(logp, b.adv, b.mask, grpo.LossSettings(beta=M.args.beta, kl_kind=M.args.kl),
+                                 grpo.loss_normalizer([b.mask]), grpo.Against(ref=ref_lp))
         M.ours.eval()
         kl, dmax = float(st["kl"]), (logp.detach() - ref_lp).abs()[b.mask.bool()].max().item()
         return dict(minigrpo=f"KL {kl:.3g}: {'exactly 0' if kl == 0.0 else 'NOT 0'}",
@@ -121,11 +121,11 @@ def optimizer_steps(M):
     for step in range(c["opt_steps"]):
         b = grpo_batch(M, 2, c["num_len"] // 2, c["num_len"] // 2, seed=10 + step)
         M.ours.eval()
-        ref = train.reference_logprobs(M.ours, None, b, args, M.vocab)
+        ref = train.reference_logprobs(M.ours, None, b, args.temperature, M.vocab)
         M.ours.train()
-        logp = train.log_probs(M.ours, b, args, M.vocab)
-        loss, _ = grpo.policy_loss(logp, None, b.adv, b.mask, normalizer=grpo.loss_normalizer([b.mask]),
-                                   ref_logp=ref, beta=args.beta, kl_kind=args.kl)
+        logp = train.log_probs(M.ours, b, args.temperature, M.vocab)
+        loss, _ = grpo.policy_loss(logp, b.adv, b.mask, grpo.LossSettings(beta=args.beta, kl_kind=args.kl),
+                                   grpo.loss_normalizer([b.mask]), grpo.Against(ref=ref))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -172,8 +172,8 @@ def gap_stats(M, prompts, got):
             for i, s in enumerate(got)]
     b = train.collate(seqs, M.pad, M.device)
     with torch.no_grad():
-        t = train.log_probs(M.ours, b, M.args, M.vocab)
-        base = train.reference_logprobs(M.ours, None, b, M.args, M.vocab)
+        t = train.log_probs(M.ours, b, M.args.temperature, M.vocab)
+        base = train.reference_logprobs(M.ours, None, b, M.args.temperature, M.vocab)
     real = b.mask.bool()
     t, s, base = t[real].double(), b.sampled[real].double(), base[real].double()
     share = ((s - base) * (t - base)).sum() / (t - base).square().sum().clamp(min=1e-30)

@@ -1,6 +1,6 @@
 """A soyuz step's rollout against its judge's latency: one sampler call per turn (train.py's default) vs chunks of
-one or two tasks (where judging overlaps generation: 8 calls of 6 rows, or 4 of 12), through the real rollout loop (train.rollout ->
-tasks/episodes.py) with a scripted judge of ~0 s and of ~20 s (a `claude -p` call) per answer.
+one or two tasks (where judging overlaps generation: 8 calls of 6 rows, or 4 of 12), through the real rollout loop
+(train.rollout_step -> tasks/episodes.py) with a scripted judge of ~0 s and of ~20 s (a `claude -p` call) per answer.
 
 Soyuz-shaped: 4 tasks x G=6, answer -> critique -> revision. The judge grades in a pool of --workers threads (soyuz's
 --judge-workers: 8 by default; 24 = every row of a call at once). Two settings:
@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import torch
 
 import train
+from minigrpo.dist import Dist
 from minigrpo.judge import CriterionResult, Verdict
 from minigrpo.pretrained import load_pretrained
 from minigrpo.sampler import Sample
@@ -80,11 +81,11 @@ def rollout_seconds(setting, chunk, latency, workers, args, tok, model):
     scale = args.scale if setting == "gpu" else 1.0
     with contextlib.redirect_stdout(io.StringIO()):    # the task's start-up notes on the bundled tasks
         task = SoyuzTask(judge_obj=Judge(latency / scale, workers), data=None, chunk=chunk)
-    calls, times = [], {"generate": 0.0}
+    calls, clock = [], train.PHASES
+    clock.reset()
     t0 = time.perf_counter()
     if setting == "gpu":
         generate = scripted_generate(tok, scale, calls)
-        clock = train.PhaseClock(times)
 
         def timed(prompts, seeds, n):
             with clock("generate"):
@@ -94,11 +95,11 @@ def rollout_seconds(setting, chunk, latency, workers, args, tok, model):
         real = train.sample
         train.sample = lambda model, prompts, n, **kw: calls.append(len(prompts) * n) or real(model, prompts, n=n, **kw)
         try:
-            train.rollout(model, tok, task, ns(args), EXAMPLES, 0, list(range(TASKS)), times)
+            train.rollout_step(model, tok, task, ns(args), 0, list(enumerate(EXAMPLES)), Dist())
         finally:
             train.sample = real
     task.judge.pool.shutdown()
-    return (time.perf_counter() - t0) * scale, calls, times["generate"] * scale
+    return (time.perf_counter() - t0) * scale, calls, clock.times.get("generate", 0.0) * scale
 
 
 def ns(args):

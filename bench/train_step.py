@@ -147,7 +147,7 @@ def build_ours(folder, args, dtype):
         timer("reference")
         model.train()
         logp = logprobs()
-        loss, _ = grpo.policy_loss(logp, None, adv, loss_mask, ref_logp=ref, beta=args.beta)
+        loss, _ = grpo.policy_loss(logp, adv, loss_mask, grpo.LossSettings(beta=args.beta), against=grpo.Against(ref=ref))
         timer("policy fwd")
         loss.backward()
         timer("backward")

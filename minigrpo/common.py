@@ -1,14 +1,16 @@
 """Small helpers every part of minigrpo shares, one home each: the machine (device, dtype, CPU threads), usage
 errors, seeds, left padding, atomic file writes, JSON files, ending a process group, a Ctrl-C that always stops,
-and a None-skipping mean."""
+a None-skipping mean and the clock of seconds by phase."""
 import contextlib
 import hashlib
 import json
 import os
+import random
 import signal
 import sys
 import time
 
+import numpy as np
 import torch
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")   # the package's own data files
@@ -130,6 +132,13 @@ def splitmix64(x):
     return z ^ _shr(z, 31)
 
 
+def seed_everything(seed):
+    """Seed every generator a run draws from outside the sampler: torch's, Python's and numpy's."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
 def derive_seed(*parts) -> int:
     """A 63-bit seed (valid for numpy, torch and the sampler) from ints and strings: each part is folded in with
     splitmix64; a string counts by the first 8 bytes of its BLAKE2b hash."""
@@ -246,10 +255,15 @@ def mean(xs):
 
 
 class PhaseClock:
-    """Seconds spent in each named phase, added up over its stretches (`with clock("policy"): ...`), into `times`."""
+    """Seconds spent in each named phase since the last reset(), added up over its stretches (`with clock("policy"):
+    ...`): train.py's one clock, used by its loop and by the functions that run inside a phase of it."""
 
-    def __init__(self, times=None):
-        self.times = {} if times is None else times
+    def __init__(self):
+        self.times = {}
+
+    def reset(self):
+        """Start a new record (`times` of the one before stays as it was)."""
+        self.times = {}
 
     @contextlib.contextmanager
     def __call__(self, name):

@@ -1,70 +1,18 @@
 """
-The GRPO math: group advantages, recovery shaping, KL, the policy loss and its aggregations.
-Pure tensor code. The log-probs it takes come from minigrpo/logprobs.py (`token_logprobs`).
+The GRPO math, pure tensor code: group-relative advantages (and the zero-spread test DAPO's dynamic sampling
+uses), the recovery shaping of a two-turn rollout, position-built loss masks, the per-token KL estimators, the
+step's loss normaliser, the policy loss of one micro-batch with its statistics, and DAPO's soft overlong penalty.
+The log-probs it takes come from minigrpo/logprobs.py (`token_logprobs`); the per-token terms of each objective
+from minigrpo/losses.py.
 
-Every choice an implementation makes, with the default used here (each is a named argument):
-
-- Advantage (`group_advantages`, scale=): "group" (default) is the GRPO z-score inside each group,
-  (s - mean_g) / (std_g + eps), std with Bessel's correction (as TRL and verl compute it); "none" is the mean-only
-  Dr. GRPO form s - mean_g (no std, so easy or hard groups are not up-weighted); "batch" centres by the group mean
-  and divides by the std of those centred values over the whole batch.
-- Zero-spread groups (every valid score equal, incl. single-sample groups) carry no signal: advantage 0, counted
-  in the stats. The test runs on the raw task score (`raw_scores=`), never on a shaped reward (see
-  `recovery_rewards`).
-- A reward of None (failed judge call) is left out of its group's mean and std and gets advantage 0; counted.
-- KL to the reference (`kl`, kind=): "k3" (default) = exp(ref - logp) - (ref - logp) - 1 per token, >= 0, unbiased
-  for KL(pi || ref) under samples of pi but its gradient is biased; "k1" = logp - ref; "k2" = (logp - ref)^2 / 2.
-  It enters the LOSS (beta * kl added per token, aggregated like the policy term), not the reward, so it does not
-  leak into advantages of other samples.
-- Ratio and clip (`policy_loss`): ratio = exp(logp - old_logp). With one update per batch (mu = 1) pass
-  old_logp=None: old_logp = logp.detach(), the ratio is exactly 1 and the gradient is REINFORCE's -A * grad(logp).
-  With several updates per batch, PPO's clipped surrogate min(r*A, clip(r, 1-eps_low, 1+eps_high)*A); default
-  eps_low = eps_high = 0.2; eps_high = 0.28 is DAPO's "clip-higher" against entropy collapse. old_logp must come
-  from this trainer's `token_logprobs` at the sampling temperature (not from a top-p/top-k truncated sampler
-  distribution, which is a different policy: train.py refuses to train on truncated samples).
-- The objective (`policy_loss`, loss=; the per-token terms live in minigrpo/losses.py), r_t = pi(y_t) / pi_old(y_t):
-    "grpo"       (default) -min(r_t A, clip(r_t, 1 - eps_low, 1 + eps_high) A) per token, as above.
-    "gspo"       GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"): one ratio per sequence,
-                 s_i = exp(1/|y_i| sum_t (logp_t - old_logp_t)), and -min(s_i A_i, clip(s_i, 1 - e_l, 1 + e_h) A_i)
-                 with the paper's small epsilons (3e-4, 4e-4). The sequence's term stands at each of its tokens, so
-                 agg="seq" is the paper's 1/G sum_i; one advantage per sequence.
-    "gspo-token" GSPO-token (same paper): s_i,t = sg[s_i] pi(y_t) / sg[pi(y_t)], clipped per token like "grpo":
-                 the value of s_i, the gradient of the token's own log-prob, and per-token advantages. With one
-                 advantage per sequence and agg="seq" its gradient equals GSPO's.
-    "cispo"      CISPO (MiniMax-M1 report 2025): -sg[clip(r_t, 1 - eps_low, 1 + eps_high)] A logp_t, token-
-                 normalised (agg="token"). The weight is clipped but never removes a token's gradient; the report
-                 sets no lower bound (eps_low = 1) and tunes eps_high.
-  On-policy every one of them has REINFORCE's gradient (GSPO's with each sequence's tokens sharing its weight).
-- Sampler-trainer mismatch (`policy_loss`, is_correction=; TIS: Yao et al. 2025, "Your efficient RL framework
-  secretly brings you off-policy RL training"): each token's policy term times the detached weight
-  w = pi_old / pi_sampler (old = this trainer's log-prob of the rollout; the sampler's from its own kernels),
-  per token or per sequence (the product over its tokens): "tis" min(w, cap), "mis" w if w <= cap else 0 (the
-  token or sequence is dropped). Off by default; an exact no-op when the two agree (w = 1, cap >= 1).
-- Soft overlong punishment (`overlong_penalty`; DAPO: Yu et al. 2025): over the last `buffer` tokens before
-  max_new_tokens the reward falls linearly from 0 to -1: (max_new_tokens - buffer - |y|) / buffer there, 0
-  before. It is added to the reward, never to the raw score, so it cannot give a zero-spread group a gradient.
-- Aggregation (`policy_loss`, agg=) and its denominator, computed ONCE per optimizer step over all micro-batches by
-  `loss_normalizer` and passed in, so gradient accumulation cannot reweight tokens:
-    "token" (default, DAPO): sum of per-token losses / total loss tokens in the step;
-    "seq"   (original GRPO): per-sequence token mean, summed, / number of sequences in the step (long sequences'
-            tokens weigh less: the length bias);
-    "const" (Dr. GRPO): sum of per-token losses / constant (max_new_tokens x number of sequences).
-  With equal lengths all three agree (for "const" when the constant is that length).
-- Advantages: the trainer gives one per sequence (B,). A multi-turn rollout is trained as one sequence per turn,
-  each with its own group advantage (the first turn's from its own raw score, never from a shaped later reward).
-  `policy_loss` also takes per-token advantages (B, T-1), the general form GSPO-token is written for.
-- On-policy the loss VALUE is just -mean(A) (near 0 for centred A) while its gradient is not: log the pg term, KL,
-  grad-norm, reward and entropy (`token_logprobs(return_entropy=True)`) separately (the stats of `policy_loss`).
-- Masking: loss masks are (B, T-1), aligned with `token_logprobs`, and built by position (`span_mask`), never by
-  token id: a pad id equal to EOS must not drop the emitted EOS, and prompt, padding and injected critique tokens
-  are never trained. Masked positions are excluded with `where`, so a non-finite value there cannot leak in.
-- Log-probs (minigrpo/logprobs.py): log-softmax in fp32 of logits / T (T = the sampler's temperature); the plain
-  version (`naive_token_logprobs`) first, then the fused, chunked one the trainer uses (`token_logprobs`).
+Every choice the loss makes (advantage scale, KL estimator, ratio and clip, objective, importance-sampling
+correction, aggregation) and its default is described in docs/losses.md; `LossSettings` holds the choices of a run.
 
 Letters: B batch (sequences), T sequence length, V vocabulary (embedding rows), H hidden size, N scores.
 """
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -242,23 +190,41 @@ def _aggregate(per_token, mask, agg, normalizer):
     return x.sum() / normalizer
 
 
-def policy_loss(logp, old_logp, advantages, loss_mask, eps_low=0.2, eps_high=0.2, agg="token", normalizer=None,
-                ref_logp=None, beta=0.0, kl_kind="k3", max_tokens=None, loss="grpo", sampler_logp=None,
-                is_correction="none", is_level="token", is_cap=2.0):
+@dataclass(frozen=True)
+class LossSettings:
+    """A run's loss choices (docs/losses.md), fixed for the run; the defaults are plain GRPO."""
+    loss: str = "grpo"              # the objective: "grpo" | "gspo" | "gspo-token" | "cispo"
+    eps_low: float = 0.2            # that objective's clip: [1 - eps_low, 1 + eps_high]
+    eps_high: float = 0.2
+    agg: str = "token"              # "token" | "seq" | "const": how the step's terms are summed (loss_normalizer)
+    max_tokens: int | None = None   # "const"'s tokens per sequence (the sampler's max_new_tokens)
+    beta: float = 0.0               # the KL term's coefficient
+    kl_kind: str = "k3"             # "k1" | "k2" | "k3" (kl)
+    is_correction: str = "none"     # "none" | "tis" | "mis": weigh the policy term by pi_old / pi_sampler
+    is_level: str = "token"         # that weight per "token" or per "seq"
+    is_cap: float = 2.0             # its cap
+
+
+@dataclass(frozen=True)
+class Against:
+    """The log-probs of the same tokens (B, T-1) that the policy's are compared against, each optional: the policy
+    that sampled the batch as this trainer computes it (None = on-policy: ratio 1, REINFORCE's gradient), the
+    frozen reference of the KL term (None = no KL), and the sampler's own (for the importance-sampling correction)."""
+    old: torch.Tensor | None = None
+    ref: torch.Tensor | None = None
+    sampler: torch.Tensor | None = None
+
+
+def policy_loss(logp, advantages, loss_mask, settings=LossSettings(), normalizer=None, against=Against()):
     """
-    The policy-gradient loss of one micro-batch plus beta * KL, aggregated by agg over the step's normalizer (from
-    `loss_normalizer` over every micro-batch of the step; None = this call is the whole step).
-    logp, old_logp, ref_logp, sampler_logp, loss_mask: (B, T-1); old_logp None = on-policy (ratio 1, REINFORCE
-    gradient). advantages: (B,) one per sequence (what train.py passes), or (B, T-1) one per token. loss: "grpo" |
-    "gspo" | "gspo-token" | "cispo" (module doc; eps_low/eps_high are that loss's clip). is_correction "tis" |
-    "mis" weighs the policy term by pi_old / pi_sampler (needs sampler_logp).
-    Returns (loss, stats); stats are detached 0-d tensors: "pg" and "kl_loss" are this micro-batch's share of the
-    step's terms (sum them over micro-batches), "kl", "ratio_mean", "clip_low", "clip_high", "is_weight_mean" are
-    token means over this micro-batch (weigh by "tokens" to combine).
+    The policy-gradient loss of one micro-batch plus beta * KL, aggregated by settings.agg over the step's
+    normalizer (from `loss_normalizer` over every micro-batch of the step; None = this call is the whole step).
+    logp, loss_mask: (B, T-1). advantages: (B,) one per sequence (what train.py passes), or (B, T-1) one per token.
+    Returns (loss, stats) with stats from `loss_stats`.
     """
-    mask = loss_mask.bool()
+    s, mask = settings, loss_mask.bool()
     if normalizer is None:
-        normalizer = loss_normalizer([mask], agg, max_tokens)
+        normalizer = loss_normalizer([mask], s.agg, s.max_tokens)
     if normalizer <= 0:
         normalizer = 1.0  # a step with no loss tokens: the loss is 0 and so is its gradient
     adv = advantages.to(logp.dtype)
@@ -266,35 +232,47 @@ def policy_loss(logp, old_logp, advantages, loss_mask, eps_low=0.2, eps_high=0.2
         adv = adv.unsqueeze(-1)  # (B, 1) broadcasts over the sequence
     # zero every input at masked positions first: junk there (pads) then gets neither a value nor a NaN gradient
     logp = torch.where(mask, logp, 0.0)
-    old = logp.detach() if old_logp is None else torch.where(mask, old_logp, 0.0)
-    ref_logp = None if ref_logp is None else torch.where(mask, ref_logp, 0.0)
-    pg_tok, ratio, clipped_low, clipped_high = losses.policy_tokens(loss, logp, old, adv, mask, eps_low, eps_high)
-    stats = {}
-    if is_correction != "none":
-        if sampler_logp is None:
-            raise ValueError(f"is_correction={is_correction!r} needs sampler_logp=")
-        w = losses.is_weights(old, sampler_logp.to(logp.dtype), mask, is_correction, is_level, is_cap)
+    old = logp.detach() if against.old is None else torch.where(mask, against.old, 0.0)
+    pg_tok, ratio, clipped_low, clipped_high = losses.policy_tokens(s.loss, logp, old, adv, mask, s.eps_low,
+                                                                    s.eps_high)
+    w = None
+    if s.is_correction != "none":
+        if against.sampler is None:
+            raise ValueError(f"is_correction={s.is_correction!r} needs Against(sampler=)")
+        w = losses.is_weights(old, against.sampler.to(logp.dtype), mask, s.is_correction, s.is_level, s.is_cap)
         pg_tok = pg_tok * w
-        stats["is_weight_mean"] = masked_mean(w.expand_as(logp), mask)
-    pg = _aggregate(pg_tok, mask, agg, normalizer)
-    total = pg
-    if ref_logp is not None:
-        kl_tok = kl(logp, ref_logp, kl_kind)  # (B, T-1)
-        kl_loss = beta * _aggregate(kl_tok, mask, agg, normalizer)
+    pg = _aggregate(pg_tok, mask, s.agg, normalizer)
+    total, kl_tok, kl_loss = pg, None, None
+    if against.ref is not None:
+        kl_tok = kl(logp, torch.where(mask, against.ref, 0.0), s.kl_kind)  # (B, T-1)
+        kl_loss = s.beta * _aggregate(kl_tok, mask, s.agg, normalizer)
         total = total + kl_loss
+    return total, loss_stats(mask, pg, ratio, (clipped_low, clipped_high), w, (kl_tok, kl_loss))
+
+
+@torch.no_grad()
+def loss_stats(mask, pg, ratio, clipped, is_weight=None, kl_terms=(None, None)) -> dict:
+    """The statistics of one micro-batch's loss, detached 0-d tensors: "pg" and "kl_loss" are its share of the
+    step's terms (sum them over micro-batches); "is_weight_mean", "kl", "ratio_mean", "ratio_outside", "clip_low",
+    "clip_high" are token means over it (weigh by "tokens" to combine). `clipped`: (low, high) bool tensors, the
+    tokens whose term the clip changed; `kl_terms`: (per-token KL, the KL loss), None without a reference."""
+    dtype = pg.dtype
+    stats = {}
+    if is_weight is not None:
+        stats["is_weight_mean"] = masked_mean(is_weight.expand_as(mask), mask)
+    kl_tok, kl_loss = kl_terms
+    if kl_tok is not None:
         stats["kl"] = masked_mean(kl_tok.detach(), mask)
         stats["kl_loss"] = kl_loss.detach()
-    with torch.no_grad():
-        stats["pg"] = pg.detach()
-        stats["ratio_mean"] = masked_mean(ratio.detach(), mask)
-        # the tail a mean hides: the share of tokens whose ratio left [0.9, 1.1] (mu > 1, or a drifting sampler)
-        r = ratio.detach().expand_as(logp)
-        stats["ratio_outside"] = masked_mean(((r < 0.9) | (r > 1.1)).to(logp.dtype), mask)
-        # the fraction of tokens whose term the clip changed, by side
-        stats["clip_low"] = masked_mean(clipped_low.to(logp.dtype), mask)
-        stats["clip_high"] = masked_mean(clipped_high.to(logp.dtype), mask)
-        stats["tokens"] = mask.sum()
-    return total, stats
+    stats["pg"] = pg.detach()
+    stats["ratio_mean"] = masked_mean(ratio.detach(), mask)
+    # the tail a mean hides: the share of tokens whose ratio left [0.9, 1.1] (mu > 1, or a drifting sampler)
+    r = ratio.detach().expand_as(mask)
+    stats["ratio_outside"] = masked_mean(((r < 0.9) | (r > 1.1)).to(dtype), mask)
+    stats["clip_low"] = masked_mean(clipped[0].to(dtype), mask)
+    stats["clip_high"] = masked_mean(clipped[1].to(dtype), mask)
+    stats["tokens"] = mask.sum()
+    return stats
 
 
 def overlong_penalty(length, max_new_tokens, buffer):

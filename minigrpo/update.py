@@ -10,6 +10,7 @@ from minigrpo import grpo
 from minigrpo.logprobs import token_logprobs
 from minigrpo.common import left_pad
 from minigrpo.dist import all_reduce_, all_reduce_sum
+from minigrpo.grpo import LossSettings
 from minigrpo.lora import adapters_disabled
 
 
@@ -53,34 +54,35 @@ def micro_batches(seqs, size):
     return [order[i:i + size] for i in range(0, len(order), size)]
 
 
-def step_normalizer(batches, args, dist_info) -> float:
+def step_normalizer(batches, settings: LossSettings, dist_info) -> float:
     """The loss denominator of the whole optimizer step: over every micro-batch of every rank."""
-    local = grpo.loss_normalizer([b.mask for b in batches], args.agg, max_tokens=args.max_new_tokens)
+    local = grpo.loss_normalizer([b.mask for b in batches], settings.agg, max_tokens=settings.max_tokens)
     return all_reduce_sum([local], dist_info)[0]
 
 
-def log_probs(model, b: Batch, args, vocab_size, entropy=False):
+def log_probs(model, b: Batch, temperature, vocab_size, entropy=False):
     """The trainer's log-probs: logits / T with the sampler's T, ids past the tokenizer's vocabulary masked, as
     the sampler does, so that the two agree; the lm_head runs only over completion columns."""
-    return token_logprobs(model, b.ids, b.attn, temperature=args.temperature, return_entropy=entropy,
-                               vocab_size=vocab_size, first_col=b.first_col)
+    return token_logprobs(model, b.ids, b.attn, temperature=temperature, return_entropy=entropy,
+                          vocab_size=vocab_size, first_col=b.first_col)
 
 
-def reference_logprobs(model, reference, b: Batch, args, vocab_size):
-    if args.beta == 0:
-        return None
+def reference_logprobs(model, reference, b: Batch, temperature, vocab_size):
+    """The frozen reference's log-probs of the batch: `reference` when it is a model of its own (a full fine-tune),
+    else the policy with its LoRA adapters switched off."""
     with torch.no_grad():
         if reference is not None:
-            return log_probs(reference, b, args, vocab_size)
+            return log_probs(reference, b, temperature, vocab_size)
         with adapters_disabled(model):
-            return log_probs(model, b, args, vocab_size)
+            return log_probs(model, b, temperature, vocab_size)
 
 
-def all_reduce_and_clip(params, args, dist_info) -> float:
+def all_reduce_and_clip(params, max_grad_norm, dist_info) -> float:
     """Sum gradients over ranks (each rank already divided by the global normaliser), then clip. Every rank sends
     every parameter, zeros where it has no gradient (a rank without examples has none at all), so that all ranks
     send the same layout; one has-a-gradient count per parameter rides along, so that a parameter gets a gradient
-    when some rank computed one and stays None (skipped by AdamW, as in one process) when none did."""
+    when some rank computed one and stays None (skipped by AdamW, as in one process) when none did. The clip is at
+    max_grad_norm (0: none); returns the norm before it."""
     if dist_info.world > 1 and params:
         flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in params]
                          + [params[0].new_tensor([p.grad is not None for p in params])])
@@ -93,5 +95,5 @@ def all_reduce_and_clip(params, args, dist_info) -> float:
                 p.grad.copy_(summed)
             elif has:
                 p.grad = summed.to(p.dtype, copy=True)
-    clip = args.max_grad_norm if args.max_grad_norm > 0 else float("inf")
+    clip = max_grad_norm if max_grad_norm > 0 else float("inf")    # 0: no clip, the norm is still measured
     return float(torch.nn.utils.clip_grad_norm_(params, clip))

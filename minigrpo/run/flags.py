@@ -7,6 +7,7 @@ import os
 import sys
 import time
 
+from minigrpo.grpo import LossSettings
 from minigrpo.losses import IS_CORRECTIONS, IS_LEVELS, LOSSES
 from minigrpo.run.folder import TRACKERS, RunFolder, require_tracker
 from minigrpo.run.presets import PRESETS
@@ -79,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eps-high", type=float, default=0.28)
     p.add_argument("--mu", type=int, default=1,
                    help="inner epochs over each batch of rollouts (>1 = PPO-style clipping)")
-    p.add_argument("--agg", default="token", choices=["token", "seq", "const"], help="loss aggregation (see grpo.py)")
+    p.add_argument("--agg", default="token", choices=["token", "seq", "const"],
+                   help="loss aggregation (docs/losses.md)")
     p.add_argument("--adv-scale", default="group", choices=["group", "batch", "none"])
     p.add_argument("--mask-truncated", action="store_true", help="do not train completions cut by the limit")
     p.add_argument("--loss", default="grpo", choices=list(LOSSES),
@@ -177,6 +179,17 @@ def resolve_args(argv=None) -> argparse.Namespace:
         RunFolder(args.runs_dir, args.run_name).refuse_foreign()
     require_tracker(args.log_to)
     return args
+
+
+
+def loss_settings(args) -> LossSettings:
+    """The run's loss choices from its flags, built once: gspo and gspo-token clip their sequence ratio by their
+    own, much smaller, epsilons (--gspo-eps-low/--gspo-eps-high); every other objective by --eps-low/--eps-high."""
+    gspo = args.loss.startswith("gspo")
+    return LossSettings(loss=args.loss, eps_low=args.gspo_eps_low if gspo else args.eps_low,
+                        eps_high=args.gspo_eps_high if gspo else args.eps_high, agg=args.agg,
+                        max_tokens=args.max_new_tokens, beta=args.beta, kl_kind=args.kl,
+                        is_correction=args.is_correction, is_level=args.is_level, is_cap=args.is_cap)
 
 
 def check_task_flags(args, given):

@@ -7,8 +7,9 @@ config.json's "resumes" list (minigrpo/run/folder.py RunFolder.record_resume).
 train.py prints "resumed from step N of M" with the checkpoint and what changed; --resume of a run killed before
 its first checkpoint starts it over. A longer --steps (or --epochs) stretches the schedule's remaining part: the
 learning rate of a step after the resume point follows the new length, so the resumed run equals an uninterrupted
-run of the new length only from its start.
+run of the new length only from its start. The run policy's streaks (nonfinite_streak) are kept in the checkpoint too.
 """
+import math
 import sys
 
 from minigrpo import checkpoints
@@ -105,3 +106,26 @@ def resume_or_start(run, args, model, opt, sched, dist_info, device, n_steps):
 def trainer_state(step, data, opt, sched, nonfinite):
     return {"step": step, "data": vars(data).copy(), "optimizer": opt.state_dict(),
             "scheduler": sched.state_dict(), "rng": checkpoints.rng_state(), "nonfinite": nonfinite}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Run policy: when a run stops by itself. Each rule counts a streak of bad steps (kept in the checkpoint, so that a
+# resume continues it) and stops the run, with the last good checkpoint intact, when the streak reaches its limit.
+
+MAX_NONFINITE_STEPS = 3      # non-finite loss or gradient in a row (train.py's policy_update: what is skipped)
+
+
+def nonfinite_streak(streak, grad_norm, step, run, mu=1) -> int:
+    """The streak of non-finite steps after this one; stops the run at MAX_NONFINITE_STEPS. What was skipped
+    depends on μ: with one pass the whole update, with several the pass that went non-finite and those after it
+    (the optimizer steps of the passes before it stand), so only with μ = 1 are the weights an earlier step's."""
+    streak = streak + 1 if not math.isfinite(grad_norm) else 0
+    skipped = "step skipped" if mu == 1 else "its pass and the passes after it skipped, earlier passes applied"
+    if streak:
+        print(f"warning: step {step}: non-finite loss or gradient, {skipped} ({streak} in a row)", file=sys.stderr)
+    if streak >= MAX_NONFINITE_STEPS:
+        kept = (f"their updates were skipped, so the weights are those of step {step - streak}" if mu == 1 else
+                f"with --mu {mu} each kept the passes before its non-finite one")
+        raise SystemExit(f"stopping: {streak} non-finite steps in a row (steps {step - streak + 1}-{step}, the last "
+                         f"grad-norm {grad_norm}; {kept}): lower --lr or check the data; {run.checkpoint_note()}")
+    return streak

@@ -214,7 +214,8 @@ def test_share_of_the_update_the_sampler_carries():
     b = train.collate([Seq(str(i), 1, p, c, [0.0] * len(c), "length", "", 0.0)
                        for i, (p, c) in enumerate(zip(prompts, completions))], M.pad, M.device)
     with torch.no_grad():
-        t, base = train.log_probs(model, b, M.args, M.vocab), train.reference_logprobs(model, None, b, M.args, M.vocab)
+        T = M.args.temperature
+        t, base = train.log_probs(model, b, T, M.vocab), train.reference_logprobs(model, None, b, T, M.vocab)
     per_row = lambda lp: [lp[i][b.mask[i].bool()].tolist() for i in range(2)]
 
     def drawn(lp):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from minigrpo import grpo
+from minigrpo.grpo import Against, LossSettings
 from minigrpo.logprobs import token_logprobs
 from toy_lm import ToyLM, naive_logprobs
 
@@ -177,7 +178,8 @@ def test_policy_loss_matches_loop(agg):
     logp, old, ref, adv, mask = random_batch()
     norm = {"token": mask.sum().item(), "seq": 4, "const": 4 * 7}[agg]
     assert grpo.loss_normalizer([mask[:1], mask[1:]], agg, max_tokens=7) == norm
-    loss, st = grpo.policy_loss(logp, old, adv, mask, 0.2, 0.28, agg, norm, ref_logp=ref, beta=0.1)
+    loss, st = grpo.policy_loss(logp, adv, mask, LossSettings(eps_high=0.28, agg=agg, beta=0.1), norm,
+                                Against(old=old, ref=ref))
     expected = loop_loss(logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), 0.2, 0.28, agg, norm,
                          ref.tolist(), 0.1)
     assert loss.item() == pytest.approx(expected, rel=1e-12)
@@ -188,14 +190,14 @@ def test_policy_loss_stats_by_hand():
     logp = torch.log(torch.tensor([[1.0, 1.5, 0.5, 1.1]]))  # old_logp = 0 -> ratios 1, 1.5, 0.5, 1.1
     old = torch.zeros(1, 4)
     mask = torch.ones(1, 4, dtype=torch.bool)
-    _, st = grpo.policy_loss(logp, old, torch.tensor([[1.0, 1.0, -1.0, -1.0]]), mask)
+    _, st = grpo.policy_loss(logp, torch.tensor([[1.0, 1.0, -1.0, -1.0]]), mask, against=Against(old=old))
     assert st["clip_high"].item() == pytest.approx(0.25)  # ratio 1.5 with A > 0
     assert st["clip_low"].item() == pytest.approx(0.25)  # ratio 0.5 with A < 0
     assert st["ratio_mean"].item() == pytest.approx((1 + 1.5 + 0.5 + 1.1) / 4)
     assert st["tokens"].item() == 4
     # the share of tokens whose ratio left [0.9, 1.1]: 1.5 and 0.85 of the three unmasked ones (the masked 3.0 not)
     logp = torch.log(torch.tensor([[1.5, 0.85, 1.05, 3.0]]))
-    _, st = grpo.policy_loss(logp, old, torch.ones(1, 4), torch.tensor([[True, True, True, False]]))
+    _, st = grpo.policy_loss(logp, torch.ones(1, 4), torch.tensor([[True, True, True, False]]), against=Against(old=old))
     assert st["ratio_outside"].item() == pytest.approx(2 / 3)
 
 
@@ -205,15 +207,15 @@ def test_aggregations_agree_on_equal_lengths_and_differ_otherwise():
     logp = -torch.rand(B, L, generator=g, dtype=torch.float64)
     adv = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)
     full = torch.ones(B, L, dtype=torch.bool)
-    losses = [grpo.policy_loss(logp, None, adv, full, agg=a, max_tokens=L)[0].item() for a in ("token", "seq", "const")]
+    losses = [grpo.policy_loss(logp, adv, full, LossSettings(agg=a, max_tokens=L))[0].item() for a in ("token", "seq", "const")]
     assert losses[0] == pytest.approx(losses[1]) and losses[0] == pytest.approx(losses[2])
     # lengths 1 and 3, per-token loss -A (on-policy, ratio 1): A = (2, 1)
     adv = torch.tensor([2.0, 1.0], dtype=torch.float64)
     mask = grpo.span_mask(1, torch.tensor([1, 3]), 4)
     lp = torch.zeros(2, 3, dtype=torch.float64)
-    token = grpo.policy_loss(lp, None, adv, mask, agg="token")[0].item()
-    seq = grpo.policy_loss(lp, None, adv, mask, agg="seq")[0].item()
-    const = grpo.policy_loss(lp, None, adv, mask, agg="const", max_tokens=3)[0].item()
+    token = grpo.policy_loss(lp, adv, mask, LossSettings(agg="token"))[0].item()
+    seq = grpo.policy_loss(lp, adv, mask, LossSettings(agg="seq"))[0].item()
+    const = grpo.policy_loss(lp, adv, mask, LossSettings(agg="const", max_tokens=3))[0].item()
     assert token == pytest.approx(-(2 * 1 + 1 * 3) / 4)  # every token weighs the same
     assert seq == pytest.approx(-(2 + 1) / 2)  # every sequence weighs the same: short ones' tokens weigh more
     assert const == pytest.approx(-(2 * 1 + 1 * 3) / (3 * 2))  # sum over a constant budget
@@ -221,8 +223,9 @@ def test_aggregations_agree_on_equal_lengths_and_differ_otherwise():
 
 def test_per_token_advantages_equal_broadcast_per_sequence():
     logp, old, ref, adv, mask = random_batch()
-    a = grpo.policy_loss(logp, old, adv, mask, ref_logp=ref, beta=0.05)[0]
-    b = grpo.policy_loss(logp, old, adv[:, None].expand_as(logp), mask, ref_logp=ref, beta=0.05)[0]
+    a = grpo.policy_loss(logp, adv, mask, LossSettings(beta=0.05), against=Against(old=old, ref=ref))[0]
+    b = grpo.policy_loss(logp, adv[:, None].expand_as(logp), mask, LossSettings(beta=0.05),
+                         against=Against(old=old, ref=ref))[0]
     assert torch.allclose(a, b)
 
 
@@ -231,7 +234,7 @@ def test_on_policy_gradient_is_reinforce(agg):
     logp0, _, _, adv, mask = random_batch()
     logp = logp0.clone().requires_grad_(True)
     norm = grpo.loss_normalizer([mask], agg, max_tokens=7)
-    loss, st = grpo.policy_loss(logp, None, adv, mask, agg=agg, normalizer=norm)
+    loss, st = grpo.policy_loss(logp, adv, mask, LossSettings(agg=agg), norm)
     loss.backward()
     w = mask.double()
     if agg == "seq":
@@ -245,7 +248,7 @@ def test_on_policy_model_gradient_is_reinforce():
     ids = torch.randint(0, 23, (3, 9), generator=torch.Generator().manual_seed(0))
     mask = grpo.span_mask(4, torch.tensor([5, 3, 2]), 9)
     adv = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
-    loss, _ = grpo.policy_loss(token_logprobs(model, ids, chunk=4), None, adv, mask)
+    loss, _ = grpo.policy_loss(token_logprobs(model, ids, chunk=4), adv, mask)
     assert loss.item() == pytest.approx(-(0.5 * 5 - 1.0 * 3 + 2.0 * 2) / 10)  # the value is just -mean(A)...
     g1 = torch.autograd.grad(loss, list(model.parameters()))
     lp = naive_logprobs(model, ids)
@@ -262,7 +265,8 @@ def test_clipped_region_has_zero_gradient():
     adv = torch.tensor([[1.0, -1.0, 1.0, -1.0, 1.0, -1.0]], dtype=torch.float64)
     old = torch.zeros_like(ratios)
     logp = ratios.log().requires_grad_(True)
-    loss, _ = grpo.policy_loss(logp, old, adv, torch.ones_like(ratios, dtype=torch.bool), el, eh, normalizer=1.0)
+    loss, _ = grpo.policy_loss(logp, adv, torch.ones_like(ratios, dtype=torch.bool), LossSettings(eps_low=el, eps_high=eh),
+                                normalizer=1.0, against=Against(old=old))
     loss.backward()
     # clipped: (1.5, A>0) and (0.5, A<0) -> 0; inside the range: -A r; PPO's min keeps the unclipped side
     # for (0.5, A>0) and (1.5, A<0), which are pessimistic and keep their gradient
@@ -294,8 +298,8 @@ def test_micro_batch_invariance(agg, kind):
         norm = grpo.loss_normalizer([loss_mask[c] for c in chunks], agg, max_tokens=T - P)
         for c in chunks:
             logp = token_logprobs(model, ids[c], attn[c], chunk=3)
-            loss, _ = grpo.policy_loss(logp, old[c], adv[c], loss_mask[c], 0.2, 0.28, agg, norm,
-                                       ref_logp=ref[c], beta=0.1, loss=kind)
+            loss, _ = grpo.policy_loss(logp, adv[c], loss_mask[c], LossSettings(kind, 0.2, 0.28, agg, beta=0.1), norm,
+                                       Against(old=old[c], ref=ref[c]))
             loss.backward()
         return [p.grad.clone() for p in model.parameters()]
 
@@ -313,7 +317,7 @@ def test_loss_normalizer_errors_and_empty_step():
     with pytest.raises(ValueError, match="agg"):
         grpo.loss_normalizer([m], "mean")
     logp = torch.zeros(2, 3, requires_grad=True)
-    loss, _ = grpo.policy_loss(logp, None, torch.ones(2), m)
+    loss, _ = grpo.policy_loss(logp, torch.ones(2), m)
     loss.backward()
     assert loss.item() == 0 and logp.grad.abs().sum() == 0
 
@@ -339,7 +343,7 @@ def test_prompt_and_critique_tokens_never_trained():
     logp = torch.randn(1, T - 1, dtype=torch.float64, requires_grad=True)
     with torch.no_grad():
         logp[0, :3] = float("nan")  # junk at masked columns must not leak into the loss
-    loss, _ = grpo.policy_loss(logp, None, adv.double(), mask)
+    loss, _ = grpo.policy_loss(logp, adv.double(), mask)
     loss.backward()
     assert torch.isfinite(loss)
     g = logp.grad[0]

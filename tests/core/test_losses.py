@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from minigrpo import grpo
+from minigrpo.grpo import Against, LossSettings
 from test_grpo import random_batch
 
 F64 = torch.float64
@@ -37,7 +38,7 @@ def test_gspo_value_and_gradient_by_hand():
     # e^-0.1 (clipped low, A < 0); eps_low != eps_high, so a swapped clip shows
     logp, old, mask = rows([[0.1, -0.05, 0.01], [0.3, -0.1], [-0.1, -0.1]])
     adv = torch.tensor([1.0, -1.0, -1.0], dtype=F64)
-    loss, st = grpo.policy_loss(logp, old, adv, mask, eps_low=0.02, eps_high=0.01, agg="seq", loss="gspo")
+    loss, st = grpo.policy_loss(logp, adv, mask, LossSettings("gspo", 0.02, 0.01, "seq"), against=Against(old=old))
     s1 = math.exp(0.1)
     assert loss.item() == pytest.approx((-1.01 + s1 + 0.98) / 3, rel=1e-12)  # the paper's 1/G sum_i
     loss.backward()
@@ -66,7 +67,7 @@ def test_gspo_matches_loop(agg):
     logp, old, _, adv, mask = random_batch()
     old = logp + 0.05 * (old - logp)  # sequence ratios around the small epsilons, some clipped, some not
     norm = grpo.loss_normalizer([mask], agg, max_tokens=7)
-    loss, st = grpo.policy_loss(logp, old, adv, mask, 3e-4, 4e-4, agg, norm, loss="gspo")
+    loss, st = grpo.policy_loss(logp, adv, mask, LossSettings("gspo", 3e-4, 4e-4, agg), norm, Against(old=old))
     expected = loop_gspo(logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), 3e-4, 4e-4, agg, norm)
     assert loss.item() == pytest.approx(expected, rel=1e-12)
     assert 0 < st["clip_low"].item() + st["clip_high"].item() < 1  # the case has both clipped and free rows
@@ -75,9 +76,9 @@ def test_gspo_matches_loop(agg):
 def test_gspo_wants_one_advantage_per_sequence():
     logp, old, mask = rows([[0.1, 0.2]])
     with pytest.raises(ValueError, match="gspo-token"):
-        grpo.policy_loss(logp, old, torch.ones(1, 2, dtype=F64), mask, loss="gspo")
+        grpo.policy_loss(logp, torch.ones(1, 2, dtype=F64), mask, LossSettings("gspo"), against=Against(old=old))
     with pytest.raises(ValueError, match="loss="):
-        grpo.policy_loss(logp, old, torch.ones(1, dtype=F64), mask, loss="ppo")
+        grpo.policy_loss(logp, torch.ones(1, dtype=F64), mask, LossSettings("ppo"), against=Against(old=old))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -87,7 +88,7 @@ def test_gspo_wants_one_advantage_per_sequence():
 def test_gspo_token_value_and_gradient_by_hand():
     logp, old, mask = rows([[0.3, -0.1], [0.1, -0.05, 0.01]])  # s = e^0.1, e^0.02
     adv = torch.tensor([[2.0, -1.0, 0.0], [0.5, -3.0, 1.0]], dtype=F64)  # per token
-    loss, _ = grpo.policy_loss(logp, old, adv, mask, eps_low=0.2, eps_high=0.05, agg="token", loss="gspo-token")
+    loss, _ = grpo.policy_loss(logp, adv, mask, LossSettings("gspo-token", 0.2, 0.05, "token"), against=Against(old=old))
     s0, s1 = math.exp(0.1), math.exp(0.02)
     # row 0: s0 > 1.05: the A = 2 token is clipped (value -1.05 * 2, no gradient), the A = -1 token is not
     expected = (-1.05 * 2 + s0 * 1.0 - s1 * 0.5 + s1 * 3.0 - s1 * 1.0) / 5
@@ -105,7 +106,7 @@ def test_gspo_token_equals_gspo_with_sequence_advantages():
     out = {}
     for kind in ("gspo", "gspo-token"):
         logp = logp0.clone().requires_grad_(True)
-        loss, _ = grpo.policy_loss(logp, old, adv, mask, 3e-4, 4e-4, "seq", loss=kind)
+        loss, _ = grpo.policy_loss(logp, adv, mask, LossSettings(kind, 3e-4, 4e-4, "seq"), against=Against(old=old))
         loss.backward()
         out[kind] = (loss.detach(), logp.grad)
     assert torch.allclose(out["gspo"][0], out["gspo-token"][0], rtol=1e-12)
@@ -122,7 +123,8 @@ def test_cispo_value_and_gradient_by_hand():
     adv = torch.tensor([[1.0, -1.0, 1.0, -1.0, 1.0, -1.0]], dtype=F64)
     logp = torch.tensor([[-0.5, -1.0, -2.0, -0.1, -0.3, -1.5]], dtype=F64, requires_grad=True)
     old = logp.detach() - ratios.log()
-    loss, st = grpo.policy_loss(logp, old, adv, torch.ones_like(adv, dtype=torch.bool), 0.2, 0.28, loss="cispo")
+    loss, st = grpo.policy_loss(logp, adv, torch.ones_like(adv, dtype=torch.bool), LossSettings("cispo", 0.2, 0.28),
+                                against=Against(old=old))
     w = [1.28, 0.8, 1.1, 0.9, 0.8, 1.28]  # clip(r, 0.8, 1.28), whatever A's sign
     lp = logp.detach()[0].tolist()
     assert loss.item() == pytest.approx(sum(-wi * a * l for wi, a, l in zip(w, adv[0].tolist(), lp)) / 6, rel=1e-12)
@@ -142,7 +144,7 @@ def test_on_policy_gradient_is_reinforce(kind, agg):
     logp0, _, _, adv, mask = random_batch()
     logp = logp0.clone().requires_grad_(True)
     norm = grpo.loss_normalizer([mask], agg)
-    loss, st = grpo.policy_loss(logp, None, adv, mask, 3e-4, 4e-4, agg, norm, loss=kind)
+    loss, st = grpo.policy_loss(logp, adv, mask, LossSettings(kind, 3e-4, 4e-4, agg), norm)
     loss.backward()
     w = mask.double() / (mask.sum(-1, keepdim=True) if agg == "seq" else 1)
     assert torch.allclose(logp.grad, -adv[:, None] * w / norm, atol=1e-12)
@@ -171,8 +173,8 @@ def is_case():
 ])
 def test_is_weights_by_hand(kind, level, weights):
     logp, mask, sampler, adv = is_case()
-    loss, st = grpo.policy_loss(logp, None, adv, mask, agg="token", sampler_logp=sampler, is_correction=kind,
-                                is_level=level, is_cap=2.0)
+    loss, st = grpo.policy_loss(logp, adv, mask, LossSettings(agg="token", is_correction=kind, is_level=level, is_cap=2.0),
+                                against=Against(sampler=sampler))
     loss.backward()
     w = torch.tensor(weights, dtype=F64)
     assert torch.allclose(logp.grad, -adv[:, None] * w / 5, atol=1e-15)  # -A w grad(logp) / tokens
@@ -183,8 +185,8 @@ def test_is_weights_by_hand(kind, level, weights):
 def test_sequence_weight_caps_the_product(kind):
     logp, mask, sampler, adv = is_case()
     sampler[1, 2] = -math.log(1.5)  # row 1's product: 1.5 * 1.5 = 2.25 > 2, though every token is under the cap
-    loss, _ = grpo.policy_loss(logp, None, adv, mask, agg="token", sampler_logp=sampler, is_correction=kind,
-                               is_level="seq", is_cap=2.0)
+    loss, _ = grpo.policy_loss(logp, adv, mask, LossSettings(agg="token", is_correction=kind, is_level="seq", is_cap=2.0),
+                               against=Against(sampler=sampler))
     loss.backward()
     w1 = 2.0 if kind == "tis" else 0.0
     assert torch.allclose(logp.grad[1], torch.full((3,), 2.0 * w1 / 5, dtype=F64))
@@ -198,8 +200,8 @@ def test_is_correction_is_an_exact_no_op_when_sampler_and_trainer_agree(kind, co
     out = []
     for corr in ("none", correction):
         logp = logp0.clone().requires_grad_(True)
-        loss, _ = grpo.policy_loss(logp, old, adv, mask, 0.2, 0.28, ref_logp=ref, beta=0.1, loss=kind,
-                                   sampler_logp=old.clone(), is_correction=corr, is_level=level, is_cap=1.0)
+        loss, _ = grpo.policy_loss(logp, adv, mask, LossSettings(kind, 0.2, 0.28, beta=0.1, is_correction=corr,
+                                   is_level=level, is_cap=1.0), against=Against(old, ref, old.clone()))
         loss.backward()
         out.append((loss.detach(), logp.grad))
     assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
@@ -207,8 +209,8 @@ def test_is_correction_is_an_exact_no_op_when_sampler_and_trainer_agree(kind, co
 
 def test_is_correction_needs_the_sampler_logprobs():
     logp, mask, _, adv = is_case()
-    with pytest.raises(ValueError, match="sampler_logp"):
-        grpo.policy_loss(logp, None, adv, mask, is_correction="tis")
+    with pytest.raises(ValueError, match="sampler"):
+        grpo.policy_loss(logp, adv, mask, LossSettings(is_correction="tis"))
 
 
 # ----------------------------------------------------------------------------------------------------------------

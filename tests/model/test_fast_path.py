@@ -13,6 +13,7 @@ pytestmark = pytest.mark.oracle   # train.py's loop: the run-time packages, the 
 pytest.importorskip("tokenizers")
 import train  # noqa: E402
 from minigrpo import static_decode  # noqa: E402
+from minigrpo.dist import Dist  # noqa: E402
 from minigrpo.lora import adapters_disabled, inject_lora, lora_layers  # noqa: E402
 from minigrpo.pretrained import load_pretrained  # noqa: E402
 from minigrpo.run.gap import gap_metrics, off_policy, token_sums  # noqa: E402
@@ -176,7 +177,7 @@ def test_soyuz_rollout_compiles_one_graph_per_length_bucket(monkeypatch, capsys)
                      enable_thinking=False, seed=0)
     for step in range(2):   # the decode step fails on reaching its limit (static_decode.GRAPH_LIMIT), never falls back
         examples = task.tasks[step::2]
-        seqs = train.rollout(model, tok, task, args, examples, step, list(range(len(examples))))
+        seqs, _ = train.rollout_step(model, tok, task, args, step, list(enumerate(examples)), Dist())
         assert len(seqs) == 2 * 6 * len(examples) and {s.turn for s in seqs} == {0, 1}
     graphs = counters["stats"]["unique_graphs"]
     buckets = {real_bucket(n) for n in needed}

@@ -392,7 +392,7 @@ def test_ctrl_c_before_any_checkpoint_claims_none(tmp_path, monkeypatch, capsys)
 def test_the_non_finite_stop_says_what_the_streak_was_and_claims_no_checkpoint_it_lacks(tmp_path, monkeypatch):
     args = train.resolve_args([*SMALL, "--runs-dir", str(tmp_path), "--run-name", "nan", "--steps", "6",
                                "--save-every", "5"])
-    monkeypatch.setattr(train, "all_reduce_and_clip", lambda params, args, dist_info: float("nan"))
+    monkeypatch.setattr(train, "all_reduce_and_clip", lambda params, max_grad_norm, dist_info: float("nan"))
     with pytest.raises(SystemExit) as e:
         train.train(args)
     assert e.value.code == ("stopping: 3 non-finite steps in a row (steps 1-3, the last grad-norm nan; their updates "

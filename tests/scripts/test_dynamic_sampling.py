@@ -13,10 +13,11 @@ G = 4
 
 def fake_rollouts(spread, calls):
     """rollout_step's stand-in: G Seqs per example, scores that spread only for the ids in `spread`."""
-    def rollout_step(model, tok, task, args, examples, step, dist_info, first=0, times=None):
-        calls.append((first, [ex["id"] for ex in examples]))
+    def rollout_step(model, tok, task, args, step, examples, dist_info):
+        calls.append((examples[0][0], [ex["id"] for _, ex in examples]))   # (the first's index in the step, ids)
+        assert [i for i, _ in examples] == list(range(examples[0][0], examples[0][0] + len(examples)))
         seqs = [Seq(ex["id"], 0, [1], [2], [0.0], "eos", "x", float(ex["id"] in spread and k % 2), None)
-                for ex in examples for k in range(G)]
+                for _, ex in examples for k in range(G)]
         for s in seqs:
             s.reward = s.score
         return seqs, seqs[::2]                  # "this rank's" share: every other Seq

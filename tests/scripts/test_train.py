@@ -135,8 +135,8 @@ def test_three_non_finite_steps_stop_with_the_last_good_checkpoint(tmp_path, mon
                                "--save-every", "1", "--keep-checkpoints", "5"])
     real, calls = train.all_reduce_and_clip, []
 
-    def poisoned(params, args, dist_info):
-        calls.append(real(params, args, dist_info))
+    def poisoned(params, max_grad_norm, dist_info):
+        calls.append(real(params, max_grad_norm, dist_info))
         return calls[-1] if len(calls) == 1 else float("nan")     # step 1 is fine, then every gradient is NaN
 
     monkeypatch.setattr(train, "all_reduce_and_clip", poisoned)
@@ -175,8 +175,6 @@ def test_a_fresh_run_refuses_a_used_run_folder(tmp_path):
 def test_eos_equal_to_pad_is_trained_by_the_trainer():
     """Qwen base models pad with their EOS id. The trainer's loss mask (train.collate, built by position with
     grpo.span_mask) trains the EOS a model emitted and never a pad; a mask by token id would drop the EOS."""
-    import argparse
-
     import train
     from minigrpo import grpo
     from minigrpo.tasks.base import Seq
@@ -189,9 +187,8 @@ def test_eos_equal_to_pad_is_trained_by_the_trainer():
     eos_col = b.ids.shape[1] - 2                       # column t scores the token at position t + 1: the last one
     assert b.mask[:, eos_col].all() and b.mask.sum(-1).tolist() == [3, 1]
     assert not (b.ids[:, 1:] != PAD)[:, eos_col].any()     # the bug: masking by token id drops the emitted EOS
-    args = argparse.Namespace(temperature=1.0)
-    logp = train.log_probs(ToyLM(), b, args, vocab_size=None)
-    loss, _ = grpo.policy_loss(logp, None, b.adv.double(), b.mask)
+    logp = train.log_probs(ToyLM(), b, 1.0, vocab_size=None)
+    loss, _ = grpo.policy_loss(logp, b.adv.double(), b.mask)
     g = torch.autograd.grad(loss, logp)[0]
     assert (g[:, eos_col] != 0).all()                  # the emitted EOS is an action and gets a gradient
     assert (g[0, :eos_col - 2] == 0).all() and (g[1, :eos_col] == 0).all()   # prompts and pads do not

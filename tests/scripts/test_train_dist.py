@@ -263,14 +263,20 @@ def rank_main(argv):
 
     train.init_distributed = init_distributed
     if os.environ.get("VALIDATION_LOG"):         # which val examples this rank rolled out (greedy, one sample each)
-        real_rollout = train.rollout
+        real_task = train.task_from_args
 
-        def rollout(model, tok, task, args, examples, *rest, **kw):
-            if args.temperature == 0.0:
-                with open(f"{os.environ['VALIDATION_LOG']}.{os.environ['RANK']}", "a") as f:
-                    f.write("".join(f"{ex['id']}\n" for ex in examples))
-            return real_rollout(model, tok, task, args, examples, *rest, **kw)
-        train.rollout = rollout
+        def task_from_args(args):
+            task = real_task(args)
+            real_rollout = task.rollout
+
+            def rollout(generate, tok, examples, seeds, args):
+                if args.temperature == 0.0:
+                    with open(f"{os.environ['VALIDATION_LOG']}.{os.environ['RANK']}", "a") as f:
+                        f.write("".join(f"{ex['id']}\n" for ex in examples))
+                return real_rollout(generate, tok, examples, seeds, args)
+            task.rollout = rollout
+            return task
+        train.task_from_args = task_from_args
     train.main(argv)
 
 

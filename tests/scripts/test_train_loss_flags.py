@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import train
-from minigrpo.run.flags import resolve_args
+from minigrpo.run.flags import loss_settings, resolve_args
 from minigrpo.tasks.base import Seq
 from repo_root import ROOT
 
@@ -90,8 +90,8 @@ def update_stats(*flags, adv=(1.0, 1.0, 1.0, 1.0)):
                 "", 1.0, 1.0)
         s.advantage = adv[i]
         seqs.append(s)
-    stats, _ = train.policy_update(model, reference, params, opt, sched, seqs, args, Dist(), tok,
-                                   torch.device("cpu"))
+    up = train.Updater(model, reference, params, opt, sched, loss_settings(args))
+    stats, _ = train.policy_update(up, seqs, args, Dist(), tok)
     return stats
 
 

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import train
+from minigrpo.dist import Dist
 from minigrpo.judge import CriterionResult, Verdict
 from minigrpo.sampler import Sample
 from minigrpo.tasks.soyuz import SoyuzTask, critique, recovery_metrics
@@ -193,7 +194,7 @@ def test_one_sampler_call_per_turn_by_default(monkeypatch):
     args = Namespace(seed=0, group_size=6, max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=0, decode=None,
                      enable_thinking=False)
     examples = [dict(TASKS[0], id=f"t{k}") for k in range(4)]
-    seqs = train.rollout(model, tok, task, args, examples, 0, list(range(4)))
+    seqs, _ = train.rollout_step(model, tok, task, args, 0, list(enumerate(examples)), Dist())
     assert calls == [(4, 6), (24, 1)]
     assert [s.turn for s in seqs] == [0, 1] * 24
 
@@ -204,7 +205,6 @@ def test_validation_samples_in_calls_of_a_steps_examples(monkeypatch):
     whose rows would need a static cache the memory plan does not count."""
     import torch
 
-    from minigrpo.dist import Dist
     from minigrpo.pretrained import load_pretrained
     from minigrpo.run import callsize
     from minigrpo.run.flags import resolve_args

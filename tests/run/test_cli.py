@@ -1,0 +1,66 @@
+"""minigrpo/run/cli.py: how train.py and eval.py end. A usage error is one "<prog>: error:" line and exit code 2, a
+run-policy stop its cause and what is kept with exit code 1, a Ctrl-C what is kept with exit code 130; any other
+error is raised as it is. `ended` sees every one of them first (it undoes what the command made)."""
+import pytest
+
+from minigrpo.common import StopRun, UsageError
+from minigrpo.run import cli
+
+
+def ends(exc, capsys):
+    """(exit code or the exception raised, stderr lines, what `ended` was called with) of cli.run on a work that
+    raises exc."""
+    seen = []
+
+    def work():
+        raise exc
+
+    def ended(e):
+        seen.append(e)
+        return "the note"
+    try:
+        cli.run("prog.py", work, ended)
+        code = None
+    except SystemExit as e:
+        code = e.code
+    except Exception as e:            # noqa: BLE001 - what is not an exit code is returned as it was raised
+        code = e
+    return code, capsys.readouterr().err.splitlines(), seen
+
+
+@pytest.mark.parametrize("exc, code, line", [
+    (UsageError("--x 3: must be 2"), 2, "prog.py: error: --x 3: must be 2"),
+    (StopRun("the judge is down"), 1, "prog.py: the judge is down; the note"),
+    (KeyboardInterrupt(), 130, "prog.py: stopped by Ctrl-C; the note"),
+])
+def test_each_ending_has_its_exit_code_and_one_line(exc, code, line, capsys, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    got, err, seen = ends(exc, capsys)
+    assert got == code and [ln for ln in err if ln] == [line] and seen == [exc]
+
+
+def test_another_error_is_raised_as_it_is_after_ended(capsys):
+    exc = ValueError("a bug")
+    got, err, seen = ends(exc, capsys)
+    assert got is exc and err == [] and seen == [exc]
+
+
+def test_a_ctrl_c_is_reported_by_rank_0_only(capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    got, err, _ = ends(KeyboardInterrupt(), capsys)
+    assert got == 130 and err == []
+
+
+def test_work_that_ends_well_returns_its_value():
+    assert cli.run("prog.py", lambda: 7, lambda e: pytest.fail("ended called")) == 7
+
+
+def test_a_refused_flag_is_a_usage_line(capsys):
+    def resolve(argv):
+        raise SystemExit(f"--steps {argv[1]}: must be at least 1")
+    with pytest.raises(SystemExit) as e:
+        cli.parse("prog.py", resolve, ["--steps", "0"])
+    assert e.value.code == 2 and capsys.readouterr().err == "prog.py: error: --steps 0: must be at least 1\n"
+    with pytest.raises(SystemExit) as e:              # argparse's own exit (--help: 0) passes through
+        cli.parse("prog.py", lambda argv: (_ for _ in ()).throw(SystemExit(0)), [])
+    assert e.value.code == 0
