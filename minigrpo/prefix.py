@@ -46,7 +46,7 @@ def check_reuse(reuse, P):
         return [None] * P
     reuse = list(reuse)
     if len(reuse) != P or any(k is not None and not isinstance(k, Kept) for k in reuse):
-        raise ValueError(f"sampler.py: reuse= needs one prefix.Kept (a Sample's .kept) or None per prompt, "
+        raise ValueError(f"reuse= needs one prefix.Kept (a Sample's .kept) or None per prompt, "
                          f"got {len(reuse)} entries for {P} prompts")
     return reuse
 

@@ -8,8 +8,8 @@ from argparse import Namespace
 import pytest
 import torch
 
-import train
 from minigrpo import prefix
+from minigrpo.dist import Dist
 from minigrpo.pretrained import load_pretrained
 from minigrpo.sampler import sample
 
@@ -154,9 +154,12 @@ def test_bad_reuse_is_one_line():
         sample(model, FULL[:2], n=1, reuse=[None, FULL[0]], **GREEDY)
 
 
+@pytest.mark.oracle      # train.py: the run-time packages (the tokenizer's first)
 def test_train_generate_and_the_rollout_sampler_pass_keep_and_reuse():
-    """train.py's rollout hands the task a sampler(prompts, seeds, n, reuse=None, keep=False): a task that keeps its
+    """train.py's rollout_step hands the task a sampler(prompts, seeds, n, reuse=None, keep=False): a task that keeps its
     first turn's state and continues it gets what train.generate samples with a fresh prefill."""
+    pytest.importorskip("tokenizers")
+    import train
     model = load_pretrained("tiny-qwen3.5")
     args = Namespace(seed=3, group_size=2, decode="eager", max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=0)
     tok = Namespace(eos_ids=[], vocab_size=VOCAB, decode=lambda ids: "", pad_id=0)
@@ -169,7 +172,7 @@ def test_train_generate_and_the_rollout_sampler_pass_keep_and_reuse():
             first = sampler([FULL[0][:50]], seeds, 2, keep=True)
             return first, sampler(later, [11, 12], 1, reuse=[s.kept for s in first[0]])
 
-    first, second = train.rollout(model, tok, Task(), args, [{"id": "a"}], step=0, index=[0])
+    (first, second), _ = train.rollout_step(model, tok, Task(), args, 0, [(0, {"id": "a"})], Dist())
     assert first[0][0].kept is first[0][1].kept and first[0][0].kept.tokens == 50
     assert [(g[0].prefilled, g[0].reused) for g in second] == [(9, 50), (18, 50)]
     want = train.generate(model, tok, args, later, [11, 12], 1)

@@ -2,9 +2,12 @@
 chat template renders after that turn's text when the environment's messages follow it, on the official templates
 (transformers, the oracle) and on the built-in renderers of the tiny tokenizers."""
 import pytest
-from test_tokenizer import FAMILIES, folders, transformers  # noqa: F401  (folders: the fixture)
 
-from minigrpo.tokenizer import Tokenizer
+pytestmark = pytest.mark.oracle     # transformers renders the official templates; the tokenizers package
+pytest.importorskip("tokenizers")
+from test_tokenizer import FAMILIES, folders, transformers  # noqa: E402,F401  (folders: the fixture)
+
+from minigrpo.tokenizer import Tokenizer  # noqa: E402
 
 ANSWER = "ANSWER-OF-THE-POLICY"     # the sampled turn's text: found once in the rendering, its end is the cut
 TOOLS = [{"type": "function", "function": {"name": "shell", "description": "Run a command.", "parameters": {

@@ -81,7 +81,8 @@ def loss_and_grads(model, reference, seqs, beta, mask_truncated):
     model.zero_grad(set_to_none=True)
     logp = token_logprobs(model, b.ids, b.attn, **kw)
     norm = grpo.loss_normalizer([b.mask], "token")
-    loss, _ = grpo.policy_loss(logp, None, b.adv, b.mask, agg="token", normalizer=norm, ref_logp=ref, beta=beta)
+    loss, _ = grpo.policy_loss(logp, b.adv, b.mask, grpo.LossSettings(agg="token", beta=beta), normalizer=norm,
+                               against=grpo.Against(ref=ref))
     loss.backward()
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, norm
 
