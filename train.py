@@ -26,14 +26,15 @@ from dataclasses import dataclass
 
 import torch
 
-from minigrpo import checkpoints, grpo
+from minigrpo import grpo
+from minigrpo.run import checkpoints
 from minigrpo.common import (PhaseClock, UsageError, catch_ctrl_c, derive_seed, first_line, mean, pick_device,
                              pick_dtype, seed_everything, set_cpu_threads, stop_if_ctrl_c, threads_note)
-from minigrpo.dist import all_gather_objects, assert_replicas_in_sync, finish_distributed, init_distributed
+from minigrpo.run.dist import all_gather_objects, assert_replicas_in_sync, finish_distributed, init_distributed
 from minigrpo.lora import inject_lora
 from minigrpo.model import enable_activation_checkpointing
-from minigrpo.optim import adamw
-from minigrpo.pretrained import CheckpointError, load_pretrained, load_model_and_tokenizer
+from minigrpo.update import adamw
+from minigrpo.pretrained import CheckpointError, load_pretrained
 from minigrpo.run import callsize, cli, dist_timeout, plots
 from minigrpo.run.flags import loss_settings, resolve_args
 from minigrpo.run.folder import ProgressBar, RunFolder, Tracker, epoch_summary, sample_records, step_metrics
@@ -42,6 +43,7 @@ from minigrpo.run.resume import nonfinite_streak, resume_or_start, trainer_state
 from minigrpo.sampler import sample
 from minigrpo.tasks import task_from_args
 from minigrpo.tasks.base import next_examples
+from minigrpo.tokenizer import Tokenizer
 from minigrpo.update import (all_reduce_and_clip, collate, log_probs, micro_batches, reference_logprobs,
                              step_normalizer)
 
@@ -328,7 +330,10 @@ def phase_metrics(t) -> dict:
 def build_policy(args, device, dtype):
     """(model, tokenizer, trainable params, reference or None). One compute dtype for the whole run; LoRA weights
     and the optimizer state stay fp32 (lora.py casts A and B in forward)."""
-    model, tok = load_model_and_tokenizer(args.model, dtype, device)      # a folder that cannot be used: one line
+    try:                    # a folder, config.json or hub that cannot be used: one line naming --model and the file
+        model, tok = load_pretrained(args.model, dtype, device), Tokenizer.from_pretrained(args.model)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--model {args.model}: {first_line(e)}") from None
     if args.lora_r > 0:
         kw = {"targets": args.lora_targets.split(",")} if args.lora_targets else {}
         try:

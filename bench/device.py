@@ -182,8 +182,8 @@ def peak(device):
 
 def train_section(sec, M, plan_proc):
     from minigrpo import grpo
-    from minigrpo.dist import init_distributed
-    from minigrpo.optim import adamw
+    from minigrpo.run.dist import init_distributed
+    from minigrpo.update import adamw
     from minigrpo.run.flags import loss_settings
     from minigrpo.tasks.base import Seq
     import train

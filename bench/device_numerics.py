@@ -113,7 +113,7 @@ def optimizer_steps(M):
     """AdamW at the preset's lr, constant, on policy_loss (+ beta KL) over random rollout-shaped sequences: what a
     run's first steps do to LoRA B (Adam moves each element by about lr per step, whatever the gradient's size)."""
     from minigrpo import grpo
-    from minigrpo.optim import adamw
+    from minigrpo.update import adamw
     import train
     c, args = M.cfg, M.args
     opt, _ = adamw(M.params, args.lr, c["opt_steps"], 0, "constant", args.adam_beta2, args.weight_decay)

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import torch
 
 import train
-from minigrpo.dist import Dist
+from minigrpo.run.dist import Dist
 from minigrpo.judge import CriterionResult, Verdict
 from minigrpo.pretrained import load_pretrained
 from minigrpo.sampler import Sample

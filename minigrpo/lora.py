@@ -1,4 +1,4 @@
-"""LoRA for the Qwen decoder: injection, a base-model switch and merging (the files are lora_files.py).
+"""LoRA for the Qwen decoder: injection, a base-model switch and merging (its files: run/lora_files.py).
 
 LoRA (Hu et al. 2021) freezes a linear layer W (out × in) and learns a low-rank update:
 
@@ -12,7 +12,7 @@ Choices, written where the code is:
   The LoRA branch runs in fp32 and is added to the base output like PEFT does (base + fp32 delta, then cast back).
 - Names: a wrapped layer keeps its attribute path and holds `base_layer`, `lora_A`, `lora_B`, so the state_dict keys
   are `<path>.base_layer.weight`, `<path>.lora_A.weight`, `<path>.lora_B.weight`, which PEFT's adapter file
-  spells with a prefix only (lora_files.py).
+  spells with a prefix only (run/lora_files.py).
 - The reference model for the KL term is `with adapters_disabled(model):` — a flag on every LoRA layer, no second
   copy of the weights, bit-exact base outputs.
 - Merging adds (α/r)·B A into W in place. In bf16, merge then unmerge is not bit-exact (rounding), as in PEFT.

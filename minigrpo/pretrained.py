@@ -1,5 +1,6 @@
 """Loading a Qwen checkpoint into minigrpo/model.py's decoder: its config.json read into a QwenConfig, tiny
-random models, hub snapshots, (sharded) safetensors. The folder layout is the Hugging Face one (config.json,
+random models, hub snapshots (a folder or a hub id: local_folder, which the tokenizer uses too), (sharded)
+safetensors. The folder layout is the Hugging Face one (config.json,
 model.safetensors or model.safetensors.index.json + shards); every tensor is cast to the one model dtype, as HF
 does."""
 import json
@@ -10,8 +11,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from minigrpo.common import UsageError, first_line, read_json
-from minigrpo.hub import local_folder
+from minigrpo.common import read_json
 from minigrpo.model import Qwen
 
 FAMILIES = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5"}
@@ -129,14 +129,35 @@ class QwenConfig:
 
 
 
-def load_model_and_tokenizer(name, dtype=None, device=None):
-    """(Qwen model, Tokenizer) of --model `name` for a command line: a missing or damaged folder, a bad config.json
-    or the hub out of reach is a UsageError, one line naming --model and the file."""
-    from minigrpo.tokenizer import Tokenizer  # here, as safetensors in load_weights: the model alone needs torch only
+# --------------------------------------------------------------------------------------------------------------
+# Where a checkpoint's files are: a local folder as is, or an 'org/name' hub id fetched into the hub cache (only the
+# files the caller needs). The model loader below and the tokenizer both start here.
+
+# What a hub download fetches: the tokenizer's files, and for a model also its config and weights.
+TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json",
+                   "generation_config.json"]
+MODEL_FILES = TOKENIZER_FILES + ["*.safetensors", "model.safetensors.index.json", "special_tokens_map.json",
+                                 "vocab.json", "merges.txt"]
+
+
+def is_hub_id(p: str) -> bool:
+    return p.count("/") == 1 and not p.startswith((".", "/", "~")) and not os.path.exists(p)
+
+
+def local_folder(path_or_hub_id, files=MODEL_FILES):
+    """A local folder as is; otherwise an 'org/name' hub id, fetched (only `files`) into the hub cache."""
+    p = str(path_or_hub_id)
+    if os.path.isdir(p):
+        return p
+    if not is_hub_id(p):
+        raise FileNotFoundError(f"{p}: no such checkpoint folder (and not a hub id like 'Qwen/Qwen3-0.6B')")
+    from huggingface_hub import snapshot_download
     try:
-        return load_pretrained(name, dtype=dtype, device=device), Tokenizer.from_pretrained(name)
-    except (OSError, ValueError) as e:
-        raise UsageError(f"--model {name}: {first_line(e)}") from None
+        return snapshot_download(repo_id=p, allow_patterns=files)
+    except Exception as e:
+        first = (str(e).splitlines() or [""])[0]
+        raise OSError(f"{p}: no such folder, and the hub download failed ({type(e).__name__}: {first}); pass a local "
+                      "checkpoint folder, or connect to the hub") from None
 
 
 def load_pretrained(path_or_hub_id, dtype=None, device=None) -> Qwen:

@@ -10,11 +10,11 @@ import shlex
 import sys
 import time
 
-from minigrpo import checkpoints
+from minigrpo.run import checkpoints
 from minigrpo.common import UsageError, derive_seed, first_line, mean, pick_device, pick_dtype
 from minigrpo.evals import report
 from minigrpo.lora import adapters_disabled, fold_lora
-from minigrpo.lora_files import load_adapter
+from minigrpo.run.lora_files import load_adapter
 from minigrpo.pretrained import load_pretrained
 from minigrpo.run import plots
 from minigrpo.sampler import sample

@@ -51,7 +51,7 @@ from minigrpo.evals import report
 from minigrpo.experiments.stages import Stages, rng_kept, save_model
 from minigrpo.experiments.supervised import dpo_loop, sft_loop
 from minigrpo.lora import fold_lora, inject_lora, strip_lora
-from minigrpo.lora_files import load_adapter, save_adapter
+from minigrpo.run.lora_files import load_adapter, save_adapter
 from minigrpo.model import Qwen
 from minigrpo.pretrained import QwenConfig
 from minigrpo.pretrained import load_pretrained

@@ -18,7 +18,7 @@ import json
 import torch
 from safetensors.torch import save_file
 
-from minigrpo.checkpoints import full_weights, rng_state, set_rng_state
+from minigrpo.run.checkpoints import full_weights, rng_state, set_rng_state
 from minigrpo.common import atomic_write
 
 MARKER = "stage.pt"

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from minigrpo.common import left_pad
 from minigrpo.lora import adapters_disabled
-from minigrpo.optim import adamw_pipeline
+from minigrpo.update import adamw_pipeline
 
 
 # -----------------------------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ timeout = max(MIN_S, MARGIN x the longest phase: a step's rollouts, or with --ev
 import math
 from datetime import timedelta
 
-from minigrpo.dist import world_size
+from minigrpo.run.dist import world_size
 from minigrpo.tasks import task_class
 
 DECODE_STEP_S = 0.25    # seconds per decode step, --decode eager

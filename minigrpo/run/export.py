@@ -29,7 +29,7 @@ import torch
 from minigrpo.evals.common import UsageError as ExportError, adapter_base, adapter_folder, first_line, run_checkpoint
 from minigrpo.evals.mdp import mdp_pipeline_run, mdp_stage_base
 from minigrpo.lora import fold_lora
-from minigrpo.lora_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS, export_merged, load_adapter
+from minigrpo.run.lora_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS, export_merged, load_adapter
 from minigrpo.model import Qwen
 from minigrpo.pretrained import load_pretrained, parse_dtype
 from minigrpo.tokenizer import TINY, Tokenizer

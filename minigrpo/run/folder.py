@@ -4,7 +4,7 @@
     runs/<name>/config.json          every resolved argument, and a "resumes" list (each resume's step and changes)
     runs/<name>/metrics.jsonl        one line per optimizer step
     runs/<name>/samples.jsonl        prompts, completions, scores (and judge reasons) per step
-    runs/<name>/checkpoints/step-N/  weights + trainer state (minigrpo/checkpoints.py: save, load, list, prune)
+    runs/<name>/checkpoints/step-N/  weights + trainer state (minigrpo/run/checkpoints.py: save, load, list, prune)
     runs/<name>/curves.png           the metrics drawn against step (minigrpo/run/plots.py)
     runs/<name>/tensorboard/         with --log-to tensorboard (W&B: runs/<name>/wandb_id names the W&B run)
 
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 
-from minigrpo import checkpoints
+from minigrpo.run import checkpoints
 from minigrpo.common import StopRun, atomic_write, mean
 from minigrpo.run import lock
 from minigrpo.run.gap import gap_metrics

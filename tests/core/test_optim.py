@@ -1,4 +1,4 @@
-"""minigrpo/optim.py: the learning-rate schedule --warmup and --schedule describe. --warmup as a count or a fraction
+"""minigrpo/update.py: the learning-rate schedule --warmup and --schedule describe. --warmup as a count or a fraction
 of the run, lr_factor's linear warmup then cosine to zero (or constant), the schedule adamw's LambdaLR applies step
 by step, and the mdp pipeline's own schedule, which holds its peak one step longer. Every expected rate is written
 out by hand."""
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from minigrpo.optim import adamw, adamw_pipeline, lr_factor, warmup_steps
+from minigrpo.update import adamw, adamw_pipeline, lr_factor, warmup_steps
 
 
 def rates(opt, sched, steps):

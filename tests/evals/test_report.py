@@ -92,7 +92,7 @@ def test_eval_py_reports_adapter_minus_base(tmp_path):
 
     import eval as ev
     from minigrpo.lora import inject_lora
-    from minigrpo.lora_files import save_adapter
+    from minigrpo.run.lora_files import save_adapter
     model = load_pretrained("tiny")
     for p in inject_lora(model, r=2, alpha=4):
         torch.nn.init.normal_(p, std=0.5, generator=torch.Generator().manual_seed(0))

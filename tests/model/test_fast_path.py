@@ -13,7 +13,7 @@ pytestmark = pytest.mark.oracle   # train.py's loop: the run-time packages, the 
 pytest.importorskip("tokenizers")
 import train  # noqa: E402
 from minigrpo import static_decode  # noqa: E402
-from minigrpo.dist import Dist  # noqa: E402
+from minigrpo.run.dist import Dist  # noqa: E402
 from minigrpo.lora import adapters_disabled, inject_lora, lora_layers  # noqa: E402
 from minigrpo.pretrained import load_pretrained  # noqa: E402
 from minigrpo.run.gap import gap_metrics, off_policy, token_sums  # noqa: E402

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 from hf_oracle import hf_logits, ids  # noqa: E402
 from minigrpo.lora import adapters_disabled, inject_lora, lora_layers  # noqa: E402
-from minigrpo.lora_files import ADAPTER_WEIGHTS, export_merged, load_adapter, save_adapter  # noqa: E402
+from minigrpo.run.lora_files import ADAPTER_WEIGHTS, export_merged, load_adapter, save_adapter  # noqa: E402
 from minigrpo.model import Qwen  # noqa: E402
 from minigrpo.pretrained import QwenConfig, load_pretrained  # noqa: E402
 from test_lora import KINDS, randomise_lora  # noqa: E402

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from minigrpo import prefix
-from minigrpo.dist import Dist
+from minigrpo.run.dist import Dist
 from minigrpo.pretrained import load_pretrained
 from minigrpo.sampler import sample
 

@@ -156,5 +156,5 @@ def test_the_core_imports_with_torch_and_numpy_alone():
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == modules
     # the probe does block: the files of LoRA need safetensors
-    out = run_with_packages_blocked("import minigrpo.lora_files\n", NOT_IN_THE_TIER)
+    out = run_with_packages_blocked("import minigrpo.run.lora_files\n", NOT_IN_THE_TIER)
     assert out.returncode != 0 and "safetensors is blocked" in out.stderr, out.stderr[-2000:]

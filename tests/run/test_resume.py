@@ -1,4 +1,4 @@
-"""Run folders and --resume (minigrpo/run/folder.py, minigrpo/run/resume.py, minigrpo/checkpoints.py load_latest):
+"""Run folders and --resume (minigrpo/run/folder.py, minigrpo/run/resume.py, minigrpo/run/checkpoints.py load_latest):
 a folder that is not a run is refused untouched; a resume reads its settings from the run, refuses a flag that would change
 what it trains, records the safe ones; a damaged checkpoint falls back to an older one; what a kill left is
 removed; a full disk, Ctrl-C and the run-policy stops each end with one true line. Each test checks the line and
@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 import train
-from minigrpo import checkpoints
+from minigrpo.run import checkpoints
 from minigrpo.pretrained import load_pretrained
 from minigrpo.run.folder import MARKER, RunFolder
 

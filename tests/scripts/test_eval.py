@@ -14,7 +14,7 @@ import eval as ev
 from minigrpo import evals
 from minigrpo.evals.common import resolve_adapter
 from minigrpo.lora import inject_lora, lora_layers
-from minigrpo.lora_files import save_adapter
+from minigrpo.run.lora_files import save_adapter
 from minigrpo.pretrained import load_pretrained
 import mdp_runs
 
@@ -269,7 +269,7 @@ def test_mdp_stage_adapter_of_a_lora_sft_run_goes_on_the_sft_weights(tmp_path, m
     from dataclasses import replace
     from minigrpo.experiments import mdp_pipeline as P
     from minigrpo.lora import fold_lora
-    from minigrpo.lora_files import load_adapter
+    from minigrpo.run.lora_files import load_adapter
     from train import resolve_args, train
     cfg = replace(P.PIPELINES["tiny"], scratch=None, sft_lora=True, train_per_cell=1, eval_per_cell=1,
                   sft_steps=4, dpo_steps=2, grpo_steps=1, grpo_tasks=2, group_size=2, lora_r=4, lora_alpha=8)

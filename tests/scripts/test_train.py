@@ -111,7 +111,7 @@ def test_the_process_group_is_torn_down_after_a_run(tmp_path, monkeypatch):
     (pytorch/pytorch#190489; seen once in CI in the 2-rank test above). Shown on a 1-rank gloo group in a fresh
     process; without a group (one process, no torchrun) it does nothing."""
     code = ("import torch.distributed as dist\n"
-            "from minigrpo.dist import finish_distributed\n"
+            "from minigrpo.run.dist import finish_distributed\n"
             f"dist.init_process_group('gloo', init_method='file://{tmp_path / 'store'}', rank=0, world_size=1)\n"
             "finish_distributed()\n"
             "print('initialized' if dist.is_initialized() else 'destroyed')\n")
@@ -124,7 +124,7 @@ def test_the_process_group_is_torn_down_after_a_run(tmp_path, monkeypatch):
     monkeypatch.setattr(train, "finish_distributed", lambda: calls.append("finish"))
     train.main([*SMALL, "--runs-dir", str(tmp_path), "--steps", "1"])
     assert calls == ["train", "finish"]
-    from minigrpo.dist import finish_distributed
+    from minigrpo.run.dist import finish_distributed
     finish_distributed()                                   # no group in this process: a no-op
 
 

@@ -13,12 +13,12 @@ script; see rank_main at the bottom) keeps the model on the CPU and does two thi
   - it wraps torch.distributed's tensor collectives (all_reduce, all_gather, broadcast, ...) so that they refuse,
     with NCCL's message, every tensor whose device type is not COLLECTIVE_DEVICE, and run the others on gloo
     through a CPU copy, the results copied back into the caller's tensors;
-  - it names COLLECTIVE_DEVICE as the rank's collective device (Dist.device, which minigrpo.dist's helpers
+  - it names COLLECTIVE_DEVICE as the rank's collective device (Dist.device, which minigrpo.run.dist's helpers
     reduce on; on a GPU init_distributed names the rank's own CUDA device there, which
     test_init_distributed_names_the_rank_gpu_as_the_collective_device checks). The gradients, already on that
     device on a GPU, here make the round trip a CPU-born tensor makes there.
 
-Any tensor the loop hands to a collective without going through minigrpo.dist's helpers (the step's loss
+Any tensor the loop hands to a collective without going through minigrpo.run.dist's helpers (the step's loss
 normaliser built on the CPU, gradients sent where they are) is then refused exactly as NCCL refuses a CPU tensor.
 Object collectives (all_gather_object) are left alone: torch picks their device from the backend itself (under
 NCCL the current GPU), so the library hands them no tensor to place; patching torch.distributed's names does not
@@ -143,7 +143,7 @@ def test_the_process_group_waits_as_long_as_the_longest_phase(monkeypatch):
 
     import torch.distributed as dist
 
-    from minigrpo.dist import init_distributed
+    from minigrpo.run.dist import init_distributed
     from minigrpo.run import dist_timeout
     from minigrpo.run.flags import resolve_args
     soyuz = resolve_args(["--task", "soyuz", "--judge", "claude", "--judge-timeout", "100", "--judge-retries", "1",
@@ -174,7 +174,7 @@ def test_init_distributed_names_the_rank_gpu_as_the_collective_device(monkeypatc
     under gloo on the CPU whatever the model's device. torch.distributed and torch.cuda are stubbed: no GPU here."""
     import torch.distributed as dist
 
-    from minigrpo.dist import init_distributed
+    from minigrpo.run.dist import init_distributed
     calls = []
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv("LOCAL_RANK", "3")
@@ -194,9 +194,9 @@ def test_resume_loads_the_trainer_state_onto_the_rank_device(tmp_path, monkeypat
     """A checkpoint's optimizer state comes back on map_location (checkpoints.load), and train.py's resume asks
     for the rank's own device: rank 0 saved it from its GPU, and every rank would otherwise load it there."""
     import train
-    from minigrpo import checkpoints
-    from minigrpo.dist import Dist
-    from minigrpo.optim import adamw
+    from minigrpo.run import checkpoints
+    from minigrpo.run.dist import Dist
+    from minigrpo.update import adamw
     from minigrpo.run.folder import RunFolder
     model = load_pretrained("tiny", dtype=torch.float32, device="cpu")
     params = [p for p in model.parameters() if p.requires_grad]

@@ -76,8 +76,8 @@ def test_loss_flag_ranges():
 def update_stats(*flags, adv=(1.0, 1.0, 1.0, 1.0)):
     """Per-micro-batch stats of one train.policy_update (2 micro-batches x 2 passes) on four made-up rollouts with
     advantages `adv` and every sampler log-prob 0."""
-    from minigrpo.dist import Dist
-    from minigrpo.optim import adamw
+    from minigrpo.run.dist import Dist
+    from minigrpo.update import adamw
     args = resolve_args(["--task", "synthetic", "--micro-batch", "2", "--mu", "2", "--lr", "1e-4", *flags])
     torch.manual_seed(0)
     model, tok, params, reference = train.build_policy(args, torch.device("cpu"), torch.float32)

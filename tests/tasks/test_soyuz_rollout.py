@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import train
-from minigrpo.dist import Dist
+from minigrpo.run.dist import Dist
 from minigrpo.judge import CriterionResult, Verdict
 from minigrpo.sampler import Sample
 from minigrpo.tasks.soyuz import SoyuzTask, critique, recovery_metrics

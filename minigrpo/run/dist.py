@@ -3,8 +3,8 @@ by an explicit all-reduce, and only rank 0 writes. gloo on CPU, NCCL on CUDA. Wi
 every function here is a no-op, and torch.distributed is never initialised.
 
 Tensor collectives run on Dist.device: NCCL moves only CUDA tensors (a CPU one fails with "No backend type
-associated with device type cpu"), gloo only CPU ones, so a tensor goes through all_reduce_ / all_reduce_sum here,
-never to torch.distributed directly. Object collectives (all_gather_objects) need nothing: torch picks their device
+associated with device type cpu"), gloo only CPU ones, so a tensor goes through update.py's all_reduce_ /
+all_reduce_sum (the update's sums: the normaliser and the gradients), never to torch.distributed directly. Object collectives (all_gather_objects) need nothing: torch picks their device
 from the backend itself (under NCCL the current GPU, which init_distributed sets)."""
 import os
 from dataclasses import dataclass, field
@@ -55,23 +55,6 @@ def finish_distributed():
     if dist.is_available() and dist.is_initialized():
         dist.barrier()              # no rank leaves while another still talks to it
         dist.destroy_process_group()
-
-
-def all_reduce_(tensor, dist_info: Dist):
-    """Sum `tensor` over ranks, in place, on dist_info.device: a tensor already there (gradients on the rank's
-    GPU) is reduced where it is; one elsewhere (a CPU scalar under NCCL) goes there and its sum comes back."""
-    if dist_info.world > 1:
-        import torch.distributed as dist
-        on = tensor.to(dist_info.device)
-        dist.all_reduce(on)
-        if on is not tensor:
-            tensor.copy_(on.to(tensor.device))    # moved first: not every device's tensors copy_ across (lazy's)
-    return tensor
-
-
-def all_reduce_sum(values, dist_info: Dist) -> list[float]:
-    """Python numbers summed over ranks, in float64 on dist_info.device (a count of tokens stays exact)."""
-    return all_reduce_(torch.tensor(values, dtype=torch.float64, device=dist_info.device), dist_info).tolist()
 
 
 def all_gather_objects(obj, dist_info: Dist) -> list:

@@ -26,7 +26,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from minigrpo.lora_files import load_adapter, save_adapter
+from minigrpo.run.lora_files import load_adapter, save_adapter
 
 PREFIX = "step-"
 TMP_PREFIX = f".tmp-{PREFIX}"     # a checkpoint being written: .tmp-step-N-PID
