@@ -16,18 +16,11 @@ from dataclasses import replace
 
 import torch
 
-from minigrpo.run import memplan
-
-
-def needed_bytes(peak) -> float:
-    """What a GPU must hold for a plan's peak: memplan's rule (memplan.fits), 10% allocator fragmentation + 1 GiB of
-    CUDA context and cuBLAS workspace."""
-    return peak * 1.1 + memplan.GiB
-
 
 def planned_chunk(args, n_examples, capacity, dtype) -> tuple[int, float, float]:
     """(examples per sampler call, the bytes the memory plan needs for them, for all n_examples in one call) on a GPU
     of `capacity` bytes: the largest count whose calls fit, 1 if none does (a call holds at least one example's G)."""
+    from minigrpo.run import memplan     # on use: only a multi-turn task on a GPU reads the plan (not a CPU run's import)
     cfg, _ = memplan.load_config(args.model)
     shape, s = memplan.run_shape(args, n_examples * args.group_size)     # rows: replaced for each count below
     costs = memplan.layer_costs(cfg, dtype, s["lora_r"], s["targets"])     # once: each count below reuses it
@@ -37,7 +30,7 @@ def planned_chunk(args, n_examples, capacity, dtype) -> tuple[int, float, float]
         rows = examples * s["group_size"]
         p = memplan.plan(cfg, replace(shape, rollout_prompts=rows, rollout_rows=rows), dtype, s["lora_r"],
                          s["targets"], s["beta"], costs=costs, fast_decode=getattr(args, "decode", None) != "eager")
-        return needed_bytes(p[peak])
+        return memplan.needed_bytes(p[peak])
 
     whole = need(n_examples)
     if whole <= capacity:

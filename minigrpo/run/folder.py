@@ -36,7 +36,7 @@ from minigrpo.run import checkpoints
 from minigrpo.common import StopRun, atomic_write, mean
 from minigrpo.run import lock
 from minigrpo.run.gap import gap_metrics
-from minigrpo.tasks.episodes import CACHE_COUNTS
+from minigrpo.tasks.base import CACHE_COUNTS
 
 
 MARKER = ".minigrpo-run"

@@ -220,8 +220,14 @@ def plan(cfg, shape, dtype, lora_r, targets=DEFAULT_TARGETS, beta=0.0, costs=Non
     return p
 
 
+def needed_bytes(peak) -> float:
+    """What a GPU must hold for a plan's peak: 10% allocator fragmentation + 1 GiB of CUDA context and cuBLAS
+    workspace."""
+    return peak * 1.1 + GiB
+
+
 def fits(peak):
-    return [name for name, cap in GPUS if peak * 1.1 + GiB <= cap]
+    return [name for name, cap in GPUS if needed_bytes(peak) <= cap]
 
 
 def format_plan(p, header):
@@ -245,7 +251,7 @@ def format_plan(p, header):
     for key, what in (("peak", "without checkpointing"), ("peak_ckpt", "with --grad-checkpoint")):
         ok = fits(p[key])
         lines.append(f"fits {what}: {', '.join(ok) if ok else 'none of ' + ', '.join(n for n, _ in GPUS)} "
-                     f"(needs {(p[key] * 1.1 + GiB) / 1e9:.1f} GB with 10% fragmentation + 1 GiB CUDA context)")
+                     f"(needs {needed_bytes(p[key]) / 1e9:.1f} GB with 10% fragmentation + 1 GiB CUDA context)")
     return "\n".join(lines)
 
 

@@ -8,6 +8,11 @@ import numpy as np
 from minigrpo.common import derive_seed
 
 
+# What a multi-turn rollout's Seq carries in its info about the sampler's work (minigrpo/tasks/episodes.py): tokens
+# prefilled, tokens continued from a kept state, turns prefilled from their start, kept states dropped for the budget
+CACHE_COUNTS = ("prefill_tokens", "reused_tokens", "fresh_prefills", "kept_dropped")
+
+
 @dataclass
 class Seq:
     """One trained completion of a rollout: its prompt (everything before it, never trained), its own tokens,

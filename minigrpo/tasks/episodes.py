@@ -59,7 +59,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from minigrpo.common import derive_seed
-from minigrpo.tasks.base import Seq
+from minigrpo.tasks.base import CACHE_COUNTS, Seq
 
 
 @dataclass
@@ -106,8 +106,6 @@ def turn_seed(seed, turn, k):
     changes what is sampled. Every one differs from each turn-0 seed of the step."""
     return derive_seed(seed, "revision", k) if turn == 1 else derive_seed(seed, "turn", turn, k)
 
-
-CACHE_COUNTS = ("prefill_tokens", "reused_tokens", "fresh_prefills", "kept_dropped")
 
 
 @dataclass
