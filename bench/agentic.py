@@ -264,8 +264,8 @@ def table(rows, plans):
     lines = [f"| per step | {' | '.join(names)}{' | ours / anchor' if len(names) == 2 else ''} |",
              "|---" * (len(names) + 1 + (len(names) == 2)) + "|"]
     for k, label in COLUMNS:
-        fmt = "{:.2f}" if k.startswith("time") else "{:,.0f}"
-        cells = [fmt.format(med[n][k]) for n in names]
+        cells = [f"{med[n][k]:.2f}" if k.startswith("time") else f"{med[n][k]:,.{0 if med[n][k] % 1 == 0 else 1}f}"
+                 for n in names]       # a count is a mean over steps: a fraction shows its first decimal
         if len(names) == 2:
             cells.append(f"{med['ours'][k] / med['anchor'][k]:.2f}x" if med["anchor"][k] else "-")
         lines.append(f"| {label} | {' | '.join(cells)} |")
