@@ -156,6 +156,11 @@ def count_continuing(seqs, rec):
     the turns a kept state could continue (a re-rendered conversation may change earlier tokens)."""
     last = {}
     for s in seqs:                                      # an episode's turns are in order
+        if getattr(s, "trained", None) is not None:     # one Seq per episode: its later turns, less those prefilled
+            later = len(s.info["turns"]) - 1            # from their start (the loop counts them)
+            rec["later_turns"] += later
+            rec["continuing"] += later - s.info["fresh_prefills"]
+            continue
         key = (s.example_id, s.episode)
         if key in last:
             ids = last[key].prompt_ids + last[key].completion_ids

@@ -89,3 +89,11 @@ def test_a_turn_continues_when_its_prompt_starts_with_the_last_prompt_and_sample
     agentic.count_continuing([seq(0, [1, 2], [3]), seq(0, [1, 2, 3, 9], [4]), seq(0, [1, 2, 3, 9, 5, 6], [6]),
                               seq(1, [1, 2], [7]), seq(1, [1, 2, 7, 0], [1])], rec)
     assert (rec["later_turns"], rec["continuing"]) == (3, 2)
+
+
+def test_an_episode_trained_as_one_sequence_counts_its_later_turns_less_those_prefilled_afresh():
+    one = SimpleNamespace(example_id="e", trained=[True], info={"turns": [{}, {}, {}, {}], "fresh_prefills": 1})
+    rec = agentic.new_record()
+    agentic.count_continuing([one, SimpleNamespace(example_id="f", trained=[True], info={"turns": [{}],
+                                                                                         "fresh_prefills": 0})], rec)
+    assert (rec["later_turns"], rec["continuing"]) == (3, 2)
