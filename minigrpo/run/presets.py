@@ -18,9 +18,10 @@ PRESETS = {
                   max_grad_norm=0.1, beta=0.001, agg="token", temperature=0.8, max_new_tokens=512,
                   eps_high=0.2, micro_batch=4, save_every=500),
     "mdp": dict(model="tiny"),
-    # agentic: the shell exercises of tasks/terminal/, 8 episodes of up to 8 turns per exercise; a turn's prompt is
-    # the whole conversation so far (up to ~13k tokens), hence the small micro-batch and the checkpointing
-    "terminal": dict(model="Qwen/Qwen3.5-4B", lora_r=32, lora_alpha=32, group_size=8, tasks_per_step=4, epochs=4,
+    # agentic: the shell exercises of tasks/terminal/, 12 episodes of up to 8 turns per exercise (docs/presets.md:
+    # why 12); an episode trains as one sequence of its whole conversation (up to ~13k tokens), hence the micro-batch
+    # of one and the checkpointing
+    "terminal": dict(model="Qwen/Qwen3.5-4B", lora_r=32, lora_alpha=32, group_size=12, tasks_per_step=4, epochs=4,
                      lr=2e-5, warmup=2, beta=0.04, max_new_tokens=384, temperature=1.0, micro_batch=1,
                      save_every=5, grad_checkpoint=True),
     # the revise experiment's GRPO arms (minigrpo/experiments/revise_pipeline.py): full fine-tune of the pretrained tiny
