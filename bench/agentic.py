@@ -224,9 +224,10 @@ def child(root, args):
 
 
 def plan_peak(root):
-    """root's memory plan of `train.py --task terminal --plan`: the **peak, checkpointing** line's GiB."""
-    out = subprocess.run([sys.executable, "train.py", "--task", "terminal", "--plan"], cwd=root, capture_output=True,
-                         text=True)
+    """root's memory plan of `train.py --task terminal --plan` at G=8 (the preset's group at 795f886): the **peak,
+    checkpointing** line's GiB."""
+    out = subprocess.run([sys.executable, "train.py", "--task", "terminal", "--plan", "--group-size", "8"], cwd=root,
+                         capture_output=True, text=True)
     for line in out.stdout.splitlines():
         if line.startswith("| **peak, checkpointing**"):
             return float(line.split("|")[2].split()[0])
@@ -276,7 +277,7 @@ def table(rows, plans):
         lines.append(f"| {label} | {' | '.join(cells)} |")
     cells = [f"{plans[n]:.1f} GiB" for n in names] + ([f"{plans['ours'] / plans['anchor']:.2f}x"] if len(names) == 2
                                                      else [])
-    lines.append(f"| terminal --plan peak, checkpointing (Qwen3.5-4B) | {' | '.join(cells)} |")
+    lines.append(f"| terminal --plan peak, checkpointing (Qwen3.5-4B, G=8) | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 
