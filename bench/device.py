@@ -69,7 +69,7 @@ SECTIONS = [s for s in ALLOT if s != "build"]
 
 
 class StandInTokenizer:
-    """The fields train.generate reads. No EOS id: random weights would stop at random, and a row that stops early
+    """The fields train.sampler_settings and train.generate read. No EOS id: random weights would stop at random, and a row that stops early
     would change the step count being timed."""
     eos_ids = ()
 
