@@ -136,11 +136,11 @@ def grpo_loop(run, args, policy, task) -> dict:
 # sampler's log-probs of them, the raw task score and the (possibly shaped) reward its advantage comes from.
 
 def sample_step(rollout, args, train_set, data):
-    """The step's rollouts: (all_seqs, my_seqs, metrics), rollout(examples) rolling out each draw (rollout_step's
-    (all_seqs, my_seqs) for this step). --tasks-per-step examples; with --dynamic-sampling
-    (DAPO) only examples with a group whose raw scores spread (grpo.has_spread) are kept, and more are drawn,
-    --tasks-per-step at a time and at most --max-draws times, until --tasks-per-step are kept (fewer if the draws
-    run out). Every draw advances the data order and has seeds of its own, so a resume repeats the step."""
+    """The step's rollouts: (all_seqs, my_seqs, metrics); rollout(examples) rolls out one draw (rollout_step at
+    this step). --tasks-per-step examples; with --dynamic-sampling (DAPO) only examples with a group whose raw
+    scores spread (grpo.has_spread) are kept, and more are drawn, --tasks-per-step at a time and at most
+    --max-draws times, until --tasks-per-step are kept (fewer if the draws run out). Every draw advances the data
+    order and has seeds of its own, so a resume repeats the step."""
     all_seqs, my_seqs, kept, drawn, scores = [], [], [], 0, []
     for _ in range(args.max_draws if args.dynamic_sampling else 1):
         examples = next_examples(train_set, args.tasks_per_step, data, args.seed)

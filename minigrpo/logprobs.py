@@ -78,7 +78,8 @@ class _LinearLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, weight, targets, scale, rows, with_entropy):
         # h (N, H): every row's positions flattened; targets (N,); scale (T, vocab_size or None). Grad mode is off in
-        # here, and needs_input_grad does not see the caller's: under no_grad the caller passes h and weight detached.
+        # here; needs_input_grad is the inputs' requires_grad, and h made under the caller's no_grad has none: no
+        # gradient is formed for a forward that no backward follows (the reference's, the behaviour policy's).
         temperature, vocab_size = scale
         N = h.shape[0]
         need_h = ctx.needs_input_grad[0]
@@ -160,10 +161,8 @@ def token_logprobs(model, input_ids, attention_mask=None, scale=(1.0, None), chu
     n = T - 1 - first_col
     if chunk == "auto":
         chunk = max(1, LOGIT_BYTES // (4 * weight.shape[0]))
-    h = h.reshape(B * n, h.shape[-1])
-    if not torch.is_grad_enabled():   # no backward: nothing to save (the Function cannot see grad mode itself)
-        h, weight = h.detach(), weight.detach()
-    out = _LinearLogprob.apply(h, weight, targets.reshape(-1), scale, max(1, chunk), return_entropy)
+    out = _LinearLogprob.apply(h.reshape(B * n, h.shape[-1]), weight, targets.reshape(-1), scale, max(1, chunk),
+                               return_entropy)
     pad = torch.zeros(B, first_col, dtype=torch.promote_types(h.dtype, torch.float32), device=h.device)
     columns = lambda x: torch.cat([pad, x.view(B, n)], dim=1)  # (B, T-1)
     return (columns(out[0]), columns(out[1])) if return_entropy else columns(out)

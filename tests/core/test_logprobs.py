@@ -94,3 +94,19 @@ def test_token_logprobs_does_not_keep_full_logits_for_backward():
     ours = saved_bytes(lambda: logprobs.token_logprobs(model, ids, chunk=16))
     assert naive >= full
     assert ours < full / 20  # only each chunk's inputs are kept; logits are recomputed in backward
+
+
+def test_no_grad_forms_no_gradient_in_forward(monkeypatch):
+    """With a frozen head (LoRA) forward forms d logp / d h while a chunk's softmax is at hand, but only when a
+    backward can follow: under no_grad (the reference's and the behaviour policy's log-probs) it forms none."""
+    model = ToyLM()
+    model.lm_head.weight.requires_grad_(False)        # the body trains, the head does not
+    formed = []
+    real = logprobs._onehot_minus_
+    monkeypatch.setattr(logprobs, "_onehot_minus_", lambda *a: formed.append(1) or real(*a))
+    ids = torch.randint(0, 23, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        lp = logprobs.token_logprobs(model, ids, chunk=4)
+    assert formed == [] and not lp.requires_grad
+    logprobs.token_logprobs(model, ids, chunk=4)
+    assert len(formed) == 4                           # 2 x 8 rows, 4 per chunk
