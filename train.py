@@ -22,7 +22,7 @@ import argparse
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -40,7 +40,7 @@ from minigrpo.run.flags import loss_settings, resolve_args
 from minigrpo.run.folder import ProgressBar, RunFolder, Tracker, epoch_summary, sample_records, step_metrics
 from minigrpo.run.gap import token_sums, warn_off_policy
 from minigrpo.run.resume import nonfinite_streak, resume_or_start, trainer_state
-from minigrpo.sampler import sample
+from minigrpo.sampler import Settings, sample
 from minigrpo.tasks import task_from_args
 from minigrpo.tasks.base import next_examples
 from minigrpo.tokenizer import Tokenizer
@@ -94,7 +94,8 @@ def grpo_loop(run, args, policy, task) -> dict:
         stop_if_ctrl_c()                                       # one Python swallowed in a callback stops here
         epoch = data.epoch                                     # the epoch this step's examples come from
         with PHASES("sample"):
-            all_seqs, my_seqs, drawn = sample_step(model, tok, task, args, train_set, data, step, dist_info)
+            rollout = lambda examples: rollout_step(model, tok, task, args, step, examples, dist_info)
+            all_seqs, my_seqs, drawn = sample_step(rollout, args, train_set, data)
         overlong_shaping(all_seqs, args)                       # --overlong-buffer's length penalty, on the reward
         adv_stats = assign_advantages(all_seqs, args)          # identical on every rank; sets each Seq's advantage
         with PHASES("train"):
@@ -118,7 +119,7 @@ def grpo_loop(run, args, policy, task) -> dict:
         PHASES.reset()       # the checkpoint's seconds go in the next row: a row is written before its checkpoint,
         with PHASES("checkpoint"):                             # so that no checkpoint is without its row
             if step % args.save_every == 0 or step == n_steps:
-                save(run, step, model, tok, params, args, dist_info, trainer_state(step, data, opt, sched, nonfinite))
+                save(run, step, up, tok, args, dist_info, trainer_state(step, data, opt, sched, nonfinite))
         bar.update(m)
     bar.close()
     tracker.close()
@@ -134,16 +135,16 @@ def grpo_loop(run, args, policy, task) -> dict:
 # Rollouts. A Seq (minigrpo/tasks) is one trained completion: its prompt (never trained), its own tokens, the
 # sampler's log-probs of them, the raw task score and the (possibly shaped) reward its advantage comes from.
 
-def sample_step(model, tok, task, args, train_set, data, step, dist_info):
-    """The step's rollouts: (all_seqs, my_seqs, metrics). --tasks-per-step examples; with --dynamic-sampling
-    (DAPO) only examples with a group whose raw scores spread (grpo.has_spread) are kept, and more are drawn,
-    --tasks-per-step at a time and at most --max-draws times, until --tasks-per-step are kept (fewer if the draws
-    run out). Every draw advances the data order and has seeds of its own, so a resume repeats the step."""
+def sample_step(rollout, args, train_set, data):
+    """The step's rollouts: (all_seqs, my_seqs, metrics); rollout(examples) rolls out one draw (rollout_step at
+    this step). --tasks-per-step examples; with --dynamic-sampling (DAPO) only examples with a group whose raw
+    scores spread (grpo.has_spread) are kept, and more are drawn, --tasks-per-step at a time and at most
+    --max-draws times, until --tasks-per-step are kept (fewer if the draws run out). Every draw advances the data
+    order and has seeds of its own, so a resume repeats the step."""
     all_seqs, my_seqs, kept, drawn, scores = [], [], [], 0, []
     for _ in range(args.max_draws if args.dynamic_sampling else 1):
         examples = next_examples(train_set, args.tasks_per_step, data, args.seed)
-        drawn_all, drawn_mine = rollout_step(model, tok, task, args, step, list(enumerate(examples, drawn)),
-                                             dist_info)
+        drawn_all, drawn_mine = rollout(list(enumerate(examples, drawn)))
         drawn += len(examples)
         if not args.dynamic_sampling:
             return drawn_all, drawn_mine, {}
@@ -171,11 +172,11 @@ def rollout_step(model, tok, task, args, step, examples, dist_info):
     mine = examples[dist_info.rank::dist_info.world]        # this rank's share of the tasks
     # fewer tasks than ranks (gsm8k's one a step on 8 GPUs): a rank with none samples nothing, and then joins
     # every collective of the step with empty contributions (no Seqs, a zero normaliser, zero gradients)
-    rows = decode_rows(task, args, len(mine))
+    sampling = sampler_settings(args, tok, model.device, task.stop_strings, decode_rows(task, args, len(mine)))
 
     def sampler(prompts, seeds, n, reuse=None, keep=False):     # the multi-turn loop's call (tasks/episodes.py)
         with PHASES("generate"):
-            return generate(model, tok, args, prompts, seeds, n, task.stop_strings, rows, reuse=reuse, keep=keep)
+            return generate(model, tok, prompts, seeds, replace(sampling, n=n), reuse, keep)
     seeds = [sample_seed(args, step, i) for i, _ in mine]
     my_seqs = task.rollout(sampler, tok, [ex for _, ex in mine], seeds, args) if mine else []
     parts = all_gather_objects(my_seqs, dist_info)              # rank-major; parts[rank] is ours
@@ -200,19 +201,23 @@ def decode_path(args, device) -> str:
     return getattr(args, "decode", None) or ("fast" if torch.device(device).type == "cuda" else "eager")
 
 
-def generate(model, tok, args, prompts, seeds, n, stop_strings=(), rows=None, reuse=None, keep=False):
-    """Sample n completions for each prompt (token-id lists). Returns a list of n-lists of Samples. On the fast
-    path (decode_path) the decode batch is `rows` rows (padded; default the call's rows rounded up to a power of
-    two) and the cache one of a few length buckets, so one compiled graph per bucket serves the whole run.
+def sampler_settings(args, tok, device, stop_strings=(), rows=None):
+    """The run's sampler Settings, from its flags and tokenizer (n: --group-size; a call may ask for another). On the
+    fast path (decode_path) the decode batch is `rows` rows (padded; default the call's rows rounded up to a power
+    of two) and the cache one of a few length buckets, so one compiled graph per bucket serves the whole run."""
+    fast = decode_path(args, device) == "fast"
+    return Settings(n=args.group_size, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                    top_p=args.top_p, top_k=args.top_k, stop_ids=tok.eos_ids, stop_strings=tuple(stop_strings),
+                    vocab_size=tok.vocab_size, compile=fast, rows=rows if fast else None)
+
+
+def generate(model, tok, prompts, seeds, settings, reuse=None, keep=False):
+    """Sample settings.n completions for each prompt (token-id lists). Returns a list of n-lists of Samples.
     keep / reuse: sampler.sample's (keep the state after each prompt; continue kept states: minigrpo/prefix.py)."""
-    fast = decode_path(args, model.device) == "fast"
+    n = settings.n
     model.eval()
     with torch.no_grad():
-        samples = sample(model, prompts, n=n, max_new_tokens=args.max_new_tokens,
-                         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                         stop_ids=tok.eos_ids, stop_strings=list(stop_strings), tokenizer=tok, seed=list(seeds),
-                         vocab_size=tok.vocab_size, compile=fast, rows=rows if fast else None, keep=keep,
-                         reuse=reuse)
+        samples = sample(model, prompts, settings, tokenizer=tok, seed=list(seeds), reuse=reuse, keep=keep)
     return [samples[i * n:(i + 1) * n] for i in range(len(prompts))]
 
 
@@ -354,13 +359,13 @@ def build_policy(args, device, dtype):
     return model, tok, params, reference
 
 
-def save(run, step, model, tok, params, args, dist_info, state):
+def save(run, step, up, tok, args, dist_info, state):
     """Every rank checks the replicas agree; rank 0 writes checkpoints/step-N, keeps the latest few and redraws
     curves.png from metrics.jsonl (the last step is always a checkpoint, so the end of the run is drawn too). A
     checkpoint that cannot be written (a full disk) stops the run with one line; the older ones are untouched."""
-    assert_replicas_in_sync(params, dist_info)
+    assert_replicas_in_sync(up.params, dist_info)
     if dist_info.main:
-        run.save_checkpoint(step, model, state, lora=args.lora_r > 0, tokenizer=tok)   # a full disk: StopRun
+        run.save_checkpoint(step, up.model, state, lora=args.lora_r > 0, tokenizer=tok)   # a full disk: StopRun
         checkpoints.prune(run.ckpt_dir, args.keep_checkpoints)
         plots.write_run_curves(run.path)      # never raises: a failed plot is one warning line
 

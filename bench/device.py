@@ -69,8 +69,8 @@ SECTIONS = [s for s in ALLOT if s != "build"]
 
 
 class StandInTokenizer:
-    """The fields train.generate reads. No EOS id: random weights would stop at random, and a row that stops early
-    would change the step count being timed."""
+    """The fields train.sampler_settings and train.generate read. No EOS id: random weights would stop at random,
+    and a row that stops early would change the step count being timed."""
     eos_ids = ()
 
     def __init__(self, vocab_size, pad_id):

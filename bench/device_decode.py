@@ -10,6 +10,7 @@ import functools
 import statistics
 import time
 from collections import Counter
+from dataclasses import replace
 
 import torch
 
@@ -62,7 +63,8 @@ def rollout_call(model, tok, args, prompts, seeds, n):
     """One sampler call as train.py makes it: train.generate, on the path args.decode names ("eager", or "fast":
     the static-shape compiled decode), with the call's own rows as the decode batch."""
     import train
-    return train.generate(model, tok, args, prompts, seeds, n, rows=len(prompts) * n)
+    settings = train.sampler_settings(args, tok, model.device, rows=len(prompts) * n)
+    return train.generate(model, tok, prompts, seeds, replace(settings, n=n))
 
 
 def decode_section(sec, M):

@@ -9,8 +9,8 @@
     sampler carries, sum((s - b)(t - b)) / sum((t - b)^2) over the sampled tokens, with t the trainer's, s the
     sampler's and b the base model's log-probs (the adapters disabled): 1 when the sampler samples the policy the
     trainer scores, 0 when it samples the base model. The paths: eager, the fast path itself (train.generate with
-    --decode fast: sample(compile=True)), whose first call compiles the graph the decode section then times, and
-    its static step uncompiled (sample(static=True)), which tells the compiler's part from the step's.
+    --decode fast: Settings(compile=True)), whose first call compiles the graph the decode section then times, and
+    its static step uncompiled (Settings(static=True)), which tells the compiler's part from the step's.
 """
 
 import argparse
@@ -150,8 +150,8 @@ def gap_prompts(M):
 
 def draw(M, path, prompts, seeds, k):
     """Samples of every prompt on one decode path: "eager" and "fast" as train.py calls them (train.generate),
-    "static" the fast path's static step uncompiled (the sampler's public static=True)."""
-    from minigrpo.sampler import sample
+    "static" the fast path's static step uncompiled (the sampler's public Settings(static=True))."""
+    from minigrpo.sampler import Settings, sample
     args = argparse.Namespace(**vars(M.args))
     args.max_new_tokens = k
     if path != "static":
@@ -159,9 +159,9 @@ def draw(M, path, prompts, seeds, k):
         return [s[0] for s in rollout_call(M.ours, M.tok, args, prompts, seeds, 1)]
     M.ours.eval()
     with torch.no_grad():
-        return sample(M.ours, prompts, n=1, max_new_tokens=k, temperature=args.temperature, top_p=args.top_p,
-                      top_k=args.top_k, stop_ids=(), seed=list(seeds), vocab_size=M.vocab, pad_id=M.pad,
-                      static=True, rows=len(prompts))
+        settings = Settings(n=1, max_new_tokens=k, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            stop_ids=(), vocab_size=M.vocab, pad_id=M.pad, static=True, rows=len(prompts))
+        return sample(M.ours, prompts, settings, seed=list(seeds))
 
 
 def gap_stats(M, prompts, got):

@@ -93,7 +93,8 @@ def rollout_seconds(setting, chunk, latency, workers, args, tok, model):
         task.rollout(timed, tok, EXAMPLES, list(range(TASKS)), ns(args))
     else:
         real = train.sample
-        train.sample = lambda model, prompts, n, **kw: calls.append(len(prompts) * n) or real(model, prompts, n=n, **kw)
+        train.sample = lambda model, prompts, settings, **kw: (calls.append(len(prompts) * settings.n)
+                                                               or real(model, prompts, settings, **kw))
         try:
             train.rollout_step(model, tok, task, ns(args), 0, list(enumerate(EXAMPLES)), Dist())
         finally:

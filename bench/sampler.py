@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from minigrpo.model import Qwen
 from minigrpo.pretrained import QwenConfig
-from minigrpo.sampler import sample
+from minigrpo.sampler import Settings, sample
 
 QWEN3_0_6B = dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], vocab_size=151936, hidden_size=1024,
                   intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
@@ -80,8 +80,8 @@ def run_hf(hf, prompts, n, new_tokens, **generate_kw):
 
 
 def run_ours(model, prompts, n, new_tokens):
-    out = sample(model, prompts, n=n, max_new_tokens=new_tokens, temperature=1.0, stop_ids=(), seed=0,
-                 compile=args.compile)
+    settings = Settings(n=n, max_new_tokens=new_tokens, temperature=1.0, stop_ids=(), compile=args.compile)
+    out = sample(model, prompts, settings, seed=0)
     return sum(len(s.completion_ids) for s in out)
 
 
@@ -169,6 +169,6 @@ if __name__ == "__main__":
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=128, help="cap on prompt lengths (shrinks both workloads)")
     p.add_argument("--repeats", type=int, default=2, help="timed runs per side; the best counts")
-    p.add_argument("--compile", action="store_true", help="sample(..., compile=True)")
+    p.add_argument("--compile", action="store_true", help="sample(..., Settings(compile=True))")
     args = p.parse_args()
     main()

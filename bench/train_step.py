@@ -14,7 +14,7 @@ One step, in both stacks: reference log-probs (no grad, LoRA switched off), poli
 loss (on-policy clipped ratio, advantage per sequence, + beta * k3 KL, token-mean over the completion mask),
 backward, clip the gradient norm to 1, AdamW on LoRA r=32 over q, k, v, o, gate, up, down.
 
-- ours: minigrpo.model.Qwen + minigrpo.lora.inject_lora / adapters_disabled + logprobs.token_logprobs(vocab_size=,
+- ours: minigrpo.model.Qwen + minigrpo.lora.inject_lora / adapters_disabled + logprobs.token_logprobs(scale=,
   first_col=) (the fused chunked lm_head + log-softmax over the completion columns, as train.py) + grpo.policy_loss.
 - hf: AutoModelForCausalLM (attn_implementation="sdpa", transformers' default) + peft get_peft_model, reference
   under `model.disable_adapter()`, log-probs as TRL's GRPOTrainer computes them: `logits_to_keep` = completion
@@ -137,7 +137,7 @@ def build_ours(folder, args, dtype):
     loss_mask[:, P - 1:] = comp_mask  # column t scores ids[:, t+1]: the completion starts at column P-1
 
     def logprobs():
-        return token_logprobs(model, ids, attn, temperature=args.temperature, vocab_size=args.vocab_size,
+        return token_logprobs(model, ids, attn, (args.temperature, args.vocab_size),
                               first_col=P - 1)  # as train.py: logits only from the first completion column
 
     def step(timer):

@@ -13,6 +13,7 @@ Two versions of the same function, the plain one first:
 
 Both take T = the sampler's temperature, and optional `vocab_size` masks the embedding's padding rows (ids >= the
 tokenizer's size) to -inf, as the sampler does: trainer and sampler score one distribution (docs/pitfalls.md 5, 6, 9).
+`token_logprobs` takes the two as one argument, scale = (T, vocab_size or None): they are the run's, fixed.
 
 Letters: B batch (sequences), T sequence length, V vocabulary (embedding rows), H hidden size.
 """
@@ -75,11 +76,14 @@ class _LinearLogprob(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h, weight, targets, temperature, vocab_size, rows, with_entropy, grad_enabled):
-        # h (N, H): every row's positions flattened; targets (N,). Grad mode is off in here: the caller's is passed.
+    def forward(ctx, h, weight, targets, scale, rows, with_entropy):
+        # h (N, H): every row's positions flattened; targets (N,); scale (T, vocab_size or None). Grad mode is off in
+        # here; needs_input_grad is the inputs' requires_grad, and h made under the caller's no_grad has none: no
+        # gradient is formed for a forward that no backward follows (the reference's, the behaviour policy's).
+        temperature, vocab_size = scale
         N = h.shape[0]
-        need_h = grad_enabled and ctx.needs_input_grad[0]
-        need_w = grad_enabled and ctx.needs_input_grad[1]
+        need_h = ctx.needs_input_grad[0]
+        need_w = ctx.needs_input_grad[1]
         f32 = torch.promote_types(h.dtype, torch.float32)  # fp32, or fp64 in tests
         logp = torch.empty(N, dtype=f32, device=h.device)
         lse = torch.empty_like(logp)
@@ -116,7 +120,7 @@ class _LinearLogprob(torch.autograd.Function):
         h, weight, targets, lse, dlogp_dh = ctx.saved_tensors
         temperature, vocab_size, rows, need_h, h_dtype = ctx.args
         if dlogp_dh is not None:  # frozen head: the chain rule up to h was done in forward
-            return (grad_logp[:, None] * dlogp_dh).to(h_dtype), None, None, None, None, None, None, None
+            return (grad_logp[:, None] * dlogp_dh).to(h_dtype), None, None, None, None, None
         grad_h = torch.empty_like(h) if need_h else None
         grad_w = torch.zeros_like(weight)
         for s in range(0, h.shape[0], rows):
@@ -126,19 +130,21 @@ class _LinearLogprob(torch.autograd.Function):
             if grad_h is not None:
                 grad_h[c] = g @ weight  # (c, H)
             grad_w += g.T @ h[c]  # (V, H)
-        return grad_h, grad_w, None, None, None, None, None, None
+        return grad_h, grad_w, None, None, None, None
 
 
 LOGIT_BYTES = 256 * 2**20  # chunk="auto": fp32 logit rows per chunk, 441 at Qwen's V = 151936
 
 
-def token_logprobs(model, input_ids, attention_mask=None, temperature=1.0, chunk="auto", return_entropy=False,
-                   vocab_size=None, first_col=0):
+def token_logprobs(model, input_ids, attention_mask=None, scale=(1.0, None), chunk="auto", return_entropy=False,
+                   first_col=0):
     """
     log p(ids[:, t+1] | ids[:, :t+1]) under softmax(logits / temperature), fp32, shape (B, T-1), aligned with
     ids[:, 1:] (column t scores the token at position t+1). With return_entropy, also the entropy (B, T-1) of each
     next-token distribution (for logging: it carries no gradient). attention_mask (B, T): 1 = real token, 0 = left
     padding; the model derives positions from it. Gradients flow to the model.
+    scale: (temperature, vocab_size): the sampler's T, and the tokenizer's vocabulary size (logits of ids >= it are
+    masked, as the sampler masks them) or None.
     The model's lm_head must be a plain bias-free nn.Linear (Qwen's is; LoRA never wraps it): its weight is fused
     into the log-softmax (_LinearLogprob), which keeps only (rows, H) tensors for backward, never (B, T, V).
     chunk: logit rows (batch x positions) materialised at once, "auto" = as many as LOGIT_BYTES of fp32 hold.
@@ -155,8 +161,8 @@ def token_logprobs(model, input_ids, attention_mask=None, temperature=1.0, chunk
     n = T - 1 - first_col
     if chunk == "auto":
         chunk = max(1, LOGIT_BYTES // (4 * weight.shape[0]))
-    out = _LinearLogprob.apply(h.reshape(B * n, h.shape[-1]), weight, targets.reshape(-1), temperature, vocab_size,
-                               max(1, chunk), return_entropy, torch.is_grad_enabled())
+    out = _LinearLogprob.apply(h.reshape(B * n, h.shape[-1]), weight, targets.reshape(-1), scale, max(1, chunk),
+                               return_entropy)
     pad = torch.zeros(B, first_col, dtype=torch.promote_types(h.dtype, torch.float32), device=h.device)
     columns = lambda x: torch.cat([pad, x.view(B, n)], dim=1)  # (B, T-1)
     return (columns(out[0]), columns(out[1])) if return_entropy else columns(out)

@@ -15,7 +15,7 @@ What a Sample holds:
   token runs past the stop string, `text` still ends with the stop string (rewards read the text).
 - logprobs: per completion token, log p(token) under the *untruncated* sampling distribution at temperature T,
   log_softmax(logits / T) in fp32 with logits of ids >= vocab_size removed. That is BEFORE top-k / top-p
-  truncation, exactly what logprobs.token_logprobs(model, ids, mask, temperature=T, vocab_size=...) recomputes
+  truncation, exactly what logprobs.token_logprobs(model, ids, mask, scale=(T, vocab_size)) recomputes
   (so the trainer's ratio compares like with like: docs/pitfalls.md 5-7). With temperature 0 (greedy) they are
   the T=1 log-probs.
 - finish_reason: "eos" (emitted a stop id), "stop" (completed a stop string) or "length" (hit max_new_tokens).
@@ -62,16 +62,49 @@ class Sample:
 
 @dataclass
 class Settings:
-    """How one sampler call samples, its defaults resolved (`sample` says what each does)."""
+    """How one sampler call samples. A None default is resolved from the tokenizer or the device (`resolved`)."""
     n: int                          # completions per prompt
     max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float = 1.0        # 0 = greedy
+    top_p: float = 1.0              # top_k=0 / top_p=1.0 = no truncation; log-probs are before it (module doc)
     top_k: int = 0
-    vocab_size: int | None = None   # ids >= vocab_size are never sampled
-    pad_id: int = 0
-    sync_every: int = 1             # decode steps between host reads
-    compact_fraction: float = 0.25  # drop finished rows once this fraction of the batch is done
+    # ids that end a row (kept in its completion); None: tokenizer.eos_ids, or none without a tokenizer
+    stop_ids: tuple | None = None
+    stop_strings: tuple = ()        # texts that end a row (need a tokenizer to decode completions)
+    # logits of ids >= vocab_size are never sampled nor counted in log-probs; None: tokenizer.vocab_size (Qwen's
+    # embedding has padding rows beyond the real vocabulary: docs/pitfalls.md 9)
+    vocab_size: int | None = None
+    pad_id: int | None = None       # None: the tokenizer's pad id, else 0
+    sync_every: int | None = None   # decode steps between host checks for finished rows; None: 8 on CUDA, 1 elsewhere
+    compact_fraction: float = 0.25  # drop finished rows from the batch once at least this fraction of it is done
+    # compile: torch.compile the decode step (the fast path, train.py --decode fast): the static-shape step of
+    # static_decode.py, one graph per shape bucket (fullgraph), on CUDA replayed as a CUDA graph. A LoRA model
+    # decodes as itself, adapters unmerged: the step runs the trainer's own LoRA layers (a bf16 merged copy would
+    # round small updates away and sample a policy nearer the base). A string names the torch.compile backend
+    # (default inductor).
+    compile: bool | str = False
+    # static: the same static-shape step without compiling (its eager twin; compile implies it): caches of fixed
+    # sizes kept across calls, attention over all their slots, no compaction.
+    static: bool = False
+    # rows: the static batch's fixed row count (the caller's largest call): a call with fewer rows is padded to it,
+    # one with more is split into calls of whole prompts (None: the next power of two of the call's rows).
+    rows: int | None = None
+
+    def resolved(self, tokenizer, device):
+        """These settings with every None default filled in from the tokenizer and the device."""
+        stop_ids = self.stop_ids
+        if stop_ids is None:
+            stop_ids = tokenizer.eos_ids if tokenizer is not None else ()
+        vocab_size = self.vocab_size
+        if vocab_size is None and tokenizer is not None:
+            vocab_size = tokenizer.vocab_size
+        pad_id = self.pad_id
+        if pad_id is None:
+            pad_id = getattr(tokenizer, "pad_id", None) or 0
+        sync_every = self.sync_every
+        if sync_every is None:
+            sync_every = 8 if device.type == "cuda" else 1
+        return replace(self, stop_ids=stop_ids, vocab_size=vocab_size, pad_id=pad_id, sync_every=sync_every)
 
 
 # ------------------------------------------------------------------------------------------------ token choice
@@ -213,53 +246,29 @@ def cut_after_stop(text, stop_strings):
 # ------------------------------------------------------------------------------------------------ the sampler
 
 @torch.no_grad()
-def sample(model, prompts, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, stop_ids=None,
-           stop_strings=(), tokenizer=None, seed=None, vocab_size=None, pad_id=None, sync_every=None,
-           compact_fraction=0.25, compile=False, static=False, rows=None, keep=False, reuse=None):
-    """n completions for each prompt (lists of token ids), prompt-major: result[i*n:(i+1)*n] belong to prompt i.
-
-    stop_ids: ids that end a row (kept in its completion); default tokenizer.eos_ids, or none without a tokenizer.
-    vocab_size: logits of ids >= vocab_size are never sampled nor counted in log-probs; default
-      tokenizer.vocab_size (Qwen's embedding has padding rows beyond the real vocabulary: docs/pitfalls.md 9).
-    temperature 0 = greedy. top_k=0 / top_p=1.0 = no truncation; log-probs are before truncation (module doc).
-    sync_every: decode steps between host checks for finished rows (default 8 on CUDA, 1 elsewhere).
-    compact_fraction: drop finished rows from the batch once at least this fraction of it is done.
-    compile: torch.compile the decode step (the fast path, train.py --decode fast): the static-shape step of
-      static_decode.py, one graph per shape bucket (fullgraph), on CUDA replayed as a CUDA graph. A LoRA model
-      decodes as itself, adapters unmerged: the step runs the trainer's own LoRA layers (a bf16 merged copy would
-      round small updates away and sample a policy nearer the base). A string names the torch.compile backend
-      (default inductor).
-    static: the same static-shape step without compiling (its eager twin; compile implies it): caches of fixed
-      sizes kept across calls, attention over all their slots, no compaction.
-    rows: the static batch's fixed row count (the caller's largest call): a call with fewer rows is padded to it,
-      one with more is split into calls of whole prompts (default: the next power of two of the call's rows).
+def sample(model, prompts, settings, tokenizer=None, seed=None, reuse=None, keep=False):
+    """settings.n completions for each prompt (lists of token ids), prompt-major: result[i*n:(i+1)*n] belong to
+    prompt i. `settings` (Settings) says how to sample; its None defaults come from `tokenizer` and the device.
+    seed: an int, or one per prompt (module doc: Randomness); None draws one.
     keep: every Sample carries `kept`, the state after prefilling its prompt (prefix.Kept: .ids, .tokens).
     reuse: one prefix.Kept or None per prompt: a prompt whose ids start with a kept state's (and go on past them)
       prefills only the rest, continuing a copy of it; any other prompt is prefilled afresh.
     """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("sample needs a non-empty list of non-empty prompts (token-id lists)")
-    if n < 1 or max_new_tokens < 1:
-        raise ValueError(f"n={n} and max_new_tokens={max_new_tokens} must both be >= 1")
-    if stop_ids is None:
-        stop_ids = tokenizer.eos_ids if tokenizer is not None else ()
-    if vocab_size is None and tokenizer is not None:
-        vocab_size = tokenizer.vocab_size
-    if pad_id is None:
-        pad_id = getattr(tokenizer, "pad_id", None) or 0
-    if sync_every is None:
-        sync_every = 8 if model.device.type == "cuda" else 1
-    settings = Settings(n, max_new_tokens, temperature, top_p, top_k, vocab_size, pad_id, sync_every, compact_fraction)
+    if settings.n < 1 or settings.max_new_tokens < 1:
+        raise ValueError(f"n={settings.n} and max_new_tokens={settings.max_new_tokens} must both be >= 1")
+    s = settings.resolved(tokenizer, model.device)
     seeds = prompt_seeds(seed, len(prompts))
-    scanner = StopScanner(stop_ids, stop_strings, tokenizer)
+    scanner = StopScanner(s.stop_ids, s.stop_strings, tokenizer)
     reuse = prefix.check_reuse(reuse, len(prompts))
-    if not (compile or static):
-        return sample_batch(model, prompts, seeds, settings, scanner, (reuse, keep))
-    settings = replace(settings, compact_fraction=float("inf"))  # fixed shapes: no compaction
+    if not (s.compile or s.static):
+        return sample_batch(model, prompts, seeds, s, scanner, (reuse, keep))
+    s = replace(s, compact_fraction=float("inf"))  # fixed shapes: no compaction
     out = []
-    for part in static_decode.whole_prompt_calls(len(prompts), n, rows):
-        got = sample_batch(model, prompts[part], seeds[part], settings, scanner, (reuse[part], keep),
-                           static=(rows, compile))
+    for part in static_decode.whole_prompt_calls(len(prompts), s.n, s.rows):
+        got = sample_batch(model, prompts[part], seeds[part], s, scanner, (reuse[part], keep),
+                           static=(s.rows, s.compile))
         out += [replace(x, prompt_index=x.prompt_index + part.start) for x in got]
     return out
 

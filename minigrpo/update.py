@@ -66,8 +66,8 @@ def step_normalizer(batches, settings: LossSettings, dist_info) -> float:
 def log_probs(model, b: Batch, temperature, vocab_size, entropy=False):
     """The trainer's log-probs: logits / T with the sampler's T, ids past the tokenizer's vocabulary masked, as
     the sampler does, so that the two agree; the lm_head runs only over completion columns."""
-    return token_logprobs(model, b.ids, b.attn, temperature=temperature, return_entropy=entropy,
-                          vocab_size=vocab_size, first_col=b.first_col)
+    return token_logprobs(model, b.ids, b.attn, (temperature, vocab_size), return_entropy=entropy,
+                          first_col=b.first_col)
 
 
 def reference_logprobs(model, reference, b: Batch, temperature, vocab_size):

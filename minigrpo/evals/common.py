@@ -17,7 +17,7 @@ from minigrpo.lora import adapters_disabled, fold_lora
 from minigrpo.run.lora_files import load_adapter
 from minigrpo.pretrained import load_pretrained
 from minigrpo.run import plots
-from minigrpo.sampler import sample
+from minigrpo.sampler import Settings, sample
 from minigrpo.tokenizer import Tokenizer
 
 
@@ -122,10 +122,11 @@ def complete(model, tok, args, conversations, stop_strings=(), desc="generate") 
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
     batches = [order[i:i + args.batch_size] for i in range(0, len(order), args.batch_size)]
     texts = [None] * len(prompts)
+    settings = Settings(n=1, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                        stop_strings=tuple(stop_strings), compile=args.compile)
     for k, rows in enumerate(progress(batches, desc, args)):
-        samples = sample(model, [prompts[i] for i in rows], n=1, max_new_tokens=args.max_new_tokens,
-                         temperature=args.temperature, top_p=args.top_p, stop_strings=list(stop_strings),
-                         tokenizer=tok, seed=derive_seed(args.sample_seed, "eval batch", k), compile=args.compile)
+        samples = sample(model, [prompts[i] for i in rows], settings, tokenizer=tok,
+                         seed=derive_seed(args.sample_seed, "eval batch", k))
         for i, s in zip(rows, samples):
             texts[i] = s.text
     return texts

@@ -2,12 +2,13 @@
 (the final answer's judge score), turn-0 score, recovery, bad->good, good->bad -- a per-family and a per-task
 table, and the soyuz run's sandbagging check (recovery bought with a worse first answer)."""
 import os
+from dataclasses import replace
 
 from minigrpo.common import derive_seed, mean
 from minigrpo.evals import report
 from minigrpo.evals.common import UsageError, first_line, load_model, progress, run_curves, write_jsonl, write_outputs
 from minigrpo.judge import validate_task
-from minigrpo.sampler import sample
+from minigrpo.sampler import Settings, sample
 from minigrpo.tasks.soyuz import SoyuzTask, recovery_metrics
 
 
@@ -76,9 +77,11 @@ def eval_soyuz(args, out):
 def soyuz_generate(model, tok, args, bar):
     """The `generate(prompts, seeds, n, reuse, keep)` the rollouts call: n samples per token-id prompt, as
     train.py's."""
+    settings = Settings(n=1, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                        compile=args.compile)
+
     def generate(prompts, seeds, n, reuse=None, keep=False):
-        samples = sample(model, prompts, n=n, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                         top_p=args.top_p, tokenizer=tok, seed=list(seeds), compile=args.compile)
+        samples = sample(model, prompts, replace(settings, n=n), tokenizer=tok, seed=list(seeds))
         bar.update(len(samples))
         return [samples[i * n:(i + 1) * n] for i in range(len(prompts))]
     return generate

@@ -56,7 +56,7 @@ from minigrpo.model import Qwen
 from minigrpo.pretrained import QwenConfig
 from minigrpo.pretrained import load_pretrained
 from minigrpo.run.folder import RunFolder
-from minigrpo.sampler import sample
+from minigrpo.sampler import Settings, sample
 from minigrpo.tasks.mdp import world as mdp
 from minigrpo.tasks.mdp.task import MDPTask, messages_for, parse_letter, relabel
 from minigrpo.tokenizer import Tokenizer
@@ -237,10 +237,11 @@ def greedy_policy(model, tok, task, max_new_tokens):
     """A batched policy for mdp.evaluate: one greedy sampler call over all records' prompts per step. An answer
     that is not a letter A-H becomes "?" (the probe is spent on nothing); `invalid` counts them."""
     invalid = [0, 0]
+    greedy = Settings(n=1, max_new_tokens=max_new_tokens, temperature=0.0)
 
     def policy(texts, states):
         prompts = [prompt_ids(tok, task, t) for t in texts]
-        out = sample(model, prompts, n=1, max_new_tokens=max_new_tokens, temperature=0.0, tokenizer=tok)
+        out = sample(model, prompts, greedy, tokenizer=tok)
         letters = [parse_letter(s.text) for s in out]
         invalid[0] += sum(x is None for x in letters)
         invalid[1] += len(letters)

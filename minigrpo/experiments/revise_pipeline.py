@@ -32,7 +32,7 @@ import argparse
 import copy
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
@@ -44,7 +44,7 @@ from minigrpo.experiments.stages import Stages, experiment_folder, model_stage
 from minigrpo.experiments.supervised import sft_loop
 from minigrpo.run import lock
 from minigrpo.run.plots import read_metrics
-from minigrpo.sampler import sample
+from minigrpo.sampler import Settings, sample
 from minigrpo.tasks.revise import RevisionTask, critique, grade, shuffled
 from minigrpo.tasks.twoturn import recovery_metrics
 from minigrpo.tokenizer import Tokenizer
@@ -113,10 +113,10 @@ def evaluate(model, tok, task, args, cfg, seed, temperature=1.0, top_p=1.0) -> d
     examples = task.examples(cfg.eval_split)[:cfg.eval_limit]
     eargs = argparse.Namespace(group_size=cfg.eval_samples, enable_thinking=False)
     seeds = [derive_seed(seed, "revise eval", i) for i in range(len(examples))]
+    settings = Settings(n=cfg.eval_samples, max_new_tokens=args.max_new_tokens, temperature=temperature, top_p=top_p)
 
     def generate(prompts, ss, n, reuse=None, keep=False):
-        out = sample(model, prompts, n=n, max_new_tokens=args.max_new_tokens, temperature=temperature, top_p=top_p,
-                     tokenizer=tok, seed=list(ss))
+        out = sample(model, prompts, replace(settings, n=n), tokenizer=tok, seed=list(ss))
         return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
 
     model.eval()

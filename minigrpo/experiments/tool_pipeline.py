@@ -30,7 +30,7 @@ import copy
 import csv
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
@@ -43,7 +43,7 @@ from minigrpo.experiments.supervised import sft_loop
 from minigrpo.run.flags import build_parser
 from minigrpo.run import lock
 from minigrpo.run.plots import read_metrics
-from minigrpo.sampler import sample
+from minigrpo.sampler import Settings, sample
 from minigrpo.tasks import episodes
 from minigrpo.tasks.lookup import LookupTask, call_text, question
 from minigrpo.tokenizer import Tokenizer
@@ -156,10 +156,10 @@ def evaluate(model, tok, task, args, cfg, seed, temperature=1.0) -> dict:
     examples = task.examples(cfg.eval_split)[:cfg.eval_limit]
     eargs = argparse.Namespace(group_size=cfg.eval_samples, enable_thinking=False, max_new_tokens=cfg.max_new_tokens)
     seeds = [derive_seed(seed, "lookup eval", i) for i in range(len(examples))]
+    settings = Settings(n=cfg.eval_samples, max_new_tokens=cfg.max_new_tokens, temperature=temperature)
 
     def generate(prompts, ss, n, reuse=None, keep=False):
-        out = sample(model, prompts, n=n, max_new_tokens=cfg.max_new_tokens, temperature=temperature,
-                     tokenizer=tok, seed=list(ss))
+        out = sample(model, prompts, replace(settings, n=n), tokenizer=tok, seed=list(ss))
         return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
 
     recorded = Recorded(task)

@@ -232,11 +232,11 @@ def test_share_of_the_update_the_sampler_carries():
 def test_rollout_call_picks_the_path_from_args(tmp_path):
     calls = []
 
-    def fake_sample(model, prompts, **kw):
-        calls.append(kw)
-        return [SimpleNamespace()] * len(prompts) * kw["n"]
+    def fake_sample(model, prompts, settings, **kw):
+        calls.append({**vars(settings), **kw})
+        return [SimpleNamespace()] * len(prompts) * settings.n
 
-    args = SimpleNamespace(max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0)
+    args = SimpleNamespace(max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0, group_size=6)
     tok = SimpleNamespace(eos_ids=(), vocab_size=261)
     with mock.patch("minigrpo.sampler.sample", fake_sample), mock.patch("train.sample", fake_sample):
         for path in ("eager", "fast"):

@@ -4,6 +4,7 @@ step, compiled or not), the static batch of fixed rows (padded, or split into ca
 soyuz-shaped two-turn rollout that compiles one graph per length bucket, never reaching torch's recompile limit.
 The same in bf16 at a real width: tests/model/test_on_policy_bf16.py."""
 from argparse import Namespace
+from dataclasses import replace
 
 import pytest
 import torch
@@ -18,11 +19,12 @@ from minigrpo.lora import adapters_disabled, inject_lora, lora_layers  # noqa: E
 from minigrpo.pretrained import load_pretrained  # noqa: E402
 from minigrpo.run.gap import gap_metrics, off_policy, token_sums  # noqa: E402
 from minigrpo.sampler import decode_step as sampler_decode_step  # noqa: E402
-from minigrpo.sampler import prefill, sample  # noqa: E402
+from minigrpo.sampler import Settings, prefill, sample  # noqa: E402
 from minigrpo.tokenizer import Tokenizer  # noqa: E402
 
 VOCAB = 261
 PROMPTS = [[10, 20, 30, 40, 50, 60, 70], [257, 5], [99, 98, 97, 96]]
+FREE = Settings(n=3, max_new_tokens=16, vocab_size=VOCAB, stop_ids=())   # T=1, no stop: every row runs to the end
 
 
 def lora_model(kind, seed=0):
@@ -64,16 +66,16 @@ def test_static_path_decodes_the_lora_model_and_follows_each_optimizer_step(kind
     """The static step runs the model's own LoRA layers: nothing is copied or merged, so what it samples is the
     trained policy after any optimizer step (fused AdamW too), and the training weights are never written."""
     model = lora_model(kind)
-    kw = dict(n=3, max_new_tokens=16, temperature=1.0, seed=3, vocab_size=VOCAB, stop_ids=())
+    static = replace(FREE, static=True)
     for fused in (False, True):
         frozen = {k: v.clone() for k, v in model.state_dict().items() if ".lora_" not in k}
-        assert_same(sample(model, PROMPTS, static=True, **kw), sample(model, PROMPTS, **kw))
+        assert_same(sample(model, PROMPTS, static, seed=3), sample(model, PROMPTS, FREE, seed=3))
         assert model in static_decode._pool                              # the sampler decoded the model itself
         after = model.state_dict()
         assert all(torch.equal(frozen[k], after[k]) for k in frozen)     # the frozen base keeps its bits
         adamw_step(model, fused)
     with adapters_disabled(model):                                       # the reference: the base model, exactly
-        assert_same(sample(model, PROMPTS, static=True, **kw), sample(model, PROMPTS, **kw))
+        assert_same(sample(model, PROMPTS, static, seed=3), sample(model, PROMPTS, FREE, seed=3))
     static_decode.release(model)
 
 
@@ -120,11 +122,11 @@ def test_static_batch_pads_and_splits_to_the_fixed_rows():
     """A call with fewer rows than the fixed batch is padded (its extra rows never come back); one with more is cut
     into calls of whole prompts: the samples are the eager path's either way (counter-based sampling)."""
     model = load_pretrained("tiny-qwen3.5")
-    kw = dict(max_new_tokens=12, temperature=1.0, seed=5, vocab_size=VOCAB, stop_ids=())
     for n, rows in ((2, 8), (2, 4), (1, 2), (3, 3)):
-        got = sample(model, PROMPTS, n=n, static=True, rows=rows, **kw)
+        eager = replace(FREE, n=n, max_new_tokens=12)
+        got = sample(model, PROMPTS, replace(eager, static=True, rows=rows), seed=5)
         assert len(got) == 3 * n
-        assert_same(got, sample(model, PROMPTS, n=n, **kw))
+        assert_same(got, sample(model, PROMPTS, eager, seed=5))
     assert {key[0] for key in static_decode._pool[model]} == {8, 4, 2, 3}   # padded to 8; split into 4, 2, 3
     assert static_decode.bucket_rows(5, 6) == 6 and static_decode.bucket_rows(5) == 8
 
@@ -136,9 +138,10 @@ def test_fast_path_logprobs_equal_the_eager_path_fp32():
     torch._dynamo.reset()
     static_decode._compiled.clear()
     model = lora_model("tiny-qwen3.5")
-    kw = dict(n=2, max_new_tokens=24, temperature=1.0, top_p=0.9, seed=7, vocab_size=VOCAB, stop_ids=())
+    eager = replace(FREE, n=2, max_new_tokens=24, top_p=0.9)
     for _ in range(2):
-        assert_same(sample(model, PROMPTS, compile=True, rows=6, **kw), sample(model, PROMPTS, **kw))
+        assert_same(sample(model, PROMPTS, replace(eager, compile=True, rows=6), seed=7),
+                    sample(model, PROMPTS, eager, seed=7))
         adamw_step(model, fused=True)
 
 

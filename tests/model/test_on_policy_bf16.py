@@ -20,6 +20,7 @@ of 7.1e-3 (eager 4.1e-3); the inductor-compiled path 0.34 and 9.0e-3.
 """
 import json
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -30,7 +31,7 @@ from minigrpo.logprobs import token_logprobs
 from minigrpo.model import Qwen
 from minigrpo.pretrained import QwenConfig
 from minigrpo.run.gap import gap_metrics, token_sums
-from minigrpo.sampler import sample
+from minigrpo.sampler import Settings, sample
 
 VOCAB, PROMPT, NEW, P, N = 4096, 12, 32, 4, 4
 pytestmark = pytest.mark.slow   # a 2,560-wide bf16 model, decoded eagerly, static and compiled by inductor
@@ -63,13 +64,13 @@ def policy():
 @torch.no_grad()
 def measure(model, prompts, **path):
     """(share, gap) of one decode path's samples, as train.py's step metrics compute them."""
-    samples = sample(model, prompts, n=N, max_new_tokens=NEW, temperature=1.0, seed=3, vocab_size=VOCAB,
-                     stop_ids=(), **path)
+    settings = Settings(n=N, max_new_tokens=NEW, temperature=1.0, vocab_size=VOCAB, stop_ids=())
+    samples = sample(model, prompts, replace(settings, **path), seed=3)
     ids = torch.tensor([prompts[s.prompt_index] + s.completion_ids for s in samples])    # (P*N, PROMPT+NEW)
     sampled = torch.tensor([s.logprobs for s in samples])                                # (P*N, NEW)
-    trainer = token_logprobs(model, ids, vocab_size=VOCAB)[:, PROMPT - 1:]
+    trainer = token_logprobs(model, ids, scale=(1.0, VOCAB))[:, PROMPT - 1:]
     with adapters_disabled(model):
-        ref = token_logprobs(model, ids, vocab_size=VOCAB)[:, PROMPT - 1:]
+        ref = token_logprobs(model, ids, scale=(1.0, VOCAB))[:, PROMPT - 1:]
     mask = torch.ones_like(sampled, dtype=torch.bool)
     st = dict(token_sums(trainer, sampled, ref, mask), tokens=mask.numel())
     gap = float((trainer - sampled).abs().mean())

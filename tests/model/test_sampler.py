@@ -1,17 +1,20 @@
 """The group sampler: greedy = uncached argmax = transformers, stops as documented, seeded, and its log-probs equal
 logprobs.token_logprobs teacher-forced on the same sequences (docs/pitfalls.md 5-7, 9, 11)."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from minigrpo.logprobs import token_logprobs
 from minigrpo.pretrained import QwenConfig
 from minigrpo.pretrained import load_pretrained
-from minigrpo.sampler import cut_after_stop, sample
+from minigrpo.sampler import Settings, cut_after_stop, sample
 
 KINDS = ["tiny", "tiny-qwen3.5"]
 VOCAB = 261  # byte tokenizer ids; the tiny embedding has 272 rows
 PROMPTS = [[10, 20, 30, 40, 50, 60, 70], [257, 5], [99, 98, 97, 96]]  # different lengths: left padding matters
+FREE = Settings(n=2, max_new_tokens=4, stop_ids=())   # no stop: every row runs to max_new_tokens
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -38,7 +41,7 @@ def test_greedy_equals_argmax_loop_and_transformers(kind, tmp_path):
     hf.save_pretrained(tmp_path)
     model = load_pretrained(str(tmp_path))
     steps = 12
-    out = sample(model, PROMPTS, n=2, max_new_tokens=steps, temperature=0, stop_ids=())
+    out = sample(model, PROMPTS, replace(FREE, max_new_tokens=steps, temperature=0))
     assert [s.prompt_index for s in out] == [0, 0, 1, 1, 2, 2]
     for i, prompt in enumerate(PROMPTS):
         ref = argmax_loop(model, prompt, steps)
@@ -54,26 +57,26 @@ def test_vocab_padding_rows_never_sampled():
     model = load_pretrained("tiny")
     with torch.no_grad():
         model.lm_head.weight[VOCAB:] = 1.0  # tied: padding rows of the embedding, never an input
-    free = sample(model, PROMPTS, n=2, max_new_tokens=4, stop_ids=(), seed=0)
+    free = sample(model, PROMPTS, FREE, seed=0)
     assert any(t >= VOCAB for s in free for t in s.completion_ids)  # without the mask they win
-    masked = sample(model, PROMPTS, n=2, max_new_tokens=4, stop_ids=(), seed=0, vocab_size=VOCAB)
+    masked = sample(model, PROMPTS, replace(FREE, vocab_size=VOCAB), seed=0)
     assert all(t < VOCAB for s in masked for t in s.completion_ids)
 
 
 def test_seeds(kind):
     model = load_pretrained(kind)
-    run = lambda seed: [s.completion_ids for s in sample(model, PROMPTS, n=4, max_new_tokens=8, seed=seed,
-                                                         vocab_size=VOCAB, stop_ids=())]
+    four = replace(FREE, n=4, max_new_tokens=8, vocab_size=VOCAB)
+    run = lambda seed: [s.completion_ids for s in sample(model, PROMPTS, four, seed=seed)]
     a, b, c = run(1), run(1), run(2)
     assert a == b and a != c
     for i in range(len(PROMPTS)):
         group = a[4 * i:4 * i + 4]
         assert len({tuple(g) for g in group}) == 4  # the n samples of a prompt differ
     torch.manual_seed(5)
-    d = sample(model, PROMPTS, n=2, max_new_tokens=4, vocab_size=VOCAB)
+    unseeded = Settings(n=2, max_new_tokens=4, vocab_size=VOCAB)
+    d = sample(model, PROMPTS, unseeded)
     torch.manual_seed(5)
-    assert [s.completion_ids for s in d] == [s.completion_ids for s in sample(model, PROMPTS, n=2, max_new_tokens=4,
-                                                                              vocab_size=VOCAB)]
+    assert [s.completion_ids for s in d] == [s.completion_ids for s in sample(model, PROMPTS, unseeded)]
 
 
 def first_stop(ids, tok, stop_ids, stop_strings):
@@ -90,8 +93,8 @@ def first_stop(ids, tok, stop_ids, stop_strings):
 def test_stop_ids_and_strings_end_only_their_row(kind, tiny_tokenizer):
     model, tok = load_pretrained(kind), tiny_tokenizer
     for seed in range(3, 50):    # the first seed whose draws end row 0 at the stop id and row 4 at the stop string
-        kw = dict(n=3, max_new_tokens=24, seed=seed, tokenizer=tok)
-        free = sample(model, PROMPTS, stop_ids=(), **kw)
+        base, kw = Settings(n=3, max_new_tokens=24), dict(seed=seed, tokenizer=tok)
+        free = sample(model, PROMPTS, replace(base, stop_ids=()), **kw)
         assert all(s.finish_reason == "length" and len(s.completion_ids) == 24 for s in free)
         # a stop id taken from row 0's completion, a stop string from row 4's text (printable, mid-completion)
         stop_id = free[0].completion_ids[5]
@@ -102,8 +105,9 @@ def test_stop_ids_and_strings_end_only_their_row(kind, tiny_tokenizer):
         if ends[0] == "eos" and ends[4] == "stop" and "length" in ends:
             break
     for sync_every, compact in [(1, 0.01), (5, 0.25), (100, 1.0)]:  # results must not depend on these
-        out = sample(model, PROMPTS, stop_ids=[stop_id], stop_strings=[stop_string], sync_every=sync_every,
-                     compact_fraction=compact, **kw)
+        stops = replace(base, stop_ids=[stop_id], stop_strings=[stop_string], sync_every=sync_every,
+                        compact_fraction=compact)
+        out = sample(model, PROMPTS, stops, **kw)
         for s, f in zip(out, free):
             length, reason = first_stop(f.completion_ids, tok, {stop_id}, [stop_string])
             assert (s.finish_reason, s.completion_ids) == (reason, f.completion_ids[:length])
@@ -124,21 +128,23 @@ def test_stop_ids_and_strings_end_only_their_row(kind, tiny_tokenizer):
 def test_defaults_come_from_the_tokenizer(tiny_tokenizer):
     """stop_ids default to tokenizer.eos_ids, vocab_size to tokenizer.vocab_size."""
     model, tok = load_pretrained("tiny"), tiny_tokenizer
-    free = sample(model, PROMPTS, n=2, max_new_tokens=16, seed=0, vocab_size=VOCAB, stop_ids=())
+    free = sample(model, PROMPTS, replace(FREE, max_new_tokens=16, vocab_size=VOCAB), seed=0)
     tok.eos_ids = [free[1].completion_ids[3]]  # pretend that token is the EOS
-    out = sample(model, PROMPTS, n=2, max_new_tokens=16, seed=0, tokenizer=tok)
+    out = sample(model, PROMPTS, Settings(n=2, max_new_tokens=16), seed=0, tokenizer=tok)
     assert out[1].finish_reason == "eos" and out[1].completion_ids == free[1].completion_ids[:4]
     with torch.no_grad():
         model.lm_head.weight[VOCAB:] = 1.0  # the embedding's padding rows: they win unless masked
-    assert all(t < VOCAB for s in sample(model, PROMPTS, 2, 4, tokenizer=tok, seed=0) for t in s.completion_ids)
+    assert all(t < VOCAB for s in sample(model, PROMPTS, Settings(2, 4), tokenizer=tok, seed=0)
+               for t in s.completion_ids)
 
 
 @pytest.mark.parametrize("temperature,top_p,top_k", [(1.0, 1.0, 0), (0.7, 1.0, 0), (0.7, 0.8, 5), (0.0, 1.0, 0)])
 def test_logprobs_equal_teacher_forced(kind, temperature, top_p, top_k):
     """Sampler log-probs (untruncated, at T) = logprobs.token_logprobs on prompt + completion, left-padded batch."""
     model = load_pretrained(kind)
-    out = sample(model, PROMPTS, n=2, max_new_tokens=9, temperature=temperature, top_p=top_p, top_k=top_k,
-                 seed=0, vocab_size=VOCAB, stop_ids=[7, 8, 9])  # some rows end early
+    settings = Settings(n=2, max_new_tokens=9, temperature=temperature, top_p=top_p, top_k=top_k, vocab_size=VOCAB,
+                        stop_ids=[7, 8, 9])  # some rows end early
+    out = sample(model, PROMPTS, settings, seed=0)
     seqs = [PROMPTS[s.prompt_index] + s.completion_ids for s in out]
     L = max(map(len, seqs))
     ids = torch.zeros(len(seqs), L, dtype=torch.long)
@@ -146,7 +152,7 @@ def test_logprobs_equal_teacher_forced(kind, temperature, top_p, top_k):
     for i, q in enumerate(seqs):
         ids[i, L - len(q):], mask[i, L - len(q):] = torch.tensor(q), 1
     with torch.no_grad():
-        ref = token_logprobs(model, ids, mask, temperature=temperature or 1.0, vocab_size=VOCAB)  # (B, L-1)
+        ref = token_logprobs(model, ids, mask, (temperature or 1.0, VOCAB))  # (B, L-1)
     for i, s in enumerate(out):
         c = len(s.completion_ids)
         assert torch.allclose(torch.tensor(s.logprobs), ref[i, L - 1 - c:], atol=1e-5, rtol=0)
@@ -175,6 +181,7 @@ def test_a_prompts_samples_do_not_depend_on_its_batch_mates(tiny_tokenizer):
     tok = tiny_tokenizer
     model = load_pretrained("tiny")
     a, b = tok.chat([{"role": "user", "content": "hello there"}]), tok.chat([{"role": "user", "content": "hi"}])
-    both = sample(model, [a, b], n=3, max_new_tokens=6, tokenizer=tok, seed=[11, 22])
-    alone = sample(model, [b], n=3, max_new_tokens=6, tokenizer=tok, seed=[22])
+    settings = Settings(n=3, max_new_tokens=6)
+    both = sample(model, [a, b], settings, tokenizer=tok, seed=[11, 22])
+    alone = sample(model, [b], settings, tokenizer=tok, seed=[22])
     assert [s.completion_ids for s in both[3:]] == [s.completion_ids for s in alone]

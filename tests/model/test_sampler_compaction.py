@@ -1,14 +1,17 @@
 """The sampler's documented contracts that no output token shows: finished rows stop costing work (compaction, and
 the loop ends once every row is done), and an int seed means seed + i for prompt i."""
+from dataclasses import replace
+
 import torch
 
 from minigrpo.common import derive_seed
 
 from minigrpo.pretrained import load_pretrained
-from minigrpo.sampler import sample
+from minigrpo.sampler import Settings, sample
 
 VOCAB = 261
 PROMPTS = [[10, 20, 30, 40, 50, 60, 70], [257, 5], [99, 98, 97, 96]]
+FREE = Settings(n=2, max_new_tokens=12, vocab_size=VOCAB, stop_ids=())   # no stop: every row runs to the end
 
 
 def count_decode_rows(model):
@@ -25,12 +28,12 @@ def count_decode_rows(model):
 
 def test_finished_rows_stop_costing_work():
     model = load_pretrained("tiny")
-    free = sample(model, PROMPTS, n=2, max_new_tokens=12, seed=5, vocab_size=VOCAB, stop_ids=())
+    free = sample(model, PROMPTS, FREE, seed=5)
     # stop ids: every token that row 0 and row 3 emit, and what every row emits at step 3: rows end at different
     # steps, all by step 3
     stops = set(free[0].completion_ids + free[3].completion_ids) | {s.completion_ids[2] for s in free}
     rows = count_decode_rows(model)
-    out = sample(model, PROMPTS, n=2, max_new_tokens=12, seed=5, vocab_size=VOCAB, stop_ids=stops)
+    out = sample(model, PROMPTS, replace(FREE, stop_ids=stops), seed=5)
     assert all(s.finish_reason == "eos" for s in out) and max(len(s.completion_ids) for s in out) <= 3
     assert min(len(s.completion_ids) for s in out) == 1
     assert len(rows) == max(len(s.completion_ids) for s in out) - 1       # no decode step after the last row ends
@@ -39,9 +42,9 @@ def test_finished_rows_stop_costing_work():
 
 def test_int_seed_is_derive_seed_of_seed_and_prompt_index():
     model = load_pretrained("tiny")
-    a = sample(model, PROMPTS, n=2, max_new_tokens=6, seed=40, vocab_size=VOCAB, stop_ids=())
-    b = sample(model, PROMPTS, n=2, max_new_tokens=6, seed=[derive_seed(40, i) for i in range(3)], vocab_size=VOCAB,
-               stop_ids=())
-    c = sample(model, PROMPTS, n=2, max_new_tokens=6, seed=[40, 40, 40], vocab_size=VOCAB, stop_ids=())
+    six = replace(FREE, max_new_tokens=6)
+    a = sample(model, PROMPTS, six, seed=40)
+    b = sample(model, PROMPTS, six, seed=[derive_seed(40, i) for i in range(3)])
+    c = sample(model, PROMPTS, six, seed=[40, 40, 40])
     assert [s.completion_ids for s in a] == [s.completion_ids for s in b]
     assert [s.completion_ids for s in a] != [s.completion_ids for s in c]

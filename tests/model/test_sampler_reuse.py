@@ -4,6 +4,7 @@ a kept state samples what a fresh prefill of the whole prompt samples (greedy to
 kept and new lengths in one call, states continued twice; a reuse that is not a proper prefix is prefilled afresh;
 the counts; a kept state is the state of the prompt prefilled alone and is never modified."""
 from argparse import Namespace
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,11 +12,11 @@ import torch
 from minigrpo import prefix
 from minigrpo.run.dist import Dist
 from minigrpo.pretrained import load_pretrained
-from minigrpo.sampler import sample
+from minigrpo.sampler import Settings, sample
 
 KINDS = ["tiny", "tiny-qwen3.5"]
 VOCAB = 261
-GREEDY = dict(max_new_tokens=10, temperature=0.0, stop_ids=(), vocab_size=VOCAB)
+GREEDY = Settings(n=1, max_new_tokens=10, temperature=0.0, stop_ids=(), vocab_size=VOCAB)
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -54,11 +55,10 @@ def assert_states_close(a, b, atol=1e-5):
         assert torch.allclose(x.float(), y.float(), atol=atol, rtol=0)
 
 
-def kept_of(model, prompts, **kw):
+def kept_of(model, prompts, settings=GREEDY):
     """The Kept of each prompt (keep=True), one per prompt."""
-    n = kw.pop("n", 1)
-    out = sample(model, prompts, n=n, keep=True, **GREEDY, **kw)
-    return [out[i * n].kept for i in range(len(prompts))]
+    out = sample(model, prompts, settings, keep=True)
+    return [out[i * settings.n].kept for i in range(len(prompts))]
 
 
 @pytest.mark.parametrize("static", [False, True])
@@ -66,10 +66,11 @@ def test_continued_equals_fresh(model, static):
     """Rows continuing states of 70, 89 and 2 tokens with 80, 1 and 150 new ones, and a fresh row, in one call of
     n=2: the same tokens and log-probs as prefilling every prompt afresh; greedy, and sampled with a seed."""
     prompts = FULL + [ids(4, 33)]
-    reuse = kept_of(model, [p[:k] for p, k in zip(FULL, KEPT_AT)], static=static) + [None]
-    for kw in (GREEDY, dict(GREEDY, temperature=1.0, top_k=20, seed=7)):
-        fresh = sample(model, prompts, n=2, static=static, **kw)
-        continued = sample(model, prompts, n=2, static=static, reuse=reuse, **kw)
+    reuse = kept_of(model, [p[:k] for p, k in zip(FULL, KEPT_AT)], replace(GREEDY, static=static)) + [None]
+    greedy = replace(GREEDY, n=2, static=static)
+    for settings, seed in ((greedy, None), (replace(greedy, temperature=1.0, top_k=20), 7)):
+        fresh = sample(model, prompts, settings, seed=seed)
+        continued = sample(model, prompts, settings, seed=seed, reuse=reuse)
         assert_same(continued, fresh)
     assert [(s.prefilled, s.reused) for s in continued] == [(80, 70), (0, 0), (1, 89), (0, 0), (150, 2), (0, 0),
                                                             (33, 0), (0, 0)]
@@ -81,10 +82,10 @@ def test_continued_equals_fresh(model, static):
 def test_a_conversation_continued_turn_after_turn(model, static):
     """Three turns, each prompt the last one plus the answer and more: every turn continues the state the last one
     kept; the samples equal fresh prefills', and the kept state of the last turn is the fresh one's."""
-    convo, reuse = [FULL[0][:20], FULL[2][:5]], [None, None]
+    convo, reuse, greedy = [FULL[0][:20], FULL[2][:5]], [None, None], replace(GREEDY, static=static)
     for turn in range(3):
-        got = sample(model, convo, n=1, keep=True, reuse=reuse, static=static, **GREEDY)
-        fresh = sample(model, convo, n=1, keep=True, static=static, **GREEDY)
+        got = sample(model, convo, greedy, keep=True, reuse=reuse)
+        fresh = sample(model, convo, greedy, keep=True)
         assert_same(got, fresh)
         assert [s.reused for s in got] == ([0, 0] if turn == 0 else [len(k.ids) for k in reuse])
         for a, b in zip(got, fresh):
@@ -98,7 +99,7 @@ def test_the_kept_state_is_the_prompt_prefilled_alone(model):
     """A prompt's kept state out of a left-padded batch: the state of the prompt prefilled on its own, slot for slot
     its real tokens only, with its next position."""
     prompts = [FULL[0][:40], FULL[1][:3], FULL[2][:64]]
-    kept = kept_of(model, prompts, n=2)
+    kept = kept_of(model, prompts, replace(GREEDY, n=2))
     for p, k in zip(prompts, kept):
         alone = model.new_cache(1, len(p))
         with torch.no_grad():
@@ -112,13 +113,13 @@ def test_the_kept_state_is_the_prompt_prefilled_alone(model):
 def test_the_n_samples_of_a_prompt_share_one_kept_state_that_nothing_modifies(model):
     """keep=True with n=3: one Kept per prompt, on each of its samples. Continued by two calls and by two episodes
     at once (the G episodes of a prompt), its tensors are what they were."""
-    out = sample(model, [FULL[0][:30], FULL[1][:50]], n=3, keep=True, **GREEDY)
+    out = sample(model, [FULL[0][:30], FULL[1][:50]], replace(GREEDY, n=3), keep=True)
     assert [s.kept is out[0].kept for s in out] == [True] * 3 + [False] * 3
     assert out[3].kept is out[5].kept
     kept = out[0].kept
     before = states(kept)
-    a = sample(model, [FULL[0][:60], FULL[0][:31]], n=1, reuse=[kept, kept], **GREEDY)
-    b = sample(model, [FULL[0][:90]], n=2, reuse=[kept], static=True, **GREEDY)
+    a = sample(model, [FULL[0][:60], FULL[0][:31]], GREEDY, reuse=[kept, kept])
+    b = sample(model, [FULL[0][:90]], replace(GREEDY, n=2, static=True), reuse=[kept])
     assert [s.reused for s in a + b] == [30, 30, 30, 0]
     (t0, l0, i0), (t1, l1, i1) = before, states(kept)
     assert (l0, i0) == (l1, i1) and all(torch.equal(x, y) for x, y in zip(t0, t1))
@@ -131,8 +132,8 @@ def test_reuse_that_is_not_a_proper_prefix_is_prefilled_afresh(model):
     other = list(p[:20])
     other[7] = (other[7] + 1) % 256
     reuse = kept_of(model, [other, p, FULL[0][:61]])
-    got = sample(model, [p, p, p], n=2, reuse=reuse, **GREEDY)
-    assert_same(got, sample(model, [p, p, p], n=2, **GREEDY))
+    got = sample(model, [p, p, p], replace(GREEDY, n=2), reuse=reuse)
+    assert_same(got, sample(model, [p, p, p], replace(GREEDY, n=2)))
     assert [(s.prefilled, s.reused) for s in got] == [(60, 0), (0, 0)] * 3
 
 
@@ -141,17 +142,17 @@ def test_compiled_continuation_equals_fresh():
     split into calls of one prompt each (rows=2 for 2 x n=2 rows): each part continues its own prompts' states."""
     model = load_pretrained("tiny-qwen3.5")
     reuse = kept_of(model, [FULL[0][:70], FULL[1][:40]])
-    got = sample(model, FULL[:2], n=2, reuse=reuse, compile="eager", rows=2, **GREEDY)
-    assert_same(got, sample(model, FULL[:2], n=2, **GREEDY))
+    got = sample(model, FULL[:2], replace(GREEDY, n=2, compile="eager", rows=2), reuse=reuse)
+    assert_same(got, sample(model, FULL[:2], replace(GREEDY, n=2)))
     assert [s.reused for s in got] == [70, 0, 40, 0]
 
 
 def test_bad_reuse_is_one_line():
     model = load_pretrained("tiny")
     with pytest.raises(ValueError, match=r"reuse= needs one prefix.Kept .* got 1 entries for 2 prompts"):
-        sample(model, FULL[:2], n=1, reuse=[None], **GREEDY)
+        sample(model, FULL[:2], GREEDY, reuse=[None])
     with pytest.raises(ValueError, match="reuse= needs one prefix.Kept"):
-        sample(model, FULL[:2], n=1, reuse=[None, FULL[0]], **GREEDY)
+        sample(model, FULL[:2], GREEDY, reuse=[None, FULL[0]])
 
 
 @pytest.mark.oracle      # train.py: the run-time packages (the tokenizer's first)
@@ -175,5 +176,5 @@ def test_train_generate_and_the_rollout_sampler_pass_keep_and_reuse():
     (first, second), _ = train.rollout_step(model, tok, Task(), args, 0, [(0, {"id": "a"})], Dist())
     assert first[0][0].kept is first[0][1].kept and first[0][0].kept.tokens == 50
     assert [(g[0].prefilled, g[0].reused) for g in second] == [(9, 50), (18, 50)]
-    want = train.generate(model, tok, args, later, [11, 12], 1)
+    want = train.generate(model, tok, later, [11, 12], train.sampler_settings(args, tok, model.device, rows=2))
     assert_same([g[0] for g in second], [g[0] for g in want])

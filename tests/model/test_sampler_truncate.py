@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper  # noqa: E402
 
 from minigrpo.pretrained import load_pretrained  # noqa: E402
-from minigrpo.sampler import choose, sample, sample_keys, truncate, uniforms  # noqa: E402
+from minigrpo.sampler import Settings, choose, sample, sample_keys, truncate, uniforms  # noqa: E402
 
 VOCAB = 261  # the byte tokenizer's ids; the tiny embedding has 272 rows
 
@@ -112,8 +112,8 @@ def test_sampler_draws_only_inside_the_warped_set():
     model = load_pretrained("tiny")
     prompts = [[10, 20, 30, 40], [257, 5, 6], [99, 98]]
     T, k, p = 0.7, 20, 0.9
-    out = sample(model, prompts, n=6, max_new_tokens=12, temperature=T, top_k=k, top_p=p, seed=4,
-                 vocab_size=VOCAB, stop_ids=())
+    settings = Settings(n=6, max_new_tokens=12, temperature=T, top_k=k, top_p=p, vocab_size=VOCAB, stop_ids=())
+    out = sample(model, prompts, settings, seed=4)
     outside = total = 0
     for s in out:
         ids = torch.tensor([prompts[s.prompt_index] + s.completion_ids])

@@ -1,17 +1,19 @@
 """The static-shape decode step (static_decode.py) against its twin, the ordinary sampler path: same greedy tokens,
 log-probs within 1e-5 in fp32, for Qwen3 and Qwen3.5 (hybrid), left-padded prompts of different lengths, stop ids
 and stop strings; and, compiled, one graph for every step and both batches (no recompilation, no graph break)."""
+from dataclasses import replace
 
 import pytest
 import torch
 
 from minigrpo import static_decode
 from minigrpo.pretrained import load_pretrained
-from minigrpo.sampler import sample
+from minigrpo.sampler import Settings, sample
 
 KINDS = ["tiny", "tiny-qwen3.5"]
 VOCAB = 261
 PROMPTS = [[10, 20, 30, 40, 50, 60, 70], [257, 5], [99, 98, 97, 96]]  # different lengths: left padding matters
+GREEDY = Settings(n=2, max_new_tokens=10, temperature=0.0, stop_ids=(), vocab_size=VOCAB)
 
 
 def assert_same(a, b):
@@ -24,9 +26,9 @@ def assert_same(a, b):
 @pytest.mark.parametrize("temperature,top_p,top_k", [(0.0, 1.0, 0), (1.0, 1.0, 0), (0.7, 0.9, 5)])
 def test_static_equals_the_ordinary_path(kind, temperature, top_p, top_k):
     model = load_pretrained(kind)
-    kw = dict(n=3, max_new_tokens=20, temperature=temperature, top_p=top_p, top_k=top_k, seed=4, vocab_size=VOCAB,
-              stop_ids=())
-    assert_same(sample(model, PROMPTS, static=True, **kw), sample(model, PROMPTS, **kw))
+    s = Settings(n=3, max_new_tokens=20, temperature=temperature, top_p=top_p, top_k=top_k, vocab_size=VOCAB,
+                 stop_ids=())
+    assert_same(sample(model, PROMPTS, replace(s, static=True), seed=4), sample(model, PROMPTS, s, seed=4))
 
 
 @pytest.mark.oracle
@@ -35,23 +37,23 @@ def test_static_with_stop_ids_and_strings(kind, tiny_tokenizer):
     """Rows that stop early keep decoding in the static batch (no compaction); what is returned is the same."""
     model, tok = load_pretrained(kind), tiny_tokenizer
     for seed in range(32):    # the first seed whose rows end by a stop id, by a stop string and by length
-        kw = dict(n=3, max_new_tokens=24, seed=seed, tokenizer=tok)
-        free = sample(model, PROMPTS, stop_ids=(), **kw)
+        kw = dict(seed=seed, tokenizer=tok)
+        free = sample(model, PROMPTS, Settings(n=3, max_new_tokens=24, stop_ids=()), **kw)
         stop_id = free[0].completion_ids[5]
         text = free[4].text
         a = next((a for a in range(len(text) // 3, len(text) - 2) if "\ufffd" not in text[a:a + 2]), None)
         if a is None:
             continue
-        stops = dict(stop_ids=[stop_id], stop_strings=[text[a:a + 2]])
-        plain = sample(model, PROMPTS, **stops, **kw)
+        stops = Settings(n=3, max_new_tokens=24, stop_ids=[stop_id], stop_strings=[text[a:a + 2]])
+        plain = sample(model, PROMPTS, stops, **kw)
         reasons = {s.finish_reason for s in plain}
         if plain[0].finish_reason == "eos" and plain[4].finish_reason == "stop" and "length" in reasons:
             break
     else:
         raise AssertionError("no seed in 0..31 gives rows ending by stop id, stop string and length")
     for sync_every in (1, 5):
-        static = sample(model, PROMPTS, static=True, sync_every=sync_every, **stops, **kw)
-        assert_same(static, sample(model, PROMPTS, sync_every=sync_every, **stops, **kw))
+        static = sample(model, PROMPTS, replace(stops, static=True, sync_every=sync_every), **kw)
+        assert_same(static, sample(model, PROMPTS, replace(stops, sync_every=sync_every), **kw))
         reasons = {s.finish_reason for s in static}
         assert static[0].finish_reason == "eos" and static[4].finish_reason == "stop" and "length" in reasons
 
@@ -60,19 +62,19 @@ def test_the_static_cache_is_kept_and_reused():
     """Same rows and bucket: the same buffers (fixed addresses for a CUDA graph); their old contents do not leak.
     Another bucket gets its own cache, and the first one is still kept."""
     model = load_pretrained("tiny-qwen3.5")
-    kw = dict(n=2, max_new_tokens=10, temperature=0.0, stop_ids=(), vocab_size=VOCAB)
+    static = replace(GREEDY, static=True)
     static_decode.release(model)
-    first = sample(model, PROMPTS, static=True, **kw)
+    first = sample(model, PROMPTS, static)
     (key, sc), = static_decode._pool[model].items()
     ptrs = [t.data_ptr() for t in sc.tensors()]
     other = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [40], [41, 42]]  # other lengths, same bucket
-    second = sample(model, other, static=True, **kw)
+    second = sample(model, other, static)
     assert [t.data_ptr() for t in static_decode._pool[model][key].tensors()] == ptrs
-    assert_same(second, sample(model, other, **kw))
+    assert_same(second, sample(model, other, GREEDY))
     long = [[7] * 300, [8] * 5]                                # another bucket (and fewer rows: padded to 6)
-    assert_same(sample(model, long, static=True, rows=6, **kw), sample(model, long, **kw))
+    assert_same(sample(model, long, replace(static, rows=6)), sample(model, long, GREEDY))
     assert len(static_decode._pool[model]) == 2 and static_decode._pool[model][key] is sc
-    assert_same(sample(model, PROMPTS, static=True, **kw), first)
+    assert_same(sample(model, PROMPTS, static), first)
     static_decode.release(model)
     assert model not in static_decode._pool
 
@@ -88,14 +90,14 @@ def test_compiled_step_compiles_once(capsys):
     torch._dynamo.reset()
     static_decode._compiled.clear()
     counters.clear()
-    kw = dict(n=2, max_new_tokens=64, temperature=0.0, stop_ids=(), vocab_size=VOCAB)
+    greedy = replace(GREEDY, max_new_tokens=64)
     batches = [PROMPTS, [[3] * 11, [4] * 30, [5, 6]]]  # 7/2/4 and 11/30/2 tokens: both fit the 256-slot bucket
     with torch._dynamo.config.patch(error_on_recompile=True):
-        compiled = [sample(model, p, compile=True, **kw) for p in batches]
+        compiled = [sample(model, p, replace(greedy, compile=True)) for p in batches]
     graphs = counters["stats"]["unique_graphs"]
     with capsys.disabled():
         print(f"\n[static decode] compilations: {graphs} graph(s) for 2 batches x 64 decode steps; "
               f"graph breaks: {sum(counters['graph_break'].values())}")
     assert graphs == 1 and not counters["graph_break"]
     for p, out in zip(batches, compiled):
-        assert_same(out, sample(model, p, **kw))
+        assert_same(out, sample(model, p, greedy))

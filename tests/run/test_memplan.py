@@ -235,8 +235,9 @@ def test_static_caches_are_what_the_fast_path_keeps():
     from minigrpo import sampler, static_decode
     m = load_pretrained("tiny-qwen3.5", dtype=torch.bfloat16)
     rows, new = 4, 8
+    settings = sampler.Settings(n=2, max_new_tokens=new, static=True, rows=rows)
     for L in (100, 300, 450):       # a short turn-0 prompt, a revision of a middling answer, the longest
-        sampler.sample(m, [[5] * L, [6] * (L - 10)], n=2, max_new_tokens=new, seed=[1, 2], static=True, rows=rows)
+        sampler.sample(m, [[5] * L, [6] * (L - 10)], settings, seed=[1, 2])
     caches = static_decode._pool[m].values()
     kept = sum(t.numel() * t.element_size() for c in caches for t in c.k + c.v + c.conv + c.state if t is not None)
     shape = memplan.Shape(2, rows, 450, 450 + new, 4, 450 + new, new, 100 + new)
@@ -255,9 +256,9 @@ def test_kept_states_are_what_the_sampler_holds():
     from minigrpo import sampler
     m = load_pretrained("tiny-qwen3.5", dtype=torch.bfloat16)
     rows, turn, L, new = 3, 40, 130, 8
-    kw = dict(n=1, max_new_tokens=new, temperature=0.0, stop_ids=())
-    before = sampler.sample(m, [[5 + i] * (L - turn) for i in range(rows)], keep=True, **kw)
-    after = sampler.sample(m, [[5 + i] * L for i in range(rows)], keep=True, reuse=[s.kept for s in before], **kw)
+    greedy = sampler.Settings(n=1, max_new_tokens=new, temperature=0.0, stop_ids=())
+    before = sampler.sample(m, [[5 + i] * (L - turn) for i in range(rows)], greedy, keep=True)
+    after = sampler.sample(m, [[5 + i] * L for i in range(rows)], greedy, keep=True, reuse=[s.kept for s in before])
     assert [s.reused for s in after] == [L - turn] * rows
     held = sum(t.numel() * t.element_size() for s in before + after for c in [s.kept.cache]
                for t in c.k + c.v + c.conv + c.state if t is not None)

@@ -12,7 +12,7 @@ import torch
 from minigrpo import grpo
 from minigrpo.logprobs import token_logprobs
 from minigrpo.pretrained import tiny_model
-from minigrpo.sampler import Sample, sample
+from minigrpo.sampler import Sample, Settings, sample
 from minigrpo.tasks import episodes
 from minigrpo.tasks.base import Seq
 from minigrpo.tasks.episodes import Reply
@@ -53,8 +53,8 @@ def sampled_episodes(model, prompts_seen, G=2):
     def generate(prompts, seeds, n, reuse=None, keep=False):
         prompts_seen.extend(prompts)
         with torch.no_grad():
-            out = sample(model, prompts, n=n, max_new_tokens=NEW_TOKENS, temperature=TEMPERATURE, tokenizer=TOK,
-                         seed=list(seeds), stop_ids=STOPS)
+            settings = Settings(n=n, max_new_tokens=NEW_TOKENS, temperature=TEMPERATURE, stop_ids=STOPS)
+            out = sample(model, prompts, settings, tokenizer=TOK, seed=list(seeds))
         return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
     args = Namespace(group_size=G, enable_thinking=False)
     return episodes.rollout(ToolTask(), generate, TOK, [{"id": "e"}], [3], args)
@@ -75,11 +75,11 @@ def per_turn(seq) -> list:
 def loss_and_grads(model, reference, seqs, beta, mask_truncated):
     """The step's loss over `seqs` in one micro-batch (agg="token", its own normaliser) and the gradients."""
     b = collate(seqs, TOK.pad_id, "cpu", mask_truncated)
-    kw = dict(temperature=TEMPERATURE, vocab_size=TOK.vocab_size)
+    scale = (TEMPERATURE, TOK.vocab_size)
     with torch.no_grad():
-        ref = token_logprobs(reference, b.ids, b.attn, **kw) if beta else None
+        ref = token_logprobs(reference, b.ids, b.attn, scale) if beta else None
     model.zero_grad(set_to_none=True)
-    logp = token_logprobs(model, b.ids, b.attn, **kw)
+    logp = token_logprobs(model, b.ids, b.attn, scale)
     norm = grpo.loss_normalizer([b.mask], "token")
     loss, _ = grpo.policy_loss(logp, b.adv, b.mask, grpo.LossSettings(agg="token", beta=beta), normalizer=norm,
                                against=grpo.Against(ref=ref))
@@ -115,7 +115,7 @@ def test_the_samplers_log_probs_are_the_trainers_on_the_one_sequence(rolled):
     model, _, seqs, _ = rolled
     b = collate(seqs, TOK.pad_id, "cpu")
     with torch.no_grad():
-        logp = token_logprobs(model, b.ids, b.attn, temperature=TEMPERATURE, vocab_size=TOK.vocab_size)
+        logp = token_logprobs(model, b.ids, b.attn, (TEMPERATURE, TOK.vocab_size))
     assert int(b.mask.sum()) == sum(sum(s.trained) for s in seqs)
     assert torch.allclose(logp[b.mask], b.sampled[b.mask], atol=2e-5, rtol=0)
     assert (b.sampled[~b.mask] == 0).all()          # the environment's positions carry no sampler log-prob

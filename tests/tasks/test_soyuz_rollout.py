@@ -188,8 +188,8 @@ def test_one_sampler_call_per_turn_by_default(monkeypatch):
     from minigrpo.pretrained import load_pretrained
     tok, model, calls = Tokenizer.from_pretrained("tiny"), load_pretrained("tiny"), []
     real = train.sample
-    monkeypatch.setattr(train, "sample", lambda model, prompts, n, **kw: calls.append((len(prompts), n))
-                        or real(model, prompts, n=n, **kw))
+    monkeypatch.setattr(train, "sample", lambda model, prompts, settings, **kw:
+                        calls.append((len(prompts), settings.n)) or real(model, prompts, settings, **kw))
     task = SoyuzTask(judge_obj=ScriptedJudge(), data=None)
     args = Namespace(seed=0, group_size=6, max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=0, decode=None,
                      enable_thinking=False)
@@ -210,8 +210,8 @@ def test_validation_samples_in_calls_of_a_steps_examples(monkeypatch):
     from minigrpo.run.flags import resolve_args
     tok, model, calls = Tokenizer.from_pretrained("tiny"), load_pretrained("tiny"), []
     real = train.sample
-    monkeypatch.setattr(train, "sample", lambda model, prompts, n, **kw: calls.append((len(prompts), n))
-                        or real(model, prompts, n=n, **kw))
+    monkeypatch.setattr(train, "sample", lambda model, prompts, settings, **kw:
+                        calls.append((len(prompts), settings.n)) or real(model, prompts, settings, **kw))
     task = SoyuzTask(judge_obj=ScriptedJudge(), data=None)
     task.tasks = [dict(TASKS[0], id=f"t{k}") for k in range(5)]
     args = resolve_args(["--task", "soyuz", "--model", "tiny", "--tasks-per-step", "2", "--group-size", "3",
