@@ -49,12 +49,13 @@ class ToolTask:
 
 
 def sampled_episodes(model, prompts_seen, G=2):
-    """G episodes of 3 policy turns sampled by the real sampler (fp32, eager) on the loop's token-id prompts."""
+    """G episodes of 3 policy turns sampled by the real sampler (fp32, eager) on the loop's token-id prompts, each
+    later turn continuing the state its episode kept (the loop's keep / reuse, as train.py's sampler passes them)."""
     def generate(prompts, seeds, n, reuse=None, keep=False):
         prompts_seen.extend(prompts)
         with torch.no_grad():
             settings = Settings(n=n, max_new_tokens=NEW_TOKENS, temperature=TEMPERATURE, stop_ids=STOPS)
-            out = sample(model, prompts, settings, tokenizer=TOK, seed=list(seeds))
+            out = sample(model, prompts, settings, tokenizer=TOK, seed=list(seeds), reuse=reuse, keep=keep)
         return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
     args = Namespace(group_size=G, enable_thinking=False)
     return episodes.rollout(ToolTask(), generate, TOK, [{"id": "e"}], [3], args)
@@ -119,6 +120,7 @@ def test_the_samplers_log_probs_are_the_trainers_on_the_one_sequence(rolled):
     assert int(b.mask.sum()) == sum(sum(s.trained) for s in seqs)
     assert torch.allclose(logp[b.mask], b.sampled[b.mask], atol=2e-5, rtol=0)
     assert (b.sampled[~b.mask] == 0).all()          # the environment's positions carry no sampler log-prob
+    assert all(s.info["reused_tokens"] > 0 and s.info["fresh_prefills"] == 0 for s in seqs)   # later turns continued
 
 
 @pytest.mark.parametrize("beta,mask_truncated", [(0.0, False), (0.1, False), (0.1, True)])
