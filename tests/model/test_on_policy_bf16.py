@@ -61,21 +61,23 @@ def policy():
     static_decode.release(model)
 
 
+SETTINGS = Settings(n=N, max_new_tokens=NEW, temperature=1.0, vocab_size=VOCAB, stop_ids=())
+
+
 @torch.no_grad()
-def measure(model, prompts, **path):
+def measure(model, prompts, reuse=None, **path):
     """(share, gap) of one decode path's samples, as train.py's step metrics compute them."""
-    settings = Settings(n=N, max_new_tokens=NEW, temperature=1.0, vocab_size=VOCAB, stop_ids=())
-    samples = sample(model, prompts, replace(settings, **path), seed=3)
-    ids = torch.tensor([prompts[s.prompt_index] + s.completion_ids for s in samples])    # (P*N, PROMPT+NEW)
+    samples = sample(model, prompts, replace(SETTINGS, **path), seed=3, reuse=reuse)
+    ids = torch.tensor([prompts[s.prompt_index] + s.completion_ids for s in samples])    # (P*N, prompt + NEW)
     sampled = torch.tensor([s.logprobs for s in samples])                                # (P*N, NEW)
-    trainer = token_logprobs(model, ids, scale=(1.0, VOCAB))[:, PROMPT - 1:]
+    trainer = token_logprobs(model, ids, scale=(1.0, VOCAB))[:, -NEW:]
     with adapters_disabled(model):
-        ref = token_logprobs(model, ids, scale=(1.0, VOCAB))[:, PROMPT - 1:]
+        ref = token_logprobs(model, ids, scale=(1.0, VOCAB))[:, -NEW:]
     mask = torch.ones_like(sampled, dtype=torch.bool)
     st = dict(token_sums(trainer, sampled, ref, mask), tokens=mask.numel())
     gap = float((trainer - sampled).abs().mean())
     share = gap_metrics([st])["sampler_update_share"]
-    print(f"\n[on-policy bf16] {path or 'eager'}: share {share:.3f}, gap {gap:.2e}, adapter's effect "
+    print(f"\n[on-policy bf16] {path or 'eager'}{' continued' if reuse else ''}: share {share:.3f}, gap {gap:.2e}, adapter's effect "
           f"{gap_metrics([st])['policy_logp_change']:.2e}")
     return share, gap
 
@@ -89,3 +91,20 @@ def test_the_fast_path_samples_the_policy_the_trainer_scores(policy, path):
     share, gap = measure(model, prompts, **path)
     assert share >= SHARE * eager_share, (share, eager_share)
     assert gap <= GAP * eager_gap, (gap, eager_gap)
+
+
+def test_a_turn_that_continues_a_kept_state_samples_the_policy_the_trainer_scores(policy):
+    """An agent's next turn continues the state kept after its last prompt (sampler reuse): its prefill runs the
+    new tokens after the kept ones, where the trainer runs the whole conversation at once, so in bf16 the two round
+    differently (Gated DeltaNet's chunks start elsewhere). That must cost no more of the update than a fresh
+    prefill of the same prompts does."""
+    model, prompts, _ = policy
+    with torch.no_grad():
+        first = sample(model, prompts, replace(SETTINGS, n=1), seed=5, keep=True)
+    g = torch.Generator().manual_seed(2)
+    later = [prompts[s.prompt_index] + s.completion_ids + torch.randint(0, VOCAB, (20,), generator=g).tolist()
+             for s in first]                        # the last prompt, its answer, an environment's 20 tokens
+    fresh_share, fresh_gap = measure(model, later)
+    share, gap = measure(model, later, reuse=[s.kept for s in first])
+    assert share >= SHARE * fresh_share, (share, fresh_share)
+    assert gap <= GAP * fresh_gap, (gap, fresh_gap)
