@@ -33,6 +33,7 @@ Letters: B rows, T tokens per sequence, S cache slots, H hidden size, V vocabula
 """
 
 import json
+import math
 import os
 from dataclasses import dataclass
 
@@ -220,10 +221,11 @@ def plan(cfg, shape, dtype, lora_r, targets=DEFAULT_TARGETS, beta=0.0, costs=Non
     return p
 
 
-def needed_bytes(peak) -> float:
+def needed_bytes(peak) -> int:
     """What a GPU must hold for a plan's peak: 10% allocator fragmentation + 1 GiB of CUDA context and cuBLAS
-    workspace."""
-    return peak * 1.1 + GiB
+    workspace, in whole bytes (two plans of one shape then compare equal: the fitted layer costs may differ in their
+    last float bit from one measurement to the next)."""
+    return math.ceil(peak * 1.1 + GiB)
 
 
 def fits(peak):
