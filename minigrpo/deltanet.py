@@ -11,12 +11,14 @@ Shape letters:
 Two forms of the same recurrence live here, and tests check that they agree:
   recurrent_delta_rule  token by token: the definition, and the single-token decode step
   chunked_delta_rule    64 tokens at a time with matrix products: prefill and any multi-token call
+                        (row_chunked_delta_rule: each row's chunks from its own first token, padding or not)
 """
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+CHUNK = 64   # tokens per step of chunked_delta_rule; a row's chunks start at its first token
 
 def l2norm(x, eps=1e-6):
     # eps sits inside the sqrt and is added to the *sum* of squares (FLA / transformers convention)
@@ -38,7 +40,7 @@ def recurrent_delta_rule(q, k, v, g, beta, state):
     return torch.stack(out, dim=2), S
 
 
-def chunked_delta_rule(q, k, v, g, beta, state, chunk=64):
+def chunked_delta_rule(q, k, v, g, beta, state, chunk=CHUNK):
     """The same recurrence as recurrent_delta_rule, 64 tokens per step (the WY / UT-transform form).
     Within a chunk with incoming state S0 and cumulative log-decay gam_i = sum_{s<=i} g_s:
       A = strictly-lower beta_i e^(gam_i-gam_j) k_i.k_j,  T = (I + A)^-1
@@ -100,6 +102,25 @@ def causal_conv(u, weight, conv_state):
     x = torch.cat([conv_state, u], dim=-1)                                    # (B, C, K-1+T)
     y = F.conv1d(x.float(), weight.float(), groups=u.shape[1]).to(u.dtype)   # (B, C, T)
     return F.silu(y), x[:, :, -conv_state.shape[-1]:]
+
+
+def row_chunked_delta_rule(q, k, v, g, beta, state, mask):
+    """chunked_delta_rule with each row's chunks starting at its first real token, wherever the row's left padding
+    puts it (mask (B, T) bool, False = pad; None = no padding). Rounding then depends on the row alone, not on the
+    batch it shares: the trainer's micro-batch, the sampler's prefill and a kept state's continuation (prefix.py)
+    cut a conversation into the same chunks. A row's leading pads, up to a multiple of the chunk, move to its end,
+    where g = 0 and k = v = 0 make them change nothing (not the state either), and the output moves back."""
+    if mask is None:
+        return chunked_delta_rule(q, k, v, g, beta, state)
+    B, h, T, _ = q.shape
+    g = g * mask[:, None, :]                                                 # a pad never decays the state
+    shift = (~mask).sum(-1, keepdim=True) % CHUNK                            # (B, 1)
+    take = (torch.arange(T, device=q.device) + shift) % T                    # (B, T): rolled slot j <- slot take
+    roll = lambda x: x.gather(2, take[:, None, :, None].expand(B, h, T, x.shape[-1]))   # noqa: E731
+    rolled = [roll(x) for x in (q, k, v)] + [x.gather(2, take[:, None].expand(B, h, T)) for x in (g, beta)]
+    o, state = chunked_delta_rule(*rolled, state)
+    back = (torch.arange(T, device=q.device) - shift) % T                    # slot j <- rolled slot back
+    return o.gather(2, back[:, None, :, None].expand_as(o)), state
 
 
 class GatedRMSNorm(nn.Module):
@@ -165,8 +186,10 @@ class GatedDeltaNet(nn.Module):
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
         g = g.mT                                                             # log-decay <= 0 (B, nv, T)
 
-        rule = recurrent_delta_rule if T == 1 else chunked_delta_rule
-        o, state = rule(q, k, v, g, beta, state)                             # (B, nv, T, dv) fp32
+        if T == 1:
+            o, state = recurrent_delta_rule(q, k, v, g, beta, state)         # (B, nv, 1, dv) fp32
+        else:
+            o, state = row_chunked_delta_rule(q, k, v, g, beta, state, mask)  # (B, nv, T, dv) fp32
         if cache is not None:
             cache.update_state(self.layer_idx, conv_state, state)
         o = o.transpose(1, 2).to(x.dtype)                                    # (B, T, nv, dv)

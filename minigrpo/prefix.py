@@ -2,11 +2,17 @@
 environment's reply, so the state after prefilling the earlier prompt can be continued instead of recomputed
 (sampler.sample(keep=True) hands the states out, sampler.sample(reuse=...) continues them).
 
-What is kept (`Kept`): the model state after prefilling one prompt, as a one-row model.Cache of exactly its tokens,
-all real: per attention layer its K and V, per Gated DeltaNet layer its conv inputs and recurrent state, and the
-next position. Not the state after the sampled answer: a row decodes on past its end until the host reads its
+What is kept (`Kept`): the model state after prefilling the start of one prompt, as a one-row model.Cache of exactly
+its tokens, all real: per attention layer its K and V, per Gated DeltaNet layer its conv inputs and recurrent state,
+and the next position. Not the state after the sampled answer: a row decodes on past its end until the host reads its
 tokens (every sync_every steps) or compaction drops it, and a Gated DeltaNet memory cannot be rewound, so the answer's
 ids are prefilled with the next turn's new tokens (once: its own forward, in parallel, not a decode).
+
+Where a kept state ends: on the chunk grid. Gated DeltaNet runs 64 tokens at a time from a row's first token, and
+the trainer scores the whole conversation so; a continuation that started mid-chunk would cut the chunks elsewhere,
+and in bf16 the two round apart (a continued turn's sampler-trainer gap was 1.4x a fresh prefill's). So a hybrid
+model keeps the state after the prompt's last multiple of 64 tokens, and the next turn prefills from there: the
+partial chunk again, then what is new, on the trainer's grid (`kept_length`). An attention-only model keeps it all.
 
 Why a continuation runs one row at a time: rows continuing different states have different numbers of new tokens,
 and in one batch the shorter ones would need pads after their kept tokens, in the middle of the row. Attention
@@ -20,6 +26,8 @@ Letters: P prompts, L longest prompt, T_new a continued row's new tokens, V voca
 
 import torch
 
+from minigrpo.deltanet import CHUNK
+
 
 class Kept:
     """The state after prefilling `ids` (one row): `cache`, a model.Cache of exactly len(ids) slots, every slot real.
@@ -32,6 +40,12 @@ class Kept:
     @property
     def tokens(self):
         return len(self.ids)
+
+
+def kept_length(model, n):
+    """How many of a prompt's n tokens its kept state holds: the last multiple of Gated DeltaNet's chunk length in
+    a hybrid model (module doc), all n in an attention-only one."""
+    return n - n % CHUNK if "linear_attention" in model.config.layer_types else n
 
 
 def continues(kept, prompt):
@@ -75,15 +89,22 @@ def keep_row(model, cache, row, prompt):
     return Kept(prompt, out)
 
 
-def continue_prefill(model, kept, prompt):
-    """Prefill prompt[kept.tokens:] after a copy of `kept`'s state -> (Kept of `prompt`, last-position logits (1, V)
-    fp32). The copy holds exactly len(prompt) slots; positions and slots go on from the kept ones."""
+def continue_prefill(model, kept, prompt, keep=False):
+    """Prefill `prompt` after a copy of `kept`'s state (its first kept.tokens ids) -> (a one-row cache of exactly
+    len(prompt) slots, all filled; last-position logits (1, V) fp32; with keep, the Kept at kept_length of the
+    prompt, else None). Positions and slots go on from the kept ones; with keep the call stops once at the grid
+    point, to copy the state there out, and goes on."""
     cache = model.new_cache(1, len(prompt))
     cache.length = kept.tokens
     copy_row(cache, 0, kept.cache, 0, kept.tokens)
-    new = torch.tensor([prompt[kept.tokens:]], dtype=torch.long, device=model.device)   # (1, T_new)
-    h = model.hidden(new, cache=cache)
-    return Kept(prompt, cache), model.logits(h[:, -1]).float()
+    cut = kept_length(model, len(prompt)) if keep else kept.tokens     # >= kept.tokens: it is on the grid too
+    out = kept if keep else None
+    for a, b in ((kept.tokens, cut), (cut, len(prompt))):
+        if b > a:
+            h = model.hidden(torch.tensor([prompt[a:b]], dtype=torch.long, device=model.device), cache=cache)
+            if b == cut:
+                out = keep_row(model, cache, 0, prompt[:cut])
+    return cache, model.logits(h[:, -1]).float(), out
 
 
 def assemble(model, rows, extra):

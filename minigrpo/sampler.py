@@ -22,8 +22,8 @@ What a Sample holds:
 - text: tokenizer.decode(completion_ids) without a final EOS token; None without a tokenizer.
 
 Kept states (keep=True, reuse=...; minigrpo/prefix.py): an agent's next prompt starts with its last one. keep=True
-hands out, on every Sample, the state after prefilling its prompt (`kept`, shared by the prompt's n samples, never
-modified); a later call given it in `reuse` prefills only the tokens after it. The result equals a fresh prefill of
+hands out, on every Sample, the state after prefilling its prompt up to the chunk grid (`kept`, shared by the
+prompt's n samples, never modified); a later call given it in `reuse` prefills only the tokens after it. The result equals a fresh prefill of
 the whole prompt (to rounding: tests/model/test_sampler_reuse.py). `prefilled` and `reused` count, on a prompt's
 first sample, the tokens the call prefilled for it and the ones it took from a kept state.
 
@@ -57,7 +57,7 @@ class Sample:
     text: str | None = None
     prefilled: int = 0              # prompt tokens this call prefilled for it (on the prompt's first sample only)
     reused: int = 0                 # prompt tokens taken from a kept state instead (likewise)
-    kept: prefix.Kept | None = None  # with keep=True: the state after its prompt, shared by the prompt's samples
+    kept: prefix.Kept | None = None  # with keep=True: the state after its prompt's start (prefix.kept_length)
 
 
 @dataclass
@@ -250,7 +250,8 @@ def sample(model, prompts, settings, tokenizer=None, seed=None, reuse=None, keep
     """settings.n completions for each prompt (lists of token ids), prompt-major: result[i*n:(i+1)*n] belong to
     prompt i. `settings` (Settings) says how to sample; its None defaults come from `tokenizer` and the device.
     seed: an int, or one per prompt (module doc: Randomness); None draws one.
-    keep: every Sample carries `kept`, the state after prefilling its prompt (prefix.Kept: .ids, .tokens).
+    keep: every Sample carries `kept`, the state after prefilling its prompt up to the grid (prefix.Kept: .ids,
+      .tokens; None for a prompt shorter than the grid).
     reuse: one prefix.Kept or None per prompt: a prompt whose ids start with a kept state's (and go on past them)
       prefills only the rest, continuing a copy of it; any other prompt is prefilled afresh.
     """
@@ -308,27 +309,47 @@ def sample_batch(model, prompts, seeds, s, scanner, kept, static=None):
 def prefill_reusing(model, prompts, extra, pad_id, reuse, keep):
     """The prefill of a call whose prompts may continue kept states (prefix.py) -> (cache of P rows, each prompt
     right-aligned to the longest, + `extra` slots; last-position logits (P, V) fp32; per prompt its Kept (None
-    without keep); per prompt the tokens taken from a kept state). Without a state to continue this is `prefill`.
-    Otherwise the fresh prompts are prefilled as one left-padded batch, each continued one on its own (a batch of
-    one: prefix.py says why), and the decode batch is assembled from their states."""
+    without keep, or for a prompt shorter than the grid); per prompt the tokens taken from a kept state). Without a
+    state to continue or to keep this is `prefill`. Otherwise the fresh prompts are prefilled as one left-padded
+    batch, each continued one on its own (a batch of one: prefix.py says why), and the decode batch is assembled
+    from their states; with keep, a fresh prompt's start up to the grid is prefilled first and continued."""
     P = len(prompts)
     goes_on = [prefix.continues(k, p) for k, p in zip(reuse, prompts)]
     reused = [k.tokens if c else 0 for k, c in zip(reuse, goes_on)]
-    if not any(goes_on):            # nothing to continue: straight into the decode batch's cache
+    start = [k if c else None for k, c in zip(reuse, goes_on)]
+    if keep:
+        start = keep_prefixes(model, prompts, start, pad_id)
+    whole = [keep and prefix.kept_length(model, len(p)) == len(p) for p in prompts]   # kept as they are
+    if all(k is None for k in start):   # nothing to continue: straight into the decode batch's cache
         cache, logits = prefill(model, prompts, extra, pad_id)
-        kept = [prefix.keep_row(model, cache, i, p) for i, p in enumerate(prompts)] if keep else [None] * P
+        kept = [prefix.keep_row(model, cache, i, p) if w else None for i, (p, w) in enumerate(zip(prompts, whole))]
         return cache, logits, kept, reused
     rows, last, kept = [None] * P, [None] * P, [None] * P
-    fresh = [i for i in range(P) if not goes_on[i]]
+    fresh = [i for i in range(P) if start[i] is None]
     if fresh:
         cache, logits = prefill(model, [prompts[i] for i in fresh], 0, pad_id)
         for j, i in enumerate(fresh):
             rows[i], last[i] = (cache, j, len(prompts[i])), logits[j]
-            kept[i] = prefix.keep_row(model, cache, j, prompts[i]) if keep else None
-    for i in (i for i in range(P) if goes_on[i]):
-        state, logit = prefix.continue_prefill(model, reuse[i], prompts[i])
-        rows[i], last[i], kept[i] = (state.cache, 0, len(prompts[i])), logit[0], state if keep else None
+            kept[i] = prefix.keep_row(model, cache, j, prompts[i]) if whole[i] else None
+    for i in (i for i in range(P) if start[i] is not None):
+        cache, logit, kept[i] = prefix.continue_prefill(model, start[i], prompts[i], keep)
+        rows[i], last[i] = (cache, 0, len(prompts[i])), logit[0]
     return prefix.assemble(model, rows, extra), torch.stack(last), kept, reused
+
+
+def keep_prefixes(model, prompts, start, pad_id):
+    """`start` with, for each fresh prompt that runs past its grid point (prefix.kept_length), the Kept of its
+    tokens up to there: those starts prefilled as one left-padded batch (their lengths multiples of the chunk, so
+    each row's chunks start at its first token), each then continued by `prefill_reusing`."""
+    cut = [prefix.kept_length(model, len(p)) for p in prompts]
+    todo = [i for i, p in enumerate(prompts) if start[i] is None and 0 < cut[i] < len(p)]
+    if not todo:
+        return start
+    cache, _ = prefill(model, [prompts[i][:cut[i]] for i in todo], 0, pad_id)
+    start = list(start)
+    for j, i in enumerate(todo):
+        start[i] = prefix.keep_row(model, cache, j, prompts[i][:cut[i]])
+    return start
 
 
 def decode(model, step, cache, logits, row_keys, s, scanner):

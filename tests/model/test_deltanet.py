@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import minigrpo
+from minigrpo import deltanet
 from minigrpo.deltanet import chunked_delta_rule, l2norm, recurrent_delta_rule
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(minigrpo.__file__)), "bench"))
@@ -82,3 +83,37 @@ def test_chunked_gradients_match_recurrent(T):
     assert (o1 - o2).abs().max() <= 1e-5 and (s1 - s2).abs().max() <= 1e-5
     for a, b in zip(g1, g2):
         assert (a - b).abs().max() <= 1e-4 * max(1.0, a.abs().max().item())
+
+
+def left_padded(rows, T):
+    """The rows (each (q, k, v, g, beta) of one sequence, (1, h, n, .)) left-padded to T as GatedDeltaNet sees a
+    padded batch: q = k = v = 0 at pads (zeroed inputs), g and beta whatever the projections give; and the mask."""
+    out, mask = [], torch.zeros(len(rows), T, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        n = r[0].shape[2]
+        mask[i, T - n:] = True
+        pads = [torch.zeros_like(x[:, :, :1]).expand(*x.shape[:2], T - n, *x.shape[3:]) for x in r[:3]]
+        junk = [torch.full_like(x[:, :, :1], 0.3).expand(*x.shape[:2], T - n) for x in r[3:]]
+        out.append([torch.cat([p, x], dim=2) for p, x in zip(pads + junk, r)])
+    return [torch.cat(xs) for xs in zip(*out)], mask
+
+
+def test_a_rows_chunks_start_at_its_first_real_token(monkeypatch):
+    """In a left-padded batch each row is cut into chunks from its own first token (row_chunked_delta_rule), so
+    its rounding does not depend on the batch: rows with 0, 5 and 70 pads reach the chunk loop with their first
+    token at a multiple of the chunk, and their outputs and final states are those of the row alone."""
+    T, h, dk, dv = 150, 2, 16, 16
+    rows = [[x.detach() for x in inputs(1, h, n, dk, dv, seed=n)[:5]] for n in (150, 145, 80)]
+    (q, k, v, g, beta), mask = left_padded(rows, T)
+    seen = []
+    real_rule = deltanet.chunked_delta_rule
+    monkeypatch.setattr(deltanet, "chunked_delta_rule", lambda *a: seen.append(a[1]) or real_rule(*a))
+    state = torch.zeros(3, h, dk, dv)
+    o, S = deltanet.row_chunked_delta_rule(q, k, v, g, beta, state, mask)
+    first = (seen[0].abs().sum((1, 3)) > 0).float().argmax(-1)                     # (B,) first real slot
+    assert first.tolist() in ([0, 0, 64], [0, 0, 0]) and all(f % deltanet.CHUNK == 0 for f in first.tolist())
+    for i, r in enumerate(rows):
+        n = r[0].shape[2]
+        o1, s1 = real_rule(*r, state[:1])
+        assert torch.allclose(o[i:i + 1, :, T - n:], o1, atol=1e-6, rtol=0)
+        assert torch.allclose(S[i:i + 1], s1, atol=1e-6, rtol=0)     # the pads moved to the end change nothing

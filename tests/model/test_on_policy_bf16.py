@@ -94,17 +94,22 @@ def test_the_fast_path_samples_the_policy_the_trainer_scores(policy, path):
 
 
 def test_a_turn_that_continues_a_kept_state_samples_the_policy_the_trainer_scores(policy):
-    """An agent's next turn continues the state kept after its last prompt (sampler reuse): its prefill runs the
-    new tokens after the kept ones, where the trainer runs the whole conversation at once, so in bf16 the two round
-    differently (Gated DeltaNet's chunks start elsewhere). That must cost no more of the update than a fresh
-    prefill of the same prompts does."""
+    """An agent's next turn continues the state kept after its last prompt (sampler reuse), where the trainer runs
+    the whole conversation at once. The kept state ends on Gated DeltaNet's chunk grid (prefix.py): the first turn's
+    prompt is 76 tokens, so 64 are kept and the continuation prefills 12 of them again with the new ones, and cuts
+    the conversation into the chunks the trainer and a fresh prefill cut. Its samples then carry the update as a
+    fresh prefill's do: gap within 1.1x, share at least 0.95x (docs/benchmarks.md has the measured ratios). A
+    continuation that started mid-chunk, as before the grid, gave 1.42x on an AMD EPYC at 1 and 2 threads."""
     model, prompts, _ = policy
-    with torch.no_grad():
-        first = sample(model, prompts, replace(SETTINGS, n=1), seed=5, keep=True)
     g = torch.Generator().manual_seed(2)
-    later = [prompts[s.prompt_index] + s.completion_ids + torch.randint(0, VOCAB, (20,), generator=g).tolist()
+    system = torch.randint(0, VOCAB, (64,), generator=g).tolist()      # a first prompt past one chunk: 76 tokens
+    first_prompts = [system + p for p in prompts]
+    with torch.no_grad():
+        first = sample(model, first_prompts, replace(SETTINGS, n=1), seed=5, keep=True)
+    assert [s.kept.tokens for s in first] == [64] * P
+    later = [first_prompts[s.prompt_index] + s.completion_ids + torch.randint(0, VOCAB, (20,), generator=g).tolist()
              for s in first]                        # the last prompt, its answer, an environment's 20 tokens
     fresh_share, fresh_gap = measure(model, later)
     share, gap = measure(model, later, reuse=[s.kept for s in first])
-    assert share >= SHARE * fresh_share, (share, fresh_share)
-    assert gap <= GAP * fresh_gap, (gap, fresh_gap)
+    assert gap <= 1.1 * fresh_gap, (gap, fresh_gap)
+    assert share >= 0.95 * fresh_share, (share, fresh_share)

@@ -2,7 +2,8 @@
 a kept state samples what a fresh prefill of the whole prompt samples (greedy tokens equal, fp32 log-probs within
 1e-5), for Qwen3 and Qwen3.5 (hybrid Gated DeltaNet), on the eager and the static path, several rows of different
 kept and new lengths in one call, states continued twice; a reuse that is not a proper prefix is prefilled afresh;
-the counts; a kept state is the state of the prompt prefilled alone and is never modified."""
+the counts; a kept state is the state of the prompt's start (all of it for Qwen3, up to its last multiple of 64
+tokens for Qwen3.5: prefix.kept_length) prefilled alone, and is never modified."""
 from argparse import Namespace
 from dataclasses import replace
 
@@ -28,10 +29,10 @@ def ids(seed, n):
     return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-# three conversations: kept 70, 89 and 2 tokens; 80, 1 and 150 new ones (one new token: a single-token prefill;
-# 150: more than two of Gated DeltaNet's 64-token chunks, starting mid-chunk)
+# three conversations whose first turns were 70, 89 and 130 tokens: Qwen3 keeps them whole (then 80, 1 and 22 new
+# tokens; one: a single-token prefill), Qwen3.5 up to 64, 64 and 128 tokens (its prefill starts on the chunk grid)
 FULL = [ids(1, 150), ids(2, 90), ids(3, 152)]
-KEPT_AT = [70, 89, 2]
+KEPT_AT = [70, 89, 130]
 
 
 def assert_same(a, b, atol=1e-5):
@@ -72,8 +73,11 @@ def test_continued_equals_fresh(model, static):
         fresh = sample(model, prompts, settings, seed=seed)
         continued = sample(model, prompts, settings, seed=seed, reuse=reuse)
         assert_same(continued, fresh)
-    assert [(s.prefilled, s.reused) for s in continued] == [(80, 70), (0, 0), (1, 89), (0, 0), (150, 2), (0, 0),
-                                                            (33, 0), (0, 0)]
+    kept = [prefix.kept_length(model, k) for k in KEPT_AT]
+    assert [k.tokens for k in reuse[:3]] == kept == ([70, 89, 130] if model.config.family == "qwen3" else [64, 64, 128])
+    assert [(s.prefilled, s.reused) for s in continued] == [(len(p) - k, k) if j == 0 else (0, 0)
+                                                            for p, k in zip(FULL, kept) for j in range(2)] + \
+        [(33, 0), (0, 0)]
     assert [(s.prefilled, s.reused) for s in fresh] == [(150, 0), (0, 0), (90, 0), (0, 0), (152, 0), (0, 0),
                                                         (33, 0), (0, 0)]
 
@@ -82,25 +86,33 @@ def test_continued_equals_fresh(model, static):
 def test_a_conversation_continued_turn_after_turn(model, static):
     """Three turns, each prompt the last one plus the answer and more: every turn continues the state the last one
     kept; the samples equal fresh prefills', and the kept state of the last turn is the fresh one's."""
-    convo, reuse, greedy = [FULL[0][:20], FULL[2][:5]], [None, None], replace(GREEDY, static=static)
+    convo, reuse, greedy = [FULL[0][:70], FULL[2][:5]], [None, None], replace(GREEDY, static=static)
     for turn in range(3):
         got = sample(model, convo, greedy, keep=True, reuse=reuse)
         fresh = sample(model, convo, greedy, keep=True)
         assert_same(got, fresh)
-        assert [s.reused for s in got] == ([0, 0] if turn == 0 else [len(k.ids) for k in reuse])
+        assert [s.reused for s in got] == [0 if k is None else len(k.ids) for k in reuse]
         for a, b in zip(got, fresh):
-            assert a.kept.ids == tuple(convo[a.prompt_index]) and a.kept.tokens == len(a.kept.ids)
+            cut = prefix.kept_length(model, len(convo[a.prompt_index]))
+            if cut == 0:                      # Qwen3.5, a prompt shorter than a chunk: nothing kept
+                assert a.kept is None and b.kept is None
+                continue
+            assert a.kept.ids == tuple(convo[a.prompt_index][:cut]) and a.kept.tokens == cut
             assert_states_close(states(a.kept), states(b.kept))
         reuse = [s.kept for s in got]
-        convo = [c + s.completion_ids + ids(10 + turn + i, 7 + 30 * i) for i, (c, s) in enumerate(zip(convo, got))]
+        convo = [c + s.completion_ids + ids(10 + turn + i, 40 + 30 * i) for i, (c, s) in enumerate(zip(convo, got))]
 
 
 def test_the_kept_state_is_the_prompt_prefilled_alone(model):
     """A prompt's kept state out of a left-padded batch: the state of the prompt prefilled on its own, slot for slot
     its real tokens only, with its next position."""
-    prompts = [FULL[0][:40], FULL[1][:3], FULL[2][:64]]
+    prompts = [FULL[0][:40], FULL[1][:3], FULL[2][:64], FULL[2][:150]]
     kept = kept_of(model, prompts, replace(GREEDY, n=2))
     for p, k in zip(prompts, kept):
+        p = p[:prefix.kept_length(model, len(p))]
+        if not p:
+            assert k is None
+            continue
         alone = model.new_cache(1, len(p))
         with torch.no_grad():
             model.hidden(torch.tensor([p]), cache=alone)
@@ -113,14 +125,14 @@ def test_the_kept_state_is_the_prompt_prefilled_alone(model):
 def test_the_n_samples_of_a_prompt_share_one_kept_state_that_nothing_modifies(model):
     """keep=True with n=3: one Kept per prompt, on each of its samples. Continued by two calls and by two episodes
     at once (the G episodes of a prompt), its tensors are what they were."""
-    out = sample(model, [FULL[0][:30], FULL[1][:50]], replace(GREEDY, n=3), keep=True)
+    out = sample(model, [FULL[0][:70], FULL[1][:80]], replace(GREEDY, n=3), keep=True)
     assert [s.kept is out[0].kept for s in out] == [True] * 3 + [False] * 3
     assert out[3].kept is out[5].kept
     kept = out[0].kept
     before = states(kept)
-    a = sample(model, [FULL[0][:60], FULL[0][:31]], GREEDY, reuse=[kept, kept])
-    b = sample(model, [FULL[0][:90]], replace(GREEDY, n=2, static=True), reuse=[kept])
-    assert [s.reused for s in a + b] == [30, 30, 30, 0]
+    a = sample(model, [FULL[0][:100], FULL[0][:71]], GREEDY, reuse=[kept, kept])
+    b = sample(model, [FULL[0][:120]], replace(GREEDY, n=2, static=True), reuse=[kept])
+    assert [s.reused for s in a + b] == [kept.tokens] * 3 + [0]
     (t0, l0, i0), (t1, l1, i1) = before, states(kept)
     assert (l0, i0) == (l1, i1) and all(torch.equal(x, y) for x, y in zip(t0, t1))
 
@@ -128,23 +140,25 @@ def test_the_n_samples_of_a_prompt_share_one_kept_state_that_nothing_modifies(mo
 def test_reuse_that_is_not_a_proper_prefix_is_prefilled_afresh(model):
     """A kept state whose ids differ from the prompt's start, one as long as the prompt (its last logits are not
     kept) and one longer: each prompt prefilled afresh, counted so, sampling as without reuse."""
-    p = FULL[0][:60]
-    other = list(p[:20])
+    long = ids(9, 192)
+    p = long[:128]                                   # on Qwen3.5's grid: its kept state is all of it
+    other = list(p[:70])
     other[7] = (other[7] + 1) % 256
-    reuse = kept_of(model, [other, p, FULL[0][:61]])
+    reuse = kept_of(model, [other, p, long])
+    assert [k.tokens for k in reuse] == [prefix.kept_length(model, 70), 128, 192]
     got = sample(model, [p, p, p], replace(GREEDY, n=2), reuse=reuse)
     assert_same(got, sample(model, [p, p, p], replace(GREEDY, n=2)))
-    assert [(s.prefilled, s.reused) for s in got] == [(60, 0), (0, 0)] * 3
+    assert [(s.prefilled, s.reused) for s in got] == [(128, 0), (0, 0)] * 3
 
 
 def test_compiled_continuation_equals_fresh():
     """The compiled static step (backend "eager": the same graphs, uncompiled) after a continued prefill, the call
     split into calls of one prompt each (rows=2 for 2 x n=2 rows): each part continues its own prompts' states."""
     model = load_pretrained("tiny-qwen3.5")
-    reuse = kept_of(model, [FULL[0][:70], FULL[1][:40]])
+    reuse = kept_of(model, [FULL[0][:70], FULL[1][:80]])
     got = sample(model, FULL[:2], replace(GREEDY, n=2, compile="eager", rows=2), reuse=reuse)
     assert_same(got, sample(model, FULL[:2], replace(GREEDY, n=2)))
-    assert [s.reused for s in got] == [70, 0, 40, 0]
+    assert [s.reused for s in got] == [64, 0, 64, 0]
 
 
 def test_bad_reuse_is_one_line():
@@ -164,17 +178,17 @@ def test_train_generate_and_the_rollout_sampler_pass_keep_and_reuse():
     model = load_pretrained("tiny-qwen3.5")
     args = Namespace(seed=3, group_size=2, decode="eager", max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=0)
     tok = Namespace(eos_ids=[], vocab_size=VOCAB, decode=lambda ids: "", pad_id=0)
-    later = [FULL[0][:59], FULL[0][:68]]
+    later = [FULL[0][:79], FULL[0][:88]]
 
     class Task:
         stop_strings, chunk = [], None
 
         def rollout(self, sampler, tok, examples, seeds, args):
-            first = sampler([FULL[0][:50]], seeds, 2, keep=True)
+            first = sampler([FULL[0][:70]], seeds, 2, keep=True)
             return first, sampler(later, [11, 12], 1, reuse=[s.kept for s in first[0]])
 
     (first, second), _ = train.rollout_step(model, tok, Task(), args, 0, [(0, {"id": "a"})], Dist())
-    assert first[0][0].kept is first[0][1].kept and first[0][0].kept.tokens == 50
-    assert [(g[0].prefilled, g[0].reused) for g in second] == [(9, 50), (18, 50)]
+    assert first[0][0].kept is first[0][1].kept and first[0][0].kept.tokens == 64      # Qwen3.5: on the grid
+    assert [(g[0].prefilled, g[0].reused) for g in second] == [(15, 64), (24, 64)]
     want = train.generate(model, tok, later, [11, 12], train.sampler_settings(args, tok, model.device, rows=2))
     assert_same([g[0] for g in second], [g[0] for g in want])
