@@ -19,8 +19,8 @@ Calibration (CPU seconds measured here, 2 shared cores under load; naive with th
   topological-sort c10        0.13-0.15    re-sort the ready list: 7.8         1.5
   dijkstra c10                0.09-0.12    scan for the minimum: > 20          1.5
   numpy-pairwise c9           0.13-0.17    Python loops: 6.7                   1.0
-  vectorize-loop-fix c8       0.10-0.15    a loop over elements in Python: 0.6-0.8; over rows or columns
-                              (100k x 6, 6 x 100k, replies included): the original loops: > 5      0.4
+  vectorize-loop-fix c8       0.10-0.15    a loop over elements in Python: 0.5-0.8; over rows or columns
+                              (100k x 6, 6 x 100k, replies included); over rows or columns: 2-3.5  0.4
   pathlib c6 (32 GB sparse)   < 0.01       read every file, zeros unhashed: 1-2  0.25
 Memory (MB the call adds to the sandbox's peak):
   numpy-pairwise c8           46           4 broadcast chunks: 410             160 (and a 1024 MB sandbox)
