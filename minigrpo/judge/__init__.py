@@ -7,7 +7,6 @@ missing_packages, sandbox_isolation. Everything else is the package's own.
     grader.py         the Judge: machine checks first, an LLM grader (backends.py) for the rest, the cache
     backends.py       claude -p, any command, an OpenAI-compatible server
     checks.py         machine checks: text checks; pychecks.py hands python checks to the driver
-    astcheck.py       the code-inspection check, on the live code astreach.py finds
     driver_host.py    the judge's side of python checks: it starts the driver confined and brokers its sandboxes
     driver.py         the check driver: runs the hidden tests; driver_answer.py is its end of one answer
     standins.py       what a test hands an answer instead of its own objects (a database stays in the driver)

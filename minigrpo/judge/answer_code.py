@@ -1,9 +1,37 @@
 """The parts of an answer the checks grade: its ``` fenced blocks, and its graded Python (extract_code), which the
-ast checks (astcheck.py) and the python checks (pychecks.py) both read."""
+python checks (pychecks.py) run. Parsing only tells code from prose here: nothing the parser sees decides a
+criterion (reading the source never pays)."""
+import ast
 import functools
 import re
 
-from minigrpo.judge.astcheck import parse_code
+# Deeper than any real code. What counts as code must not depend on the interpreter's recursion limit: ast.parse
+# and the recursive passes over a tree fail at a depth that follows it, and torch.compile raises it in a training
+# process, so without a fixed bound of our own one answer would be told from prose differently before and after a
+# compile.
+MAX_DEPTH = 200
+
+
+@functools.lru_cache(maxsize=16)
+def parse_code(code):
+    """ast.Module of `code`, or None if it does not parse: syntax errors, null bytes, the parser bombs that make
+    ast.parse raise RecursionError or MemoryError (`-` * 3000 + `1`), and any tree deeper than MAX_DEPTH all count
+    as "does not parse"."""
+    try:
+        tree = ast.parse(code)
+    except Exception:
+        return None
+    return tree if _depth_at_most(tree, MAX_DEPTH) else None
+
+
+def _depth_at_most(tree, limit):
+    stack = [(tree, 1)]
+    while stack:                                # iterative: the bound holds whatever the recursion limit is
+        node, depth = stack.pop()
+        if depth > limit:
+            return False
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return True
 
 PY_TAGS = {"", "python", "py", "python3"}
 _TAG = re.compile(r"[\w+#.-]*")
@@ -45,7 +73,7 @@ def fenced_blocks(answer):
 
 @functools.lru_cache(maxsize=64)
 def extract_code(answer):
-    """The answer's graded Python, for the ast and python checks (never raises; linear time). Fenced: its blocks
+    """The answer's graded Python, for the python checks (never raises; linear time). Fenced: its blocks
     tagged python/py/python3 and its untagged blocks that parse, in order; other tags (bash, console, text, output,
     pycon, ...) and untagged blocks that do not parse (`>>>` transcripts, output) are not code. Beside a block that
     defines something, a usage example (only bare expressions: `print(f(1))`; it would only run at import, where one

@@ -4,8 +4,8 @@ A check is a small dict (schema in the contract, examples in tests/judge/test_ch
 returns (True | False | None, reason). None means "could not be decided here" (a package the test needs is not
 installed; a "veto" writing check that found nothing), and the judge leaves that criterion out of the denominator.
 
-Text checks look at the whole answer ("text", or "writing": the text as a piece of writing) or at its code ("code":
-its python blocks, see extract_code). Syllables and rhymes are English spelling heuristics: good enough to tell a
+Text checks look at the whole answer ("text", or "writing": the text as a piece of writing), never at its code
+alone (a pattern in the source is spelling; python checks run the code). Syllables and rhymes are English spelling heuristics: good enough to tell a
 haiku from a paragraph, not a phonetic dictionary; the `tol` of a syllables check absorbs the rest.
 
 The answer is written by the policy being trained, so the text checks are total and bounded: an answer longer than
@@ -15,9 +15,12 @@ CPU time); the helper regexes are linear; fences are found by a line scanner; pa
 ast.parse or json.loads raise) count as "does not parse". Whatever the answer makes a check trip on fails the
 criterion (AnswerFault), also under `not`; never None, never an exception.
 
-The code-inspection check (type "ast": which calls, decorators, imports, names... the parsed code uses) lives in
-minigrpo/judge/astcheck.py, with its item syntax; the writing check (type "natural": repetition, vocabulary, sentence
-structure, echo of the prompt) in minigrpo/judge/writing.py. Two rules hold for every criterion (run_check), because a
+There is no code-inspection check: what the answer's source says (the calls it names, its loops, its imports) never
+pays, since a branch no test takes can name anything and a loop can be spelled many ways (`reduce`, `zip(*cols)`).
+A criterion about how code is written is paid locally only by behaviour (a budget or a test the alternative
+fails) or has no machine check, and then the LLM grades it in hybrid and llm modes (docs/judge-evidence.md). The
+writing check (type "natural": repetition, vocabulary, sentence structure, echo of the prompt) lives in
+minigrpo/judge/writing.py. Two rules hold for every criterion (run_check), because a
 "must not" check passes on text that has nothing in it: a blank answer pays no criterion, and a criterion reading
 target "writing" pays only an answer that passes writing.DEFAULTS (no keyword stuffing, word list, shuffle...).
 
@@ -35,8 +38,7 @@ import re
 
 import regex
 
-from minigrpo.judge.answer_code import PY_TAGS, extract_code, fenced_blocks
-from minigrpo.judge.astcheck import check_code, validate_ast_check
+from minigrpo.judge.answer_code import PY_TAGS, fenced_blocks
 from minigrpo.judge.pychecks import ANSWER_EVIDENCE, SANDBOX_DEFAULTS, missing_packages, run_python_checks, \
     sandbox_isolation  # noqa: F401 (the package's public names come from here)
 from minigrpo.judge.writing import check_natural, unpaid, validate_natural
@@ -54,10 +56,6 @@ class AnswerFault(Exception):
 
 # ----------------------------------------------------------------------------------------------------------------
 # Getting at the parts of an answer
-
-def _target(check, answer, default="text"):
-    return extract_code(answer) if check.get("target", default) == "code" else answer
-
 
 def _lines(text):
     return [line.strip() for line in text.splitlines() if line.strip()]
@@ -101,7 +99,7 @@ def search(pattern, text, flags=""):
 
 
 def _check_regex(check, answer):
-    found = search(check["pattern"], _target(check, answer), check.get("flags", "")) is not None
+    found = search(check["pattern"], answer, check.get("flags", "")) is not None
     must = check.get("must", True)
     return found == must, f"{_show(check['pattern'])} {'found' if found else 'not found'} " \
                           f"(must{'' if must else ' not'} match)"
@@ -122,7 +120,7 @@ def _count(text, unit):
 
 
 def _check_count(check, answer):
-    n = _count(_target(check, answer), check["unit"])
+    n = _count(answer, check["unit"])
     lo, hi = check.get("min", 0), check.get("max", float("inf"))
     return lo <= n <= hi, f"{n} {check['unit']} (want {lo}..{hi})"
 
@@ -134,7 +132,7 @@ def _has_phrase(text, phrase, case):
 
 
 def _check_contains(check, answer):
-    text, case = _target(check, answer), check.get("case", False)
+    text, case = answer, check.get("case", False)
     missing = [p for p in check.get("all", []) if not _has_phrase(text, p, case)]
     anys = check.get("any", [])
     no_any = bool(anys) and not any(_has_phrase(text, p, case) for p in anys)
@@ -171,7 +169,7 @@ _SOUNDED_ENDINGS = ("ted", "ded", "ses", "zes", "ces", "ges", "xes", "shes", "ch
 
 
 def _check_syllables(check, answer):
-    lines, want, tol = _lines(_target(check, answer)), check["lines"], check.get("tol", 0)
+    lines, want, tol = _lines(answer), check["lines"], check.get("tol", 0)
     if len(lines) != len(want):
         return False, f"{len(lines)} non-empty lines, want {len(want)}"
     got = [sum(syllables(w) for w in _words(line)) for line in lines]
@@ -205,7 +203,7 @@ def rhymes(a, b):
 
 
 def _check_rhyme(check, answer):
-    lines, scheme = _lines(_target(check, answer)), check["scheme"]
+    lines, scheme = _lines(answer), check["scheme"]
     if len(lines) != len(scheme):
         return False, f"{len(lines)} non-empty lines, scheme {scheme} wants {len(scheme)}"
     ends = [(_words(line) or [""])[-1] for line in lines]
@@ -256,13 +254,6 @@ def _check_not(check, answer):
     return (None if value is None else not value), f"not({reason})"
 
 
-def _check_ast(check, answer):
-    code = extract_code(answer)
-    if not code.strip():
-        return False, "no code found (no python/untagged fenced block)"
-    return check_code(check, code)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Python checks: decided by the trusted driver, the answer sandboxed (minigrpo/judge/pychecks.py)
 
@@ -274,14 +265,20 @@ def _check_python(check, answer):
 
 CHECKS = {"python": _check_python, "regex": _check_regex, "count": _check_count, "contains": _check_contains,
           "syllables": _check_syllables, "rhyme": _check_rhyme, "json": _check_json, "code_block": _check_code_block,
-          "ast": _check_ast, "all": _check_combined, "any": _check_combined, "not": _check_not,
-          "natural": lambda check, answer: check_natural(check, _target(check, answer))}
-TEXT_CHECKS = {"regex", "count", "contains", "syllables", "rhyme", "json", "code_block", "ast", "natural"}
-TARGETS = ("text", "code", "writing")
+          "all": _check_combined, "any": _check_combined, "not": _check_not,
+          "natural": lambda check, answer: check_natural(check, answer)}
+TEXT_CHECKS = {"regex", "count", "contains", "syllables", "rhyme", "json", "code_block", "natural"}
+# What a text check reads: the whole answer, or the answer as a piece of writing (writing.unpaid). Never its code: a
+# pattern found in the source is spelling (a python check runs the code instead).
+TARGETS = ("text", "writing")
 
 
 def validate_check(check, where="check"):
     """Raise ValueError (one line, naming `where`) if `check` is not a well-formed machine check."""
+    if isinstance(check, dict) and check.get("type") == "ast":     # the check type this judge no longer has
+        raise ValueError(f"{where}: check type 'ast' reads the answer's source, which never pays: pay the behaviour "
+                         "it stands for (a budget or a test the alternative fails) or leave the criterion without "
+                         "a check (the LLM grades it in hybrid mode)")
     if not isinstance(check, dict) or check.get("type") not in CHECKS:
         raise ValueError(f"{where}: check type {check.get('type') if isinstance(check, dict) else check!r} "
                          f"unknown (one of {', '.join(CHECKS)})")
@@ -298,15 +295,16 @@ def validate_check(check, where="check"):
         raise ValueError(f"{where}: python check 'evidence' must be \"driver\" or \"answer\"")
     if check["type"] == "python" and type(check.get("shared", False)) is not bool:
         raise ValueError(f"{where}: python check 'shared' (containers keep reference semantics) must be true or false")
-    if check.get("target", "text") not in TARGETS:
-        raise ValueError(f"{where}: target {check['target']!r} unknown (one of {', '.join(TARGETS)})")
+    if check["type"] == "python" and check.get("target", "code") not in ("code", "text"):
+        raise ValueError(f"{where}: python check target {check['target']!r} unknown (code: its python; text: all)")
+    if check["type"] not in ("python", "all", "any", "not") and check.get("target", "text") not in TARGETS:
+        why = ": a text check on the code reads the source, which never pays" if check["target"] == "code" else ""
+        raise ValueError(f"{where}: target {check['target']!r} unknown (one of {', '.join(TARGETS)}){why}")
     try:
         if check["type"] == "natural":
             validate_natural(check)
         if check["type"] == "regex":
             compile_pattern(check["pattern"], check.get("flags", ""))
-        if check["type"] == "ast":
-            validate_ast_check(check)
     except ValueError as e:
         raise ValueError(f"{where}: {check['type']} check: {e}") from None
 

@@ -37,7 +37,6 @@ Helpers a test sees besides the answer's names:
   sqlite_stand_in(conn)             a stand-in for a sqlite3 connection that stays here (minigrpo/judge/standins.py)
   implementation()                  the check's `implementation` source (the code a test-suite answer is run
                                     against) started in a sandbox of its own; returns its public names as proxies
-  solution_source                   the answer's code as text (for code-inspection criteria)
 
 One budget per answer: what its failing criteria may cost together is ANSWER_BUDGET times its largest criterion
 timeout, in CPU seconds. A criterion that fails is charged the CPU it used, and its whole timeout when it timed out
@@ -53,7 +52,7 @@ included.
 Reasons name the criterion's line and the kind of failure (assertion, the answer raised X, not plain data,
 exited, timed out); they never quote the test or anything the answer printed.
 
-Input on stdin: {"code": ..., "checks": [{"test", "timeout", ...}, ...], "broker_fd": the broker's socket};
+Input on stdin: {"checks": [{"test", "timeout", ...}, ...], "broker_fd": the broker's socket};
 output on stdout: one JSON line {"result": [passed, reason]} per criterion, as each ends.
 """
 
@@ -108,13 +107,13 @@ def _test_line(tb):
     return f"line {line}" if line else "its set-up"
 
 
-def run_criterion(broker, index, code, check, cpu_s):
+def run_criterion(broker, index, check, cpu_s):
     """(passed: bool, reason, charged CPU seconds, whether the answer's module finished importing) for one python
-    check on the answer's code."""
+    check; the test reaches the answer only through its sandbox, never its source."""
     answer = None
     try:
         answer = Answer(broker, index, cpu_s, share=check.get("shared") is True)
-        return (*_run_test(answer, code, check, cpu_s), True)
+        return (*_run_test(answer, check, cpu_s), True)
     except (CaseFatal, Exception):     # CaseFatal is no Exception: the answer's own `except Exception` misses it
         return (*_failed(answer, cpu_s), answer is None or answer.imported or not answer.failure)
     finally:
@@ -123,14 +122,14 @@ def run_criterion(broker, index, code, check, cpu_s):
             answer.close()
 
 
-def _run_test(answer, code, check, cpu_s):
+def _run_test(answer, check, cpu_s):
     """(passed, reason, charged CPU seconds); raises for a failure, which _failed words."""
     names = public_names(answer.import_names(min(cpu_s, IMPORT_CPU_S)))
     if names is None:
         return False, "the answer's module did not list its names", cpu_s
     module = _SolutionModule(names)
     sys.modules["solution"] = module
-    scope = _scope(answer, code, names, module)
+    scope = _scope(answer, names, module)
     exec(compile(check["test"], TEST_FILE, "exec"), scope)
     if answer.failure:
         return False, answer.failure, cpu_s
@@ -158,7 +157,7 @@ def _charge(answer, cpu_s):
     return min(cpu_s, answer.cpu_seconds())
 
 
-def _scope(answer, code, names, module):
+def _scope(answer, names, module):
     def raises(exc, fn, *args, **kwargs):
         try:
             fn(*args, **kwargs)
@@ -186,8 +185,7 @@ def _scope(answer, code, names, module):
     helpers = {"__name__": "__criterion__", "implementation": implementation, "__builtins__": builtins,
                "raises": raises, "deadline": deadline,
                "in_sandbox": in_sandbox, "memory_peak_mb": answer.memory_peak_mb, "stand_in": wire.StandIn,
-               "sqlite_stand_in": standins.sqlite_stand_in, "solution": module,
-               "solution_source": code}
+               "sqlite_stand_in": standins.sqlite_stand_in, "solution": module}
     # the answer's names, as `from solution import *` would give them -- except any that would shadow a builtin
     # or one of our helpers (an answer's own `sorted` or `raises` must not decide a comparison); the test always
     # runs with the driver's own builtins
@@ -213,7 +211,7 @@ def main():
         elif budget <= 0.05:
             result = [False, "not run: the answer spent its time budget on earlier criteria"]
         else:
-            passed, reason, spent, imports = run_criterion(broker, i, job["code"], check, min(timeouts[i], budget))
+            passed, reason, spent, imports = run_criterion(broker, i, check, min(timeouts[i], budget))
             budget -= spent
             result = [passed, reason]
         print(json.dumps({"result": result}), flush=True)     # as it goes: a driver killed later keeps it

@@ -199,7 +199,7 @@ def run_driver(code, checks, limit):
     """[(passed, reason), ...] from the confined driver for one answer's python checks; raises ValueError when
     the driver gave no well-formed result (the caller fails every criterion: a failure of the judge never pays)."""
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    job = json.dumps({"code": code, "checks": checks, "broker_fd": child.fileno()}).encode()
+    job = json.dumps({"checks": checks, "broker_fd": child.fileno()}).encode()
     limits = Limits(timeout=limit, cpu_s=limit, memory_mb=DRIVER_MEMORY_MB, nproc=64, fsize_mb=16)
     broker = None
     try:

@@ -199,9 +199,9 @@ def _veto(checked, out):
 
 
 def _beside(result, witness, witnessed):
-    """A criterion with `"only_if": witness` counts only beside the behaviour criterion it names (a decoy in the code
-    pays nothing where the behaviour is missing): its own result when the witness passed, failed when the witness
-    failed, and unchecked when the witness is (a package its test needs is not installed): a reference answer must
+    """A criterion with `"only_if": witness` counts only beside the behaviour criterion it names (a guard that an
+    answer doing nothing meets, "raises on bad input", "does not mutate the input", pays nothing where the behaviour
+    is missing): its own result when the witness passed, failed when the witness failed, and unchecked when the witness is (a package its test needs is not installed): a reference answer must
     not lose a point to what this machine lacks, and nothing the answer writes makes a check unchecked."""
     if witnessed is True or witnessed is False and result.passed is False:
         return result

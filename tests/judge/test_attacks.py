@@ -139,10 +139,8 @@ class RunningMedian:
     def __len__(self):
         return len(self.xs)
 """
-    c9 = next(c["check"] for c in TASKS["streaming-median"]["criteria"] if c["id"] == "c9")
-    # the timing sub-check alone: the criterion's ast sub-checks would fail this answer whatever the clock says
-    perf = next(check for check in c9["checks"] if check["type"] == "python")
-    result = run_check(perf, fenced(slow))
+    c9 = next(c["check"] for c in TASKS["streaming-median"]["criteria"] if c["id"] == "c9")    # the timing test
+    result = run_check(c9, fenced(slow))
     assert result[0] is False, result
 
 

@@ -5,8 +5,10 @@ Each soyuz criterion that used to ask for a property of the code ("uses heaps", 
 checked in the driver: time.process_time() and deadline() are the sandbox's CPU seconds, memory_peak_mb() its
 cgroup's peak (growth over a baseline capped at a few MB above start-up, so memory taken and freed early does not
 buy headroom). For each, the reference answer (tests/data/soyuz/<id>.good.md) passes the whole criterion and a
-naive answer written here fails it -- on the budget: every naive is correct and passes the criterion's other lines
-(a source inspection is met by an unused import), so a budget loosened far enough lets it through.
+naive answer written here fails it -- on the budget: every naive is correct, so a budget loosened far enough lets it
+through. No criterion reads the source any more; pandas-sales-pivot's "no row-wise iteration" has no budget: a
+Python loop over the columns as lists runs as fast as the vectorised reference (1M rows: 0.4 s against 0.55 s of
+CPU), so it is left to the LLM grader.
 
 Calibration (CPU seconds measured here, 2 shared cores under load; naive with the budget lifted):
   criterion                   reference    naive                               budget
@@ -17,8 +19,8 @@ Calibration (CPU seconds measured here, 2 shared cores under load; naive with th
   topological-sort c10        0.13-0.15    re-sort the ready list: 7.8         1.5
   dijkstra c10                0.09-0.12    scan for the minimum: > 20          1.5
   numpy-pairwise c9           0.13-0.17    Python loops: 6.7                   1.0
-  vectorize-loop-fix c8       0.10-0.18    the original loops: 3.2             0.7
-  pandas-sales-pivot c8       0.22-0.23    one row-wise apply: 2.1             0.7
+  vectorize-loop-fix c8       0.10-0.15    a loop over elements in Python: 0.5-0.8; over rows or columns
+                              (100k x 6, 6 x 100k, replies included); over rows or columns: 2-3.5  0.4
   pathlib c6 (32 GB sparse)   < 0.01       read every file, zeros unhashed: 1-2  0.25
 Memory (MB the call adds to the sandbox's peak):
   numpy-pairwise c8           46           4 broadcast chunks: 410             160 (and a 1024 MB sandbox)
@@ -41,12 +43,10 @@ def criterion_check(task_id, cid):
 
 
 def budget_check(task_id, cid):
-    """The criterion's python check; where a style check (ast) stands beside it, the python part alone."""
+    """The criterion's python check (a budget criterion is one python check)."""
     check = criterion_check(task_id, cid)
-    if check["type"] == "python":
-        return check
-    (python,) = [c for c in check["checks"] if c["type"] == "python"]
-    return python
+    assert check["type"] == "python", (task_id, cid)
+    return check
 
 
 def budget_lines(check):
@@ -57,7 +57,7 @@ def budget_lines(check):
 
 NAIVE = {
     ("streaming-median", "c9"): """
-import heapq  # imported, unused: the source inspection is met, so only the budget can fail this answer
+import heapq  # imported, unused: nothing reads it; only the budget can fail this answer
 import math
 import statistics
 
@@ -217,22 +217,6 @@ def pairwise_distances(X, Y=None):
     return out
 """,
     ("vectorize-loop-fix", "c8"): None,         # the task's own loop version (from its prompt)
-    ("pandas-sales-pivot", "c8"): """
-import pandas as pd
-
-
-def sales_report(df):
-    data = df.dropna(subset=["region"]).copy()
-    data["revenue"] = data.apply(lambda r: r["units"] * r["unit_price"], axis=1)     # row-wise apply
-    data["month"] = data["date"].str[:7]
-    table = data.pivot_table(index="region", columns="month", values="revenue", aggfunc="sum", fill_value=0.0)
-    table = table.sort_index(axis=1)
-    table.columns = [str(c) for c in table.columns]
-    table["total"] = table.sum(axis=1)
-    table = table.astype(float).round(2)
-    table.index.name = "region"
-    return table.sort_index().sort_values("total", ascending=False, kind="stable")
-""",
     ("pathlib-duplicate-files", "c6"): """
 import hashlib
 from collections import defaultdict

@@ -2,7 +2,8 @@
 
 import pytest
 
-from minigrpo.judge.checks import run_check, extract_code, fenced_blocks, syllables, rhymes, validate_check
+from minigrpo.judge.answer_code import extract_code, fenced_blocks
+from minigrpo.judge.checks import run_check, syllables, rhymes, validate_check
 
 HAIKU = "An old silent pond\nA frog jumps into the pond\nSplash! Silence again"
 LIMERICK = """There once was a man from Nantucket
@@ -65,8 +66,8 @@ def test_several_python_blocks_are_joined_in_order():
 def test_regex():
     assert check({"type": "regex", "pattern": r"^def \w+", "flags": "m"}, "x\ndef f(): pass")
     assert not check({"type": "regex", "pattern": r"TODO", "flags": "i", "must": False}, "a todo here")
-    assert check({"type": "regex", "pattern": r"print", "must": False, "target": "code"},
-                 "print it\n```python\nx = 1\n```")
+    with pytest.raises(ValueError, match="never pays"):      # the code is run by python checks, never read as text
+        validate_check({"type": "regex", "pattern": r"print", "must": False, "target": "code"})
 
 
 @pytest.mark.parametrize("unit,text,n", [

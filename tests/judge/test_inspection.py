@@ -1,10 +1,11 @@
-"""Inspection criteria read live code, graded end to end on the real soyuz tasks by the local judge.
+"""Criteria about how code is written, graded end to end on the real soyuz tasks by the local judge: paid by what the
+code does, never by how it is spelled.
 
 False negatives: a correct answer followed by a shell block, a `>>>` transcript or a usage example scores as the
 solution alone; a two-heap median whose docstring says "sorted(" scores 1.0. Passing without the property: a
-bisect.insort median that says "heapq" in a comment, or keeps heapq in dead code, fails the heap criterion; a
-pandas report that hides a row-wise apply behind getattr and keeps pivot_table in a dead helper fails the
-grouping and no-apply criteria, though every behavioural criterion passes."""
+bisect.insort median that says "heapq" in a comment, or keeps heapq in dead code, fails the heap criterion (its
+budget); a pandas report that hides a row-wise apply behind getattr and keeps pivot_table in a dead helper grades
+as the plain row-wise apply (the grouping and no-apply criteria are left to the LLM grader)."""
 
 import importlib.util
 import re
@@ -145,10 +146,16 @@ def sales_report(df: pd.DataFrame) -> pd.DataFrame:
 '''
 
 
-def test_getattr_apply_with_a_dead_pivot_table_fails_the_inspection_criteria(judge):
-    verdict = judge.grade(TASKS["pandas-sales-pivot"], f"Row by row.\n```python\n{GETATTR_APPLY}```\n")
-    got = results(verdict)
-    assert got["c7"] is False and got["c8"] is False, verdict.results    # no live grouping; a row-wise apply
+PLAIN_APPLY = GETATTR_APPLY.split("def sales_report", 1)[0].split("\n\ndef _vectorised", 1)[0] + "\n\ndef sales_report" + \
+    GETATTR_APPLY.split("def sales_report", 1)[1].replace('getattr(data, "app" + "ly")(', "data.apply(")
+
+
+def test_getattr_apply_with_a_dead_pivot_table_grades_as_the_plain_apply(judge):
+    assert "_vectorised" not in PLAIN_APPLY and "data.apply(" in PLAIN_APPLY
+    futures = [judge.submit(TASKS["pandas-sales-pivot"], f"Row by row.\n```python\n{code}```\n")
+               for code in (GETATTR_APPLY, PLAIN_APPLY)]
+    hidden, plain = (f.result() for f in futures)
+    assert results(hidden) == results(plain), (failures(hidden), failures(plain))
+    assert results(hidden)["c7"] is None and results(hidden)["c8"] is None     # left to the LLM grader
     if importlib.util.find_spec("pandas") is not None:
-        assert all(got[f"c{i}"] is True for i in range(1, 7)), failures(verdict)   # the output is right
-    assert verdict.score < 1.0
+        assert all(results(hidden)[f"c{i}"] is True for i in range(1, 7)), failures(hidden)   # the output is right

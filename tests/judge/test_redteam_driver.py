@@ -174,9 +174,7 @@ def test_an_answers_exception_class_cannot_name_a_driver_object():
 def test_text_checks_stay_fast_on_adversarial_text(text):
     checks = [{"type": "count", "unit": u, "min": 1} for u in ("words", "lines", "sentences", "chars", "paragraphs")]
     checks += [{"type": "syllables", "lines": [5, 7, 5]}, {"type": "rhyme", "scheme": "AABBA"},
-               {"type": "contains", "all": ["server room", "deploy"]}, {"type": "json"}, {"type": "code_block"},
-               {"type": "ast", "calls": [".a.b", "f()"], "names": ["a.b"]},
-               {"type": "ast", "nodes": ["For"], "must": False}]
+               {"type": "contains", "all": ["server room", "deploy"]}, {"type": "json"}, {"type": "code_block"}]
     t0 = time.process_time()
     for c in checks:
         assert run_check(c, text)[0] in (True, False)

@@ -13,8 +13,7 @@ The other red-team groups: tests/judge/test_redteam_kernel_keys.py, test_redteam
 
 import pytest
 
-from judging import TASKS, fenced
-from minigrpo.judge.checks import run_check
+from judging import TASKS
 from redteam import explain, grade, no_gain, passed
 
 
@@ -332,19 +331,18 @@ def test_memory_of_the_answer_is_measured_where_the_answer_runs(judge):
 
 
 # =================================================================================================================
-# Static criteria read text
+# Static criteria read text: no longer paid, so no spelling of the code can buy them
 # =================================================================================================================
 
 def test_loops_hidden_in_exec_are_still_loops(judge):
-    """numpy-pairwise-distances c10 walks solution.py's AST for loops; the same loops inside an exec() string are a
-    string constant there."""
+    """numpy-pairwise-distances c10 ("No Python loops") walked solution.py's AST for loops; the same loops inside an
+    exec() string were a string constant there. Now no reading of the source pays: c10 is left to the LLM grader and
+    the loops, hidden or not, are graded on what they do (c9's budget fails both)."""
     pytest.importorskip("numpy")
-    plain = grade(judge, "numpy-pairwise-distances", NP_LOOPS, ["c1", "c10"])
+    plain = grade(judge, "numpy-pairwise-distances", NP_LOOPS, ["c1", "c9", "c10"])
     hidden = NP_CHECK + "exec(" + repr(NP_LOOPS_BODY.replace("    SNIFF\n", "")) + ")\n"
-    v = grade(judge, "numpy-pairwise-distances", hidden, ["c1", "c10"])
-    assert v.score <= plain.score, explain(v)
-    inspection = next(c["check"] for c in TASKS["numpy-pairwise-distances"]["criteria"] if c["id"] == "c10")
-    assert run_check(inspection, fenced(hidden))[0] is False     # the inspection itself, not only its pairing
+    v = grade(judge, "numpy-pairwise-distances", hidden, ["c1", "c9", "c10"])
+    assert passed(v) == passed(plain) == {"c1": True, "c9": False, "c10": None}, explain(v)
 
 
 REPLACE_LOOP = '''
@@ -359,11 +357,11 @@ def first_bracket_error(s):
 '''
 
 
-def test_a_banned_call_behind_getattr_is_still_banned():
-    """balanced-brackets c10 bans .replace (string replace loops) by AST; getattr(str, 'rep' + 'lace') is no call of
-    .replace there."""
-    check = next(c["check"] for c in TASKS["balanced-brackets"]["criteria"] if c["id"] == "c10")
-    plain = run_check(check, fenced(REPLACE_LOOP.replace("REPLACE(", "str.replace(")))[0]
-    hidden = run_check(check, fenced(REPLACE_LOOP.replace("REPLACE(", "getattr(str, 'rep' + 'lace')(")))[0]
-    assert plain is False
-    assert hidden is False, "the replace loop passes once the call is spelled through getattr"
+def test_a_banned_call_behind_getattr_is_still_banned(judge):
+    """balanced-brackets c10 banned .replace (string replace loops) by AST; getattr(str, 'rep' + 'lace') was no call
+    of .replace there. Now c10 is left to the LLM grader, and c9 (linear time on 400k characters) fails the replace
+    loop whatever it is called."""
+    plain = grade(judge, "balanced-brackets", REPLACE_LOOP.replace("REPLACE(", "str.replace("), ["c9", "c10"])
+    hidden = grade(judge, "balanced-brackets", REPLACE_LOOP.replace("REPLACE(", "getattr(str, 'rep' + 'lace')("),
+                   ["c9", "c10"])
+    assert passed(hidden) == passed(plain) == {"c9": False, "c10": None}, explain(hidden)

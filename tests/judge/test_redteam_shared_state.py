@@ -25,7 +25,6 @@ import time
 import pytest
 
 from judging import TASKS, fenced, needs_full_sandbox
-from minigrpo.judge.checks import run_check
 from redteam import only
 
 
@@ -44,10 +43,6 @@ def baseline(got, want):
 def works(reason):
     """The mark of an attack that works today: its assertion of the secure behaviour fails."""
     return pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason)
-
-
-def criterion_check(task_id, cid):
-    return next(c["check"] for c in TASKS[task_id]["criteria"] if c["id"] == cid)
 
 
 # =================================================================================================================
@@ -308,7 +303,8 @@ def test_slow_work_done_while_the_data_is_set_up_is_still_timed(judge):
 
 
 # =================================================================================================================
-# Static: an ast criterion that pays code doing what it bans, or not doing what it requires
+# Static: an ast criterion paid code doing what it bans, or not doing what it requires. Reading the source no longer
+# pays: each criterion below is left to the LLM grader, and both spellings grade alike
 # =================================================================================================================
 
 BASE_CONVERSION = '''
@@ -341,10 +337,10 @@ def from_base(s, base):
 @pytest.mark.parametrize("call", ["int(*(s, base))", "int(s, **{'base': base})"], ids=["starred", "double_starred"])
 def test_a_banned_call_with_its_arguments_unpacked_is_still_banned(judge, call):
     """base-conversion c9 ("Does not call int(s, base), format, bin, oct or hex"): from_base validates its digits,
-    then hands the conversion to int(s, base) anyway. The whole task: 9/10 plainly, 10/10 unpacked."""
-    plain = grade(judge, "base-conversion", BASE_CONVERSION.replace("CALL", "int(s, base)"), ["c9"])
-    baseline(plain, {"c9": False})
-    assert grade(judge, "base-conversion", BASE_CONVERSION.replace("CALL", call), ["c9"]) == plain
+    then hands the conversion to int(s, base) anyway. The whole task was 9/10 plainly, 10/10 unpacked."""
+    plain = grade(judge, "base-conversion", BASE_CONVERSION.replace("CALL", "int(s, base)"), ["c4", "c9"])
+    baseline(plain, {"c4": True, "c9": None})
+    assert grade(judge, "base-conversion", BASE_CONVERSION.replace("CALL", call), ["c4", "c9"]) == plain
 
 
 FLOAT_MONEY = '''
@@ -368,11 +364,11 @@ def split_bill(total, people):
 
 
 @pytest.mark.parametrize("convert", ["total.__float__()", "(0.0).__class__(total)"], ids=["dunder", "class_of"])
-def test_converting_to_float_by_another_name_is_still_a_float_conversion(convert):
+def test_converting_to_float_by_another_name_is_still_a_float_conversion(judge, convert):
     """float-money-fix c10 ("Never converts money to float"): split_bill divides through a float."""
-    check = criterion_check("float-money-fix", "c10")
-    baseline(run_check(check, fenced(FLOAT_MONEY.replace("CONVERT", "float(total)")))[0], False)
-    assert run_check(check, fenced(FLOAT_MONEY.replace("CONVERT", convert)))[0] is False
+    plain = grade(judge, "float-money-fix", FLOAT_MONEY.replace("CONVERT", "float(total)"), ["c1", "c10"])
+    baseline(plain, {"c1": True, "c10": None})
+    assert grade(judge, "float-money-fix", FLOAT_MONEY.replace("CONVERT", convert), ["c1", "c10"]) == plain
 
 
 MD5_DUPLICATES = '''
@@ -406,13 +402,12 @@ MD5_ONLY = MD5_DUPLICATES.replace('''    try:
         h = hashlib.sha256()''', "    h = hashlib.md5()")
 
 
-def test_a_required_call_only_in_a_fallback_does_not_count():
-    """pathlib-duplicate-files c9 ("Hashes with SHA-256"). astreach rightly keeps an except handler live (it may run);
-    a must-use item found only there is code that does not run on this machine. Likewise a lambda that nothing
-    calls (`_ = lambda: hashlib.sha256()`) counts."""
-    check = criterion_check("pathlib-duplicate-files", "c9")
-    baseline(run_check(check, fenced(MD5_ONLY))[0], False)
-    assert run_check(check, fenced(MD5_DUPLICATES))[0] is False
+def test_a_required_call_only_in_a_fallback_does_not_count(judge):
+    """pathlib-duplicate-files c9 ("Hashes with SHA-256"): the ast check counted a must-use item found only in an
+    except handler that does not run on this machine."""
+    plain = grade(judge, "pathlib-duplicate-files", MD5_ONLY, ["c1", "c9"])
+    baseline(plain, {"c1": True, "c9": None})
+    assert grade(judge, "pathlib-duplicate-files", MD5_DUPLICATES, ["c1", "c9"]) == plain
 
 
 # =================================================================================================================

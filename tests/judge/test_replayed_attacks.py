@@ -164,9 +164,10 @@ def test_a_replayed_attack_scores_no_more_than_the_honest_wrong_answer(judge, na
 def test_a_lock_in_the_wrong_place_fails_the_per_account_criteria(judge, answer):
     """Not attacks: fixes that serialise every account, or lock only the I/O and check the balance before (racy:
     both withdrawals of a last unit pass). Each keeps its sequential behaviour (0.5, above the honest-wrong answer's
-    0.33), and fails c6 and what counts beside it, though no inspection sees the lock's place."""
+    0.33), and fails c6 and what counts beside it; c10 (where the lock lives) is the LLM grader's: nothing reads
+    the code."""
     got = {r.id: r.passed for r in judge.grade(TASKS["async-race-fix"], fenced(answer)).results}
-    assert got["c6"] is False and got["c7"] is False and got["c10"] is False, got
+    assert got["c6"] is False and got["c7"] is False and got["c10"] is None, got
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ comprehension, to list(...) / dict(...) / a copy, or one the test subscripts int
 import ast
 import builtins
 
-HELPERS = {"raises", "deadline", "memory_peak_mb", "stand_in", "sqlite_stand_in", "solution_source"}
+HELPERS = {"raises", "deadline", "memory_peak_mb", "stand_in", "sqlite_stand_in"}
 TO_ANSWER = {"in_sandbox", "implementation", "solution"}       # helpers whose calls reach the answer's process
 _MAKERS = {"list", "dict", "set", "bytearray", "defaultdict", "OrderedDict", "Counter", "deepcopy", "copy", "deque"}
 _MUTATORS = {"append", "extend", "insert", "update", "setdefault", "add", "pop", "clear", "remove", "sort"}

@@ -8,7 +8,7 @@ def only(task_id, ids):
     """The task with only the criteria `ids` (a faster grade of the criteria an attack is about), and those they
     count beside (`only_if`), which decide with them."""
     task = dict(TASKS[task_id])
-    beside = {(c["check"] or {}).get("only_if") for c in task["criteria"] if c["id"] in ids}
+    beside = {(c.get("check") or {}).get("only_if") for c in task["criteria"] if c["id"] in ids}
     task["criteria"] = [c for c in task["criteria"] if c["id"] in set(ids) | beside]
     assert set(ids) <= {c["id"] for c in task["criteria"]}, ids
     return task

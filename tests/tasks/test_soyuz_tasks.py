@@ -20,7 +20,10 @@ from repo_root import ROOT
 TASKS_PATH = os.path.join(ROOT, "minigrpo", "data", "soyuz_tasks.json")
 ANSWERS = os.path.join(ROOT, "tests", "data", "soyuz")
 FAMILIES = {"algorithms": 12, "library": 10, "fix": 10, "writing": 12}   # the soyuz run's four families
-CODE_COVERAGE, WRITING_COVERAGE = 0.7, 0.6    # least share of criteria with a machine check
+# Least share of criteria with a machine check. A criterion about how code is written has none unless a budget or a
+# test the alternative fails decides it (reading the source never pays): refactor-orders keeps 5 of 10 (its
+# constants, nesting, length and type-hint criteria are the LLM grader's), pandas-sales-pivot 6 of 10.
+CODE_COVERAGE, WRITING_COVERAGE = 0.5, 0.6
 BAD_MAX = 4 / 9     # 0.44: at most 4 of 9 checked criteria
 
 with open(TASKS_PATH) as f:
