@@ -16,8 +16,8 @@ while the sampler generates the next chunk; a chunk's critiques wait only for it
 wording, the stop rule for a judge that is down, and which tasks a run with the local judge leaves out: a task
 marked "local": {"train": false, "why": ...} (a writing task whose machine checks pay the opposite of its act, or
 a degenerate answer, at least as well as an honest wrong one: today every writing task; measured by
-bench/writing_table.py and re-measured by tests/judge/test_writing_tasks.py) is left out of training and evaluation with `--judge local`, named once at start
-with its reason; an LLM judge (claude, cmd:, http) includes it.
+bench/writing_table.py and re-measured by tests/judge/test_writing_tasks.py) is left out of training and evaluation
+with `--judge local`, named once at start with its reason; an LLM judge (claude, cmd:, http) includes it.
 """
 import os
 
