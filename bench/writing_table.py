@@ -1,14 +1,20 @@
-"""The soyuz writing tasks against answers that are not writing: the table of docs/judge-writing.md.
+"""The soyuz writing tasks against answers that are not writing or do the opposite act: docs/judge-writing.md's table.
 
     python bench/writing_table.py              # print the table (markdown)
     python bench/writing_table.py --write      # and write it into docs/judge-writing.md, between its markers
     python bench/writing_table.py --detail     # every degenerate answer's local score, per task
 
 For each of the 12 writing tasks: the reference answer (tests/data/soyuz/<id>.good.md), the honest-wrong one
-(<id>.bad.md), the empty answer and the degenerate answers below, graded in local mode (machine checks only) and in
-hybrid mode with a scripted grader standing in for the LLM (ScriptedGrader: it passes every criterion it is asked
-about when the answer is the task's reference answer and fails every one otherwise, so the hybrid column shows what
-the machine checks add to an LLM that is never fooled, and an LLM that is not, on the reference, never misses).
+(<id>.bad.md), the opposite act (<id>.opposite.md), the empty answer and the degenerate answers below, graded in
+local mode (machine checks only) and in hybrid mode with a scripted grader standing in for the LLM (ScriptedGrader:
+it passes every criterion it is asked about when the answer is the task's reference answer and fails every one
+otherwise, so the hybrid column shows what the machine checks add to an LLM that is never fooled, and an LLM that is
+not, on the reference, never misses).
+
+The opposite act is an answer of the right form that does the opposite of the task's core act: the meeting accepted
+instead of declined, a letter for another role, a haiku set somewhere else; it says the words a keyword check of
+the core act would look for ("I thought about declining"). A task trains locally only where it scores below the
+honest-wrong answer (or 0), i.e. where a machine check tells the act (left_out).
 
 The degenerate answers, written as a policy paid by surface checks would write them:
   stuffed    per task, the keywords and the form each positive check looks for, repeated (STUFFED, by hand)
@@ -142,7 +148,7 @@ def grade_all(tasks, judge):
     futures = {}
     for t in tasks:
         answers = {"reference": answer(t["id"], "good"), "honest-wrong": answer(t["id"], "bad"),
-                   **degenerate_answers(t)}
+                   "opposite-act": answer(t["id"], "opposite"), **degenerate_answers(t)}
         futures[t["id"]] = {name: judge.submit(t, a) for name, a in answers.items()}
     return {tid: {name: fut.result().score for name, fut in d.items()} for tid, d in futures.items()}
 
@@ -150,20 +156,39 @@ def grade_all(tasks, judge):
 def best_degenerate(scores, leave=()):
     """(name, score) of the highest-scoring degenerate answer of one task, shuffles folded into 'shuffled' and the
     answers named in `leave` left out; name 'all' when every one scores 0."""
-    deg = {k: v for k, v in scores.items() if k not in ("reference", "honest-wrong", *leave)}
+    deg = {k: v for k, v in scores.items() if k not in ("reference", "honest-wrong", "opposite-act", *leave)}
     name = max(deg, key=lambda k: (deg[k], k))
     return ("all" if deg[name] == 0 else name.split("/")[0]), deg[name]
 
 
+def paid(score, scores):
+    """Whether an answer other than the reference is paid like an attempt: above 0 (an answer that scores 0 is never
+    paid, whatever the honest-wrong fixture scores) and at least as well as the honest-wrong answer."""
+    return score > 0 and score >= scores["honest-wrong"]
+
+
+def left_out(scores):
+    """What leaves a task out of local training, from its local scores ('' when nothing does): its opposite act
+    paid (no machine check tells the task's core act), or a degenerate answer paid."""
+    why = []
+    if paid(scores["opposite-act"], scores):
+        why.append(f"the opposite act scores {scores['opposite-act']:.2f}")
+    name, best = best_degenerate(scores)
+    if paid(best, scores):
+        why.append(f"{name} scores {best:.2f}")
+    return "; ".join(why) + (f" (honest-wrong {scores['honest-wrong']:.2f})" if why else "")
+
+
 def table(tasks, local, hybrid):
     """The markdown table: each cell 'local / hybrid'."""
-    head = ["task", "local training", "reference", "honest-wrong", "empty", "keyword-stuffed",
+    head = ["task", "local training", "reference", "honest-wrong", "opposite act", "empty", "keyword-stuffed",
             "highest other degenerate"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for t in tasks:
         lo, hy = local[t["id"]], hybrid[t["id"]]
         cells = [t["id"], "left out" if t.get("local", {}).get("train") is False else "yes"]
-        cells += [f"{lo[k]:.2f} / {hy[k]:.2f}" for k in ("reference", "honest-wrong", "empty", "stuffed")]
+        cells += [f"{lo[k]:.2f} / {hy[k]:.2f}"
+                  for k in ("reference", "honest-wrong", "opposite-act", "empty", "stuffed")]
         (ln, lv), (hn, hv) = best_degenerate(lo, ("empty", "stuffed")), best_degenerate(hy, ("empty", "stuffed"))
         cells.append(f"{lv:.2f} {ln} / {hv:.2f} {hn}")
         lines.append("| " + " | ".join(cells) + " |")

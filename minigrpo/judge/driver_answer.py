@@ -20,6 +20,7 @@ WALL_FACTOR = 3         # a criterion's wall-clock limit, in multiples of its `t
 WATCH_EVERY = 0.05      # seconds between two readings of the sandbox's CPU and wall time
 STALL_S = 3.0           # no CPU progress for this long while the driver awaits a reply: the answer sleeps or blocks
 TOO_LARGE = "the answer's reply is too large (over the message cap, counted as if copied)"
+NOT_PLAIN = "the answer's reply is not plain data"
 
 
 class CaseFailed(Exception):
@@ -284,7 +285,7 @@ class Answer:
             self.failure = self.failure or TOO_LARGE
             raise CaseFatal(self.failure) from None
         except wire.ProtocolError as e:
-            self.failure = self.failure or f"the answer's reply is not plain data ({e})"
+            self.failure = self.failure or f"{NOT_PLAIN} ({e})"
             raise CaseFatal(self.failure) from None
         self.check_cpu()
         return result

@@ -232,8 +232,9 @@ _REASONS = [re.compile(p + _WHERE) for p in (
     r"the answer's module did not list its names", r"not run: the answer spent its time budget on earlier criteria",
     rf"timed out: its module's top-level code used over {_NUMBER}s of CPU",
     r"not run: the answer's module did not finish importing on an earlier criterion",
-    re.escape(STOPPED), re.escape(driver_answer.TOO_LARGE))]
-_PREFIXES = ("the answer's reply is not plain data", "the judge's broker is gone", "the sandbox could not be started")
+    re.escape(STOPPED), re.escape(driver_answer.TOO_LARGE),
+    re.escape(f"{driver_answer.NOT_PLAIN} ({wire.SAME_HASH})"))]
+_PREFIXES = (driver_answer.NOT_PLAIN, "the judge's broker is gone", "the sandbox could not be started")
 
 
 def vetted_reason(passed, reason):

@@ -26,11 +26,14 @@ in one process, while the values themselves are always plain data.
 A value costs what it is: its size is counted as if every reference were copied (a value that holds the same list
 twice counts it twice), on encoding and, on a shared channel, on decoding too; one over MAX_ITEMS is refused
 (TooLarge), so a reply of a few entries that stands for an exponentially large value never reaches a comparison.
+A set, frozenset or dict costs what its size allows to build: over MAX_SAME_HASH of its values sharing one hash
+(which would cost n * n / 2 comparisons) are refused (Codec.hash_checked).
 """
 
 import base64
 import builtins
 import json
+import operator
 import struct
 
 if __name__ != "__main__":      # imported; in the child's program wire_values.py's and wire_shared.py's source has
@@ -41,6 +44,8 @@ if __name__ != "__main__":      # imported; in the child's program wire_values.p
 MAX_MESSAGE = 16 << 20      # bytes; a longer message is a protocol error (the case fails)
 MAX_DEPTH = 200             # nesting of a value; deeper is a protocol error
 MAX_ITEMS = MAX_MESSAGE // 2    # a value's parts, counted as if copied: each costs at least 2 bytes of a message
+MAX_SAME_HASH = 8           # values of one hash in a set, frozenset or dict built from the peer's message
+SAME_HASH = f"over {MAX_SAME_HASH} values of a set or dict share one hash"     # its refusal, as a reason quotes it
 _PLAIN_EXC = {}             # builtin exception classes by name, filled below
 
 
@@ -314,15 +319,15 @@ class Codec(SharedContainers):
             if tag == "S":
                 return StandIn(**{str(k): self.decode(x, depth + 1) for k, x in e[1]})
             if tag == "Z":
-                return frozenset(self._decode_items(e[1], depth))
+                return frozenset(self.hash_checked(self._decode_items(e[1], depth)))
             if tag == "E":
-                return set(self._decode_items(e[1], depth))
+                return set(self.hash_checked(self._decode_items(e[1], depth)))
             if tag == "B":
                 return bytearray(base64.b64decode(e[1]))
             if tag == "L":
                 return self._decode_items(e[1], depth)
             if tag == "D":
-                return {self.decode(k, depth + 1): self.decode(x, depth + 1) for k, x in e[1]}
+                return dict(self.decode_pairs(e[1], depth))
             if tag in ("M", "R") and not self.share:
                 raise ProtocolError("a shared container on a channel that copies")
             if tag == "M":
@@ -345,6 +350,26 @@ class Codec(SharedContainers):
         if type(items) is not list:
             raise ProtocolError("malformed container")
         return items[:] if _all_native(items) else [self.decode(x, depth + 1) for x in items]
+
+    def decode_pairs(self, pairs, depth):
+        """A dict's [(key, value), ...], decoded in the order they were sent (a shared container's first
+        mention must come before its references), its keys hash-checked."""
+        out = [(self.decode(k, depth + 1), self.decode(x, depth + 1)) for k, x in pairs]
+        self.hash_checked([k for k, _ in out])
+        return out
+
+    @staticmethod
+    def hash_checked(values):
+        """`values`, once no more than MAX_SAME_HASH of them share a hash: what a set or dict of them costs to
+        build is then proportional to their size. Python builds one of n distinct values that share a hash with
+        n * n / 2 comparisons, and the peer chooses hashes at will (the integers k * (2**61 - 1) all hash to 0,
+        tuples of integers can be solved for any hash), so the hashes are counted by sorting them (n log n
+        comparisons of integers, no hash table of the peer's choosing). The values of a set or the keys of a dict
+        are distinct, and distinct values rarely share a hash (-1 and -2 do): no honest reply comes near."""
+        hashes = sorted(map(hash, values))
+        if any(map(operator.eq, hashes, hashes[MAX_SAME_HASH:])):   # sorted: a run of more than MAX_SAME_HASH
+            raise ProtocolError(SAME_HASH)
+        return values
 
     def _decode_handle(self, hid, kind, info):
         if not isinstance(hid, str) or not isinstance(info, dict):

@@ -73,11 +73,11 @@ class SharedContainers:
         if type(obj) is list:
             obj[:] = self._decode_items(contents, depth)
         elif type(obj) is dict:
-            items = [(self.decode(k, depth + 1), self.decode(x, depth + 1)) for k, x in contents]
+            items = self.decode_pairs(contents, depth)
             obj.clear()
             obj.update(items)
         elif type(obj) is set:
-            items = self._decode_items(contents, depth)
+            items = self.hash_checked(self._decode_items(contents, depth))
             obj.clear()
             obj.update(items)
         else:

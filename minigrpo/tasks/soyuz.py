@@ -14,10 +14,10 @@ step's tasks (rows = tasks x G), or on a GPU the largest chunk of tasks the memo
 is soyuz's own: the judge, which grades a call's answers in its worker pool as soon as the call returns (with chunks,
 while the sampler generates the next chunk; a chunk's critiques wait only for its own verdicts), the critique's
 wording, the stop rule for a judge that is down, and which tasks a run with the local judge leaves out: a task
-marked "local": {"train": false, "why": ...} (a writing task whose machine checks pay a degenerate answer at least
-as well as an honest wrong one, measured by bench/writing_table.py and re-measured by
-tests/judge/test_writing_tasks.py) is left out of training and evaluation with `--judge local`, named once at start
-with its reason; an LLM judge (claude, cmd:, http) includes it.
+marked "local": {"train": false, "why": ...} (a writing task whose machine checks pay the opposite of its act, or
+a degenerate answer, at least as well as an honest wrong one: today every writing task; measured by
+bench/writing_table.py and re-measured by tests/judge/test_writing_tasks.py) is left out of training and evaluation
+with `--judge local`, named once at start with its reason; an LLM judge (claude, cmd:, http) includes it.
 """
 import os
 

@@ -171,3 +171,68 @@ def test_the_drivers_own_work_is_not_the_answers_stall():
     test = f"import time\nassert f(lambda: time.sleep({STALL_S + 1}) or 1) == 2\n"
     [(ok, reason)] = run_python_checks([{"type": "python", "test": test, "timeout": 10}], fenced(SLOW_CALLBACK))
     assert ok is True, reason
+
+
+# A set or dict the driver builds from a reply costs what the reply's size allows: values that share one hash
+# (the integers k * (2**61 - 1) all hash to 0) would make it cost n * n / 2 comparisons, so over MAX_SAME_HASH of
+# them are refused by rule before any table is built.
+P61 = 2 ** 61 - 1
+COLLIDING = [k * P61 for k in range(1, 20_001)]
+FORGED_SET = '''
+import json, os, struct, time
+
+
+def f(x):
+    if x == 1:      # a reply written straight to the channel: integers of hash 0, tagged as a set or a dict
+        keys = [k * (2 ** 61 - 1) for k in range(1, %d)]
+        value = ["E", keys] if %r == "set" else ["D", [[k, 0] for k in keys]]
+        data = json.dumps({"ok": value, "sync": []}).encode()
+        for fd in range(3, 12):
+            try:
+                os.write(fd, struct.pack(">I", len(data)) + data)
+            except OSError:
+                pass
+        time.sleep(60)
+    return x
+'''
+
+
+def forged(tag, n=len(COLLIDING)):
+    return FORGED_SET % (n + 1, tag)
+
+
+@pytest.mark.parametrize("e", [["E", COLLIDING], ["Z", COLLIDING], ["D", [[k, 0] for k in COLLIDING]],
+                               ["L", [1, ["E", COLLIDING[:wire.MAX_SAME_HASH + 1]]]],
+                               ["T", [["D", [[["T", [k, 1]], 0] for k in COLLIDING]]]]],
+                         ids=["set", "frozenset", "dict", "nested_nine", "tuple_keys"])
+def test_values_that_share_a_hash_are_refused_before_a_set_or_dict_is_built(e):
+    with pytest.raises(wire.ProtocolError, match="share one hash"):
+        wire.Codec("d", None, call_only=True).decode(e)
+
+
+def test_a_shared_set_refilled_with_values_that_share_a_hash_is_refused():
+    peer = wire.Codec("d", None, share=True)
+    xs = peer.decode(["M", "cm1", "set", [1, 2]])
+    with pytest.raises(wire.ProtocolError, match="share one hash"):
+        peer.apply([["cm1", COLLIDING]])
+    with pytest.raises(wire.ProtocolError, match="share one hash"):
+        peer.decode(["M", "cm2", "dict", [[k, 0] for k in COLLIDING]])
+    assert xs == {1, 2}
+
+
+@pytest.mark.parametrize("value", [
+    {-1, -2, 0, 1.5, "a", (1, 2), frozenset({3})},           # -1 and -2 share a hash: two of one hash are fine
+    set(COLLIDING[:wire.MAX_SAME_HASH]), frozenset(range(10_000)),
+    {k: [k] for k in COLLIDING[:wire.MAX_SAME_HASH]}, {(i, -1): i for i in range(1000)} | {-1: 0, -2: 1},
+])
+def test_honest_sets_and_dicts_cross_and_compare_equal(value):
+    assert wire.Codec("d", None, call_only=True).decode(wire.Codec("c", None).encode(value)) == value
+
+
+@pytest.mark.parametrize("tag", ["set", "dict"])
+def test_a_forged_reply_of_values_that_share_a_hash_fails_its_case_by_rule(tag):
+    """The answer writes the reply itself: the case fails on the rule, with the honest case beside it passing,
+    instead of the driver building the set in n * n / 2 comparisons (minutes at 200,000 values)."""
+    checks = [{"type": "python", "test": f"assert f({x}) == {x}", "timeout": 5} for x in (1, 2)]
+    [(bad, reason), (good, _)] = run_python_checks(checks, fenced(forged(tag)))
+    assert bad is False and "share one hash" in reason and good is True, reason

@@ -1,9 +1,10 @@
 """No soyuz writing task pays text that is not writing (docs/judge-writing.md). Every check of the 12 writing tasks
 reads target "writing" and each task carries the degeneracy criteria c11 and c12; the reference answer scores 1.0
 and no degenerate answer (bench/writing_table.py: keyword-stuffed, empty, echoed...) scores above the honest-wrong
-one, locally and in hybrid mode with a scripted grader; a task whose machine checks still pay a degenerate answer at
-least as well as the honest-wrong one is marked, the mark re-measured here, and left out of a local-judge run: by the
-soyuz task, named once at start, and by its eval."""
+one, locally and in hybrid mode with a scripted grader. A task is trained locally only on what a machine can tell:
+one whose machine checks pay the opposite act (an answer of the right form doing the opposite of the task: the
+meeting accepted, not declined) or a degenerate answer at least as well as the honest-wrong one is marked, the mark
+re-measured here, and left out of a local-judge run: by the soyuz task, named once at start, and by its eval."""
 
 import os
 import re
@@ -30,9 +31,10 @@ IDS = [t["id"] for t in TASKS]
 # The task file
 
 def test_defaults_pass_every_reference_and_honest_wrong_answer():
-    """The gate's limits fail text that is not writing, never an honest attempt, however bad."""
+    """The gate's limits fail text that is not writing, never an honest attempt, however bad (nor the opposite
+    act, which is writing too)."""
     for t in TASKS:
-        for kind in ("good", "bad"):
+        for kind in ("good", "bad", "opposite"):
             assert not writing.problems(bench.answer(t["id"], kind)), (t["id"], kind)
 
 
@@ -151,13 +153,21 @@ def test_reference_scores_one_and_degenerate_no_more_than_honest_wrong(scores, m
 
 @pytest.mark.parametrize("task_id", IDS)
 def test_the_local_mark_is_what_the_measurement_says(scores, task_id):
-    """Left out of local training exactly when some degenerate answer is paid (scores above 0) at least as well as
-    the honest-wrong answer: a check that learns to see it, or one that starts paying it, flips this test."""
-    s = scores["local"][task_id]
-    name, best = bench.best_degenerate(s)
-    measured = best > 0 and best >= s["honest-wrong"]
-    assert marked(task_id) == measured, f"{task_id}: marked {marked(task_id)}, but its best degenerate answer " \
-                                        f"({name}) scores {best:.2f} against the honest-wrong {s['honest-wrong']:.2f}"
+    """Left out of local training exactly when the opposite act or some degenerate answer is paid (scores above 0)
+    at least as well as the honest-wrong answer: a check that learns to tell the act or to see a shuffle, or one
+    that starts paying a degenerate answer, flips this test."""
+    why = bench.left_out(scores["local"][task_id])
+    assert marked(task_id) == bool(why), f"{task_id}: marked {marked(task_id)}, measured: {why or 'nothing paid'}"
+
+
+@pytest.mark.parametrize("task_id", IDS)
+def test_the_opposite_act_is_of_the_right_form(scores, task_id):
+    """The opposite act is writing of the task's form, not a degenerate answer: the degeneracy vetoes c11 and c12
+    find nothing in it (unchecked locally), so what it scores is what the form checks pay for the wrong act."""
+    task = next(t for t in TASKS if t["id"] == task_id)
+    text = bench.answer(task_id, "opposite")
+    assert [run_check(c["check"], text)[0] for c in task["criteria"][-2:]] == [None, None]
+    assert scores["local"][task_id]["opposite-act"] > 0
 
 
 def test_the_table_in_the_docs_is_current(scores):
@@ -171,7 +181,7 @@ def test_the_table_in_the_docs_is_current(scores):
 # ----------------------------------------------------------------------------------------------------------------
 # The exclusion, wired into the soyuz task and its eval
 
-LEFT_OUT = {"haiku-server-room", "limerick-friday-deploy", "summary-bike-share", "acrostic-gradient"}
+LEFT_OUT = set(IDS)     # every writing task: no machine check tells any one's core act
 
 
 def test_the_local_judge_leaves_the_marked_tasks_out_and_says_so(capsys):
@@ -191,10 +201,11 @@ def test_the_eval_leaves_them_out_with_the_local_judge(tmp_path):
     from minigrpo.evals.soyuz import report_notes, soyuz_data
     args = Namespace(data=None, judge=None, judge_workers=1, out=str(tmp_path), batch_size=1, limit=None)
     task, exs = soyuz_data(args)
-    assert len(exs) == 40 and len(task.left_out) == 4
+    assert len(exs) == 44 - len(LEFT_OUT) and len(task.left_out) == len(LEFT_OUT)
     task.judge.close()
     notes = report_notes({}, task.left_out)
-    assert sum("left out with the local judge" in n for n in notes) == 4 and notes[:-4] == report_notes({}, [])
+    assert sum("left out with the local judge" in n for n in notes) == len(LEFT_OUT)
+    assert notes[:-len(LEFT_OUT)] == report_notes({}, [])
     task, exs = soyuz_data(Namespace(**{**vars(args), "judge": "cmd:true"}))
     assert len(exs) == 44 and report_notes({}, task.left_out) == report_notes({}, [])
     task.judge.close()
