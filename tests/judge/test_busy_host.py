@@ -84,8 +84,10 @@ def test_the_wall_clock_is_only_a_ceiling_far_above_the_cpu_limit():
 @contextmanager
 def burners(per_core=3):
     """per_core busy-loop processes per CPU of this host, ended by their own Popen objects."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range((os.cpu_count() or 1) * per_core)]
+    procs = []
     try:
+        for _ in range((os.cpu_count() or 1) * per_core):
+            procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
         yield procs
     finally:
         for p in procs:
