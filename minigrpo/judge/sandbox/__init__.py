@@ -6,8 +6,9 @@ this machine gives and what it lacks ("weaknesses"), probed once per process. `S
 slot=uid_slot)` instead works in a host folder the caller owns and keeps (bound read-write at /sandbox), as the
 uid of a slot the caller holds: several sandboxes, one after the other, then share one folder and one uid (an
 agent's episode, episode.py). The machinery lives beside it:
-host.py (cgroups, the uid pool, process trees, remove_tree), mounts.py (what the sandbox sees) and launch.py (the
-launcher, the seccomp filter and the isolation modes).
+host.py (cgroups, the uid pool, remove_tree), procs.py (its processes read from the host's /proc: their CPU, their
+demand for a CPU, the files they hold open), mounts.py (what the sandbox sees) and launch.py (the launcher, the
+seccomp filter and the isolation modes).
 
 What the best level ("bwrap+cgroup+pool-uid", root with bubblewrap and writable cgroups) gives:
 
