@@ -18,7 +18,7 @@ The broker (a thread of the judge process) makes and measures the answer's sandb
 the judge may create cgroups and switch uids: `start` (criterion i: the judge takes files and limits from its own
 copy of the check; the driver can only lower the CPU time, and each criterion starts once, with at most one
 companion: the check's `implementation`, which a suite answer is run against), `cpu` (the sandbox's CPU seconds
-from its cgroup, and whether its threads waited for a CPU: its demand, from the host's /proc), `memory` (its
+from its cgroup; for the driver's watch also whether its threads waited for a CPU, from the host's /proc), `memory` (its
 cgroup's peak), `files` (the regular files its processes hold open, from the host's /proc), `close`. All are read
 from outside the sandbox, where the answer cannot reach them. The broker enforces each sandbox's own limits itself
 as well, so a driver that misbehaves cannot keep an answer running past them. So code that somehow ran in the
@@ -167,9 +167,11 @@ class Broker:
             sandbox = self.live.get(request.get("id")) if op in ("cpu", "memory", "files", "close") else None
         if sandbox is None:
             raise ValueError(f"unknown request {str(op)[:20]!r} or sandbox")
-        if op == "cpu":
+        if op == "cpu" and request.get("demand") is True:      # the driver's watch, every WATCH_EVERY
             waited, runnable = sandbox.demand()
             return {"cpu": sandbox.cpu_seconds(), "waited": waited, "runnable": runnable}, []
+        if op == "cpu":             # the test's clock and budgets, at each request: the cgroup's reading alone
+            return {"cpu": sandbox.cpu_seconds()}, []
         if op == "memory":
             return {"memory_mb": sandbox.memory_peak_mb()}, []
         if op == "files":

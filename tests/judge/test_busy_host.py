@@ -29,11 +29,13 @@ class ScriptedBroker:
         self.to_driver_r, self.to_driver_w = os.pipe()
         self.to_answer_r, self.to_answer_w = os.pipe()
 
-    def ask(self, op, **_):
+    def ask(self, op, **request):
         if op == "start":
             return {"id": "s0-answer"}, [self.to_driver_r, self.to_answer_w]
         if op == "cpu":
             cpu, waited, runnable = self.reading(time.monotonic() - self.t0)
+            if request.get("demand") is not True:
+                return {"cpu": cpu}, []
             return {"cpu": cpu, "waited": waited, "runnable": runnable}, []
         return {}, []
 
