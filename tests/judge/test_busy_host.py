@@ -16,6 +16,7 @@ import pytest
 
 from judging import TASKS, fenced, needs_full_sandbox, reference
 from minigrpo.judge import driver_answer
+from minigrpo.judge.sandbox.procs import demand
 
 # -- the stall rule, on scripted readings ---------------------------------------------------------------------------
 
@@ -73,6 +74,29 @@ def test_an_answer_runnable_at_each_look_is_not_stalled(monkeypatch):
 def test_a_reply_the_driver_has_not_read_is_not_the_answers_stall(monkeypatch):
     # the answer replied and sleeps; the driver is the one starved of CPU
     assert watched(monkeypatch, lambda t: (1.0, 5_000, False), reply=True) is None
+
+
+def test_demand_is_read_from_the_hosts_proc():
+    # what the broker reads for the watch: a busy loop is runnable (R) at every look, a sleeper never is and its
+    # run-queue wait does not grow
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    sleeper = subprocess.Popen([sys.executable, "-c", "print(1, flush=True); import time; time.sleep(600)"],
+                               stdout=subprocess.PIPE)
+    try:
+        sleeper.stdout.readline()
+        quiet = False
+        for _ in range(50):             # on a loaded host it may take a moment to reach its sleep
+            first = demand([sleeper.pid])
+            time.sleep(0.1)
+            quiet = first[1] is False and demand([sleeper.pid]) == first
+            if quiet:
+                break
+        assert quiet
+        assert all(demand([busy.pid])[1] is True for _ in range(20))
+    finally:
+        for p in (busy, sleeper):
+            p.kill()
+            p.wait()
 
 
 def test_the_wall_clock_is_only_a_ceiling_far_above_the_cpu_limit():
