@@ -24,6 +24,10 @@ Helpers a test sees besides the answer's names:
   deadline(cpu_seconds)             performance criteria: fail once the sandbox has used that much more CPU
   time.process_time()               the sandbox's CPU seconds, measured from outside (its cgroup, read by the
                                     broker), so the answer cannot fake it with its own clock or signals
+  open_files()                      the regular files the sandbox's processes hold descriptors on now ("device:inode",
+                                    sorted), read by the judge in the host's /proc: what the answer has left open
+                                    after a call, never its own report (a file reached by another name or held by a
+                                    child process is the same entry)
   memory_peak_mb()                  the most memory the sandbox (all its processes and files) has held so far, in
                                     MB, read from its cgroup outside the answer; None where there is no cgroup
   in_sandbox(source, **inputs)      run a harness snippet beside the answer and return its `result` (plain data):
@@ -40,7 +44,7 @@ Helpers a test sees besides the answer's names:
 
 One budget per answer: what its failing criteria may cost together is ANSWER_BUDGET times its largest criterion
 timeout, in CPU seconds. A criterion that fails is charged the CPU it used, and its whole timeout when it timed out
-or stalled (no CPU progress for STALL_S while the driver waits for the answer, its own work not counted); a passing
+or stalled (neither running nor waiting for a CPU for STALL_S while the driver waits for it); a passing
 one costs nothing (it did the work it was given). Once the budget is spent the remaining criteria fail at once, so a
 sleeping or spinning answer costs about ANSWER_BUDGET criteria's time, not one time-out per criterion, and an honest
 answer that is slow on one performance criterion is still graded on the rest. The answer's module itself (its
@@ -183,8 +187,8 @@ def _scope(answer, names, module):
         return _SolutionModule(public_names(other.request("import", share=answer.share)) or {})
 
     helpers = {"__name__": "__criterion__", "implementation": implementation, "__builtins__": builtins,
-               "raises": raises, "deadline": deadline,
-               "in_sandbox": in_sandbox, "memory_peak_mb": answer.memory_peak_mb, "stand_in": wire.StandIn,
+               "raises": raises, "deadline": deadline, "in_sandbox": in_sandbox,
+               "memory_peak_mb": answer.memory_peak_mb, "open_files": answer.open_files, "stand_in": wire.StandIn,
                "sqlite_stand_in": standins.sqlite_stand_in, "solution": module}
     # the answer's names, as `from solution import *` would give them -- except any that would shadow a builtin
     # or one of our helpers (an answer's own `sorted` or `raises` must not decide a comparison); the test always

@@ -2,25 +2,37 @@
 
 `Answer` asks the judge's broker (driver_host.py) for a sandbox running the answer, holds the driver's end
 of its channel (wire_rpc.Endpoint) and watches its time: its CPU seconds as the broker reads them from the
-sandbox's cgroup, its wall time, and stalls. `Remote` stands in for an object living in the sandbox; `_serve`
-answers the answer's callbacks into what the test handed it -- calling a function or stepping an iterator, nothing
-else of the driver (wire.Codec's call_only encodes nothing but those and plain data).
+sandbox's cgroup, stalls (its threads neither run nor wait for a CPU), and a last-resort wall-clock ceiling.
+`Remote` stands in for an object living in the sandbox; `_serve` answers the answer's callbacks into what the
+test handed it -- calling a function or stepping an iterator, nothing else of the driver (wire.Codec's call_only
+encodes nothing but those and plain data).
 """
 
 import collections.abc
 import json
 import os
+import select
 import socket
 import threading
 import time
 
 from minigrpo.judge import wire, wire_rpc
 
-WALL_FACTOR = 3         # a criterion's wall-clock limit, in multiples of its `timeout` (which is CPU seconds)
-WATCH_EVERY = 0.05      # seconds between two readings of the sandbox's CPU and wall time
-STALL_S = 3.0           # no CPU progress for this long while the driver awaits a reply: the answer sleeps or blocks
+# The clocks (docs/judge.md, "A busy host"): CPU seconds for every budget; for a stall, wall seconds in which no
+# thread of the answer ran or waited for a CPU; wall time only as the last-resort ceiling below.
+WALL_FACTOR = 10        # the ceiling: WALL_FACTOR x the criterion's CPU seconds + WALL_SLACK_S, in wall seconds
+WALL_SLACK_S = 10.0     # the sandbox's start and the answer's import, on a loaded host
+WATCH_EVERY = 0.05      # seconds between two readings of the sandbox's CPU and demand
+STALL_S = 3.0           # wall seconds the answer may neither run nor wait for a CPU while the driver awaits it
 TOO_LARGE = "the answer's reply is too large (over the message cap, counted as if copied)"
 NOT_PLAIN = "the answer's reply is not plain data"
+
+
+def wall_ceiling(cpu_s):
+    """A criterion's wall-clock ceiling for `cpu_s` CPU seconds: only an answer that neither finishes, nor spends
+    its CPU, nor stalls (a sleep of a millisecond in a loop) meets it; an honest one is ended by it only on a host
+    loaded past ten runnable processes per core for its whole run."""
+    return WALL_FACTOR * cpu_s + WALL_SLACK_S
 
 
 class CaseFailed(Exception):
@@ -194,10 +206,11 @@ class _Awaited:
 
 class Answer:
     """The answer's sandboxed process (made by the broker) and the driver's end of its channel, with its time
-    limits: `cpu_s` CPU seconds of the whole sandbox, WALL_FACTOR times that in wall seconds, and no stall longer
-    than STALL_S while the driver waits for the answer. CPU time does not grow when the machine is loaded, so an
-    honest answer passes on a busy host (8 judge workers on 2 cores, beside training) as on an idle one. `share`:
-    containers keep reference semantics (a criterion about mutation); else they cross as copies."""
+    limits: `cpu_s` CPU seconds of the whole sandbox, no stall longer than STALL_S while the driver waits for the
+    answer, and wall_ceiling(cpu_s) as the last resort. None of them runs faster on a busy host: CPU time does not
+    grow while the answer waits for a CPU, and a stall is time in which it neither ran nor waited to run (read by
+    the broker from the host's /proc), with no reply of its waiting in the pipe. `share`: containers keep reference
+    semantics (a criterion about mutation); else they cross as copies."""
 
     def __init__(self, broker, index, cpu_s, role="answer", share=False):
         self.broker, self.index, self.cpu_s, self.failure, self.stalled = broker, index, cpu_s, None, False
@@ -216,15 +229,16 @@ class Answer:
         threading.Thread(target=self._watch, daemon=True).start()
 
     def _watch(self):
-        last_cpu, last_progress = -1.0, time.monotonic()
+        last, last_progress = None, time.monotonic()
         while not self.closed.wait(WATCH_EVERY):
-            now, cpu = time.monotonic(), self.cpu_seconds()
-            if cpu != last_cpu or not self.awaiting:
-                last_cpu, last_progress = cpu, now
+            now = time.monotonic()
+            cpu, waited, runnable = self.activity()
+            if (cpu, waited) != last or runnable or not self.awaiting or self._reply_waiting():
+                last, last_progress = (cpu, waited), now
             reason = self._over_limit(cpu, now)
             if reason is None and now - last_progress > STALL_S:
                 self.stalled = True
-                reason = f"stalled: no progress for {STALL_S:g}s (it sleeps or blocks)"
+                reason = f"stalled: it neither ran nor waited for a CPU for {STALL_S:g}s (it sleeps or blocks)"
             if reason is not None:
                 self.failure = self.failure or reason
                 self.close()
@@ -236,9 +250,17 @@ class Answer:
             return f"timed out: used its {self.cpu_s:g}s of CPU"
         if self.cpu_budget is not None and cpu > self.cpu_budget:
             return self.over_budget
-        if now - self.t0 > WALL_FACTOR * self.cpu_s:
-            return f"timed out after {WALL_FACTOR * self.cpu_s:g}s (wall clock)"
+        if now - self.t0 > wall_ceiling(self.cpu_s):
+            return f"timed out at the last-resort wall-clock ceiling ({wall_ceiling(self.cpu_s):g}s)"
         return None
+
+    def _reply_waiting(self):
+        """Whether the answer's pipe holds a reply (or its end) the driver has not read yet: the driver is slow,
+        not the answer."""
+        try:
+            return bool(select.select([self.endpoint.rfile.f], [], [], 0)[0])
+        except (OSError, ValueError):
+            return True
 
     def _gone(self):
         """Why the channel closed under a request. The broker's watchdog and the kernel's CPU rlimit end a sandbox
@@ -290,11 +312,26 @@ class Answer:
         self.check_cpu()
         return result
 
+    def activity(self):
+        """(CPU seconds, ns its threads waited for a CPU or None, whether one is runnable), read by the broker."""
+        try:
+            reply = self.broker.ask(op="cpu", id=self.id, demand=True)[0]
+            return float(reply["cpu"]), reply.get("waited"), reply.get("runnable") is True
+        except (CaseFatal, OSError, ValueError, KeyError, TypeError):
+            return float("inf"), None, False
+
     def cpu_seconds(self):
         try:
             return float(self.broker.ask(op="cpu", id=self.id)[0]["cpu"])
         except (CaseFatal, OSError, ValueError, KeyError, TypeError):
             return float("inf")
+
+    def open_files(self):
+        """The regular files the sandbox's processes hold open now ("device:inode"), read by the broker."""
+        files = self.broker.ask(op="files", id=self.id)[0]["files"]
+        if type(files) is not list or not all(type(f) is str for f in files):
+            raise CaseFatal("the broker's list of open files is malformed")
+        return files
 
     def memory_peak_mb(self):
         try:

@@ -17,11 +17,13 @@ Who runs what, as which uid (the best isolation: root with bubblewrap and cgroup
 The broker (a thread of the judge process) makes and measures the answer's sandboxes for the driver, since only
 the judge may create cgroups and switch uids: `start` (criterion i: the judge takes files and limits from its own
 copy of the check; the driver can only lower the CPU time, and each criterion starts once, with at most one
-companion: the check's `implementation`, which a suite answer is run against), `cpu` and `memory` (the
-sandbox's cgroup, read from outside), `close`. It enforces each sandbox's own limits itself as well, so a driver
-that misbehaves cannot keep an answer running past them. So code that somehow ran in the driver could decide this
-answer's grades (as the driver does anyway), but not another sample's grade, the checkout, the judge's cache or the
-host: it has none of them in view and no uid that could write them.
+companion: the check's `implementation`, which a suite answer is run against), `cpu` (the sandbox's CPU seconds
+from its cgroup; for the driver's watch also whether its threads waited for a CPU, from the host's /proc), `memory` (its
+cgroup's peak), `files` (the regular files its processes hold open, from the host's /proc), `close`. All are read
+from outside the sandbox, where the answer cannot reach them. The broker enforces each sandbox's own limits itself
+as well, so a driver that misbehaves cannot keep an answer running past them. So code that somehow ran in the
+driver could decide this answer's grades (as the driver does anyway), but not another sample's grade, the
+checkout, the judge's cache or the host: it has none of them in view and no uid that could write them.
 """
 
 import binascii
@@ -80,12 +82,12 @@ def driver_bundle():
 
 
 def criterion_limits(check, cpu_s=None):
-    """The answer sandbox's limits for one check: its `timeout` in CPU seconds (lowered to cpu_s if given),
-    WALL_FACTOR times that in wall seconds, plus a second, so the driver's own watch normally ends it first."""
+    """The answer sandbox's limits for one check: its `timeout` in CPU seconds (lowered to cpu_s if given), and
+    the driver's last-resort wall-clock ceiling for it plus a second, so the driver's own watch ends it first."""
     seconds = float(check.get("timeout", 10.0))
     if cpu_s is not None:
         seconds = max(0.05, min(seconds, float(cpu_s)))
-    return Limits(timeout=driver.WALL_FACTOR * seconds + 1.0, cpu_s=seconds,
+    return Limits(timeout=driver_answer.wall_ceiling(seconds) + 1.0, cpu_s=seconds,
                   memory_mb=int(check.get("memory_mb", 2048)), nproc=int(check.get("nproc", 64)),
                   fsize_mb=int(check.get("fsize_mb", 16)))
 
@@ -162,13 +164,18 @@ class Broker:
                 self.deadline = time.monotonic() + sandbox.limits.timeout + STUCK_SLACK
             return {"id": key}, [proc.stdout, proc.stdin]
         with self.lock:
-            sandbox = self.live.get(request.get("id")) if op in ("cpu", "memory", "close") else None
+            sandbox = self.live.get(request.get("id")) if op in ("cpu", "memory", "files", "close") else None
         if sandbox is None:
             raise ValueError(f"unknown request {str(op)[:20]!r} or sandbox")
-        if op == "cpu":
+        if op == "cpu" and request.get("demand") is True:      # the driver's watch, every WATCH_EVERY
+            waited, runnable = sandbox.demand()
+            return {"cpu": sandbox.cpu_seconds(), "waited": waited, "runnable": runnable}, []
+        if op == "cpu":             # the test's clock and budgets, at each request: the cgroup's reading alone
             return {"cpu": sandbox.cpu_seconds()}, []
         if op == "memory":
             return {"memory_mb": sandbox.memory_peak_mb()}, []
+        if op == "files":
+            return {"files": sandbox.open_files()}, []
         with self.lock:
             self.live.pop(request["id"], None)
             self.deadline = time.monotonic() + STUCK_SLACK
@@ -226,8 +233,8 @@ _NUMBER = r"[0-9.e+-]{1,12}"
 _REASONS = [re.compile(p + _WHERE) for p in (
     r"tests passed", r"assertion failed", r"[A-Z][A-Za-z]{0,40}",
     r"an exception of the answer's own class \([A-Z][A-Za-z]{0,40} subclass\)",
-    rf"timed out: used its {_NUMBER}s of CPU", rf"timed out after {_NUMBER}s \(wall clock\)",
-    rf"stalled: no progress for {_NUMBER}s \(it sleeps or blocks\)",
+    rf"timed out: used its {_NUMBER}s of CPU", rf"timed out at the last-resort wall-clock ceiling \({_NUMBER}s\)",
+    rf"stalled: it neither ran nor waited for a CPU for {_NUMBER}s \(it sleeps or blocks\)",
     r"the answer's process exited or was killed \(an exit is never a pass\)", r"over the criterion's CPU-time limit",
     r"the answer's module did not list its names", r"not run: the answer spent its time budget on earlier criteria",
     rf"timed out: its module's top-level code used over {_NUMBER}s of CPU",

@@ -49,9 +49,9 @@ def run_python_checks(checks, answer):
 
 
 def _run_driver(code, checks):
-    from minigrpo.judge.driver import WALL_FACTOR       # a criterion's timeout is CPU seconds; its wall limit is this x
+    from minigrpo.judge.driver_answer import wall_ceiling     # a criterion's timeout is CPU seconds
     from minigrpo.judge.driver_host import run_driver     # here: the driver's host imports the sandbox, which is heavy
-    limit = sum(WALL_FACTOR * float(c.get("timeout", SANDBOX_DEFAULTS["timeout"])) + 2 for c in checks) + _DRIVER_MARGIN
+    limit = sum(wall_ceiling(float(c.get("timeout", SANDBOX_DEFAULTS["timeout"]))) + 2 for c in checks) + _DRIVER_MARGIN
     try:
         results = run_driver(code, checks, limit)
     except (ValueError, OSError) as e:

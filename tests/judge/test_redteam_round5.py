@@ -253,10 +253,12 @@ def test_the_prompts_code_unchanged_pays_no_more_than_the_honest_wrong_answer(ju
     assert_no_more_than_honest_wrong(judge, task_id, prompt_code(task_id))
 
 
-# The leak kept: file-handle-leak-fix's point, closing every file, is graded only by an LLM (c2-c6, c8: "evidence":
-# "answer"); locally the task pays for the counts (c1), streaming (c7) and encoding='utf-8' (c10, beside c1). The
-# prompt's code made to stream, with the encoding named and not one file closed, scores 0.75; the honest-wrong
-# answer, which closes one file of the loop, 0.0.
+# The leak kept: the prompt's code made to stream, with the encoding named and not one file closed. It scored 0.75
+# while file-handle-leak-fix's closing criteria were the answer's word (left to an LLM locally). Now the judge reads
+# the descriptors the answer's processes hold in the host's /proc: at each path count_errors asks for (c2), and
+# while the error of a failing call is kept, as a caller keeps it (c3, c5). CPython closes an unreachable file at
+# once, so what the leak still holds is the file before the next path, and the file its error's traceback keeps;
+# load_config on valid JSON (c4) closes by refcount and passes. It scores 0.5; the reference 1.0.
 
 LEAK_KEPT = '''
 import json
@@ -280,8 +282,10 @@ def append_log(path, message):
 '''
 
 
-@works("file-handle-leak-fix: no file closed, every open streaming with encoding='utf-8', passes c1, c7 and c10 -- "
-       "every criterion about closing files is left to an LLM grader, and the task is trained with the local judge: "
-       "0.75 against the honest-wrong answer's 0.0")
-def test_keeping_every_leak_pays_no_more_than_the_honest_wrong_answer(judge):
-    assert_no_more_than_honest_wrong(judge, "file-handle-leak-fix", LEAK_KEPT)
+def test_keeping_every_leak_fails_the_closing_criteria_and_scores_below_the_reference(judge):
+    task = TASKS["file-handle-leak-fix"]
+    leak, ref = judge.submit(task, fenced(LEAK_KEPT)), judge.submit(task, reference("file-handle-leak-fix"))
+    leak, ref = leak.result(), ref.result()
+    failed = {r.id for r in leak.results if r.passed is False}
+    assert {"c2", "c3", "c5"} <= failed, explain(leak)
+    assert ref.score == 1.0 and leak.score < ref.score, (leak.score, explain(leak))

@@ -6,8 +6,9 @@ this machine gives and what it lacks ("weaknesses"), probed once per process. `S
 slot=uid_slot)` instead works in a host folder the caller owns and keeps (bound read-write at /sandbox), as the
 uid of a slot the caller holds: several sandboxes, one after the other, then share one folder and one uid (an
 agent's episode, episode.py). The machinery lives beside it:
-host.py (cgroups, the uid pool, process trees, remove_tree), mounts.py (what the sandbox sees) and launch.py (the
-launcher, the seccomp filter and the isolation modes).
+host.py (cgroups, the uid pool, remove_tree), procs.py (its processes read from the host's /proc: their CPU, their
+demand for a CPU, the files they hold open), mounts.py (what the sandbox sees) and launch.py (the launcher, the
+seccomp filter and the isolation modes).
 
 What the best level ("bwrap+cgroup+pool-uid", root with bubblewrap and writable cgroups) gives:
 
@@ -52,8 +53,9 @@ import subprocess
 import threading
 import time
 
-from minigrpo.judge.sandbox.host import TICK, UidSlot, add_weakness, cgroup_layout, kill_pid, new_cgroup, pids_of_uid, \
-    remove_tree, tree_ticks
+from minigrpo.judge.sandbox.host import UidSlot, add_weakness, cgroup_layout, kill_pid, new_cgroup, pids_of_uid, \
+    remove_tree
+from minigrpo.judge.sandbox.procs import TICK, demand, open_files, tree_pids, tree_ticks
 from minigrpo.judge.sandbox.launch import STUB, Limits, best_mode, launcher_argv, pool_uid_can_run_python
 from minigrpo.judge.sandbox.mounts import INSIDE_UID, WORKDIR, bwrap_command, hand_over, host_folder_command, \
     new_host_folder, python_paths
@@ -223,6 +225,21 @@ class Sandbox:
             if self.proc is not None and self.proc.returncode is None:
                 self._cpu_last = max(self._cpu_last, tree_ticks(self.proc.pid) / TICK)
             return self._cpu_last
+
+    def pids(self):
+        """Host pids of the sandbox's processes: its cgroup's, else its top process's tree."""
+        if self._cg is not None:
+            return sorted(self._cg.procs())
+        return tree_pids(self.proc.pid) if self.alive() else []
+
+    def demand(self):
+        """(ns its threads have waited for a CPU, whether one is runnable now), from the host's /proc: a process
+        that neither runs nor waits to run sleeps or blocks; one that waits is starved by a busy host."""
+        return demand(self.pids())
+
+    def open_files(self):
+        """The regular files its processes hold descriptors on ("device:inode", sorted), from the host's /proc."""
+        return open_files(self.pids())
 
     def memory_peak_mb(self):
         """Peak memory of the whole sandbox in MB, read from its cgroup (from outside); None without a cgroup."""

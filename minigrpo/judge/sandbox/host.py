@@ -1,7 +1,7 @@
 """The sandbox's host side (private to the sandbox package; standard library only): what the judge does from
 outside a sandbox to limit, measure and end it.
 
-- Process trees: the CPU ticks of a process and its live descendants from /proc, the pids of a uid, SIGKILL.
+- The pids of a uid, SIGKILL (a process tree's CPU and files: procs.py).
 - remove_tree: removes a folder tree without recursion or long paths (a work folder the payload filled).
 - cgroups: where this process may make per-sandbox cgroups (v1 pids+memory+cpuacct, or v2 with pids and memory
   delegated), probed once; one sandbox's cgroup with its limits, CPU reading, kill-all and removal.
@@ -19,6 +19,8 @@ import subprocess
 import tempfile
 import time
 
+from minigrpo.judge.sandbox.procs import all_pids
+
 UID_BASE = int(os.environ.get("MINIGRPO_SANDBOX_UID_BASE", "60000"))
 UID_SLOTS = 512
 
@@ -30,63 +32,11 @@ def add_weakness(weak, text):
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Process trees, and removing a folder tree
-
-def _clk_tck():
-    try:
-        return os.sysconf("SC_CLK_TCK")
-    except (ValueError, OSError):
-        return 100
-
-
-TICK = _clk_tck()
-
-
-def _proc_stat(pid):
-    """(ppid, uid-less cpu ticks incl. reaped children) of a process, or None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    rest = data[data.rfind(b")") + 2:].split()
-    try:   # fields after the name: state ppid ... utime(14) stime cutime cstime -> indexes 11..14 here
-        return int(rest[1]), sum(int(x) for x in rest[11:15])
-    except (IndexError, ValueError):
-        return None
-
-
-def _all_pids():
-    try:
-        return [int(name) for name in os.listdir("/proc") if name.isdigit()]
-    except OSError:
-        return []
-
-
-def tree_ticks(root):
-    """CPU ticks of root and all its live descendants (each one's own + its reaped children's)."""
-    stats = {}
-    for pid in _all_pids():
-        st = _proc_stat(pid)
-        if st is not None:
-            stats[pid] = st
-    children = {}
-    for pid, (ppid, _) in stats.items():
-        children.setdefault(ppid, []).append(pid)
-    total, todo, seen = 0, [root], set()
-    while todo:
-        pid = todo.pop()
-        if pid in seen or pid not in stats:
-            continue
-        seen.add(pid)
-        total += stats[pid][1]
-        todo.extend(children.get(pid, []))
-    return total
-
+# The pids of a uid, SIGKILL, and removing a folder tree
 
 def pids_of_uid(uid):
     out = []
-    for pid in _all_pids():
+    for pid in all_pids():
         try:
             if os.stat(f"/proc/{pid}").st_uid == uid:
                 out.append(pid)
