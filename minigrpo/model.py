@@ -96,10 +96,11 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, zero_centered)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, zero_centered)
 
-    def forward(self, x, rope, mask, cache=None):
+    def forward(self, x, rope, mask, cache=None, pack=None):
         """x: (B, T, H); rope: (cos, sin) of the tokens' positions; mask: (B, 1, T, S) bool (True = may attend) or
         None = causal, no padding (T == S or T == 1); cache: the model's Cache (or static_decode.StaticCache), which
-        stores this call's K/V and hands back all the K/V attention reads (`update`)."""
+        stores this call's K/V and hands back all the K/V attention reads (`update`); pack: packing.Pack when x
+        (1, N, H) is documents packed into one row (each attends within itself)."""
         B, T, _ = x.shape
         q = self.q_proj(x)
         if self.gated:
@@ -116,7 +117,7 @@ class Attention(nn.Module):
             k, v = cache.update(self.layer_idx, k, v)                        # (B, nkv, S, hd)
         # fused attention (softmax in fp32 inside); GQA: kv head j serves query heads j*r .. j*r + r-1;
         # attention.py: the layout each case needs for a fused CUDA kernel (a mask with GQA forces math)
-        y = attend(q, k, v, mask)                                            # (B, nh, T, hd)
+        y = attend(q, k, v, mask) if pack is None else pack.attend(q, k, v)  # (B, nh, T, hd)
         y = y.transpose(1, 2).reshape(B, T, self.nh * self.hd)
         if self.gated:
             y = y * torch.sigmoid(gate)
@@ -153,7 +154,7 @@ class Block(nn.Module):
         cache: the model's Cache, or None (training: nothing is kept); pack: packing.Pack when x is a packed row."""
         h = self.input_layernorm(x)
         if hasattr(self, "self_attn"):
-            h = self.self_attn(h, rope, attn_mask, cache)
+            h = self.self_attn(h, rope, attn_mask, cache, pack)
         else:
             h = self.linear_attn(h, real_tokens, cache, pack)
         x = x + h
@@ -298,14 +299,13 @@ class Qwen(nn.Module):
         return self.model.norm(x)
 
     def packed_hidden(self, input_ids, pack):
-        """Final-normed hidden states (1, N, H) of documents packed into one row (minigrpo/packing.py): the document
-        mask in attention, positions restarting per document, Gated DeltaNet's state starting at each document.
-        The same values as each document run alone, to fp32 rounding; no cache (training only)."""
+        """Final-normed hidden states (1, N, H) of documents packed into one row (minigrpo/packing.py): positions
+        restarting per document, attention and Gated DeltaNet per document. The same values as each document run
+        alone, to fp32 rounding; no cache (training only)."""
         x = self.model.embed_tokens(input_ids)                                         # (1, N, H)
         rope = self.model.rotary(pack.positions, x.dtype)
-        mask = pack.attention_mask() if "full_attention" in self.config.layer_types else None
         for layer in self.model.layers:
-            x = layer(x, rope, attn_mask=mask, pack=pack)
+            x = layer(x, rope, pack=pack)
         return self.model.norm(x)
 
     def new_cache(self, batch_size, max_len):

@@ -3,15 +3,15 @@
 A padded micro-batch runs every layer over B x (its longest sequence) tokens; packed, the layers run over the
 sum of the sequences' lengths. What keeps the sequences ("documents") apart inside the one row:
 
-  attention     a document mask: a token attends only to its own document's earlier tokens (block-diagonal causal)
   RoPE          positions restart at 0 at each document's first token, as a left-padded row's do
-  Gated DeltaNet
-                the projections run packed; the short conv and the delta rule, whose state must start from zero at
-                each document, run on a per-document grid (D, Tg): document d's tokens at [0, len_d) of row d, the
-                rest zero. A zero input at the end of a row changes nothing before it (both are causal), each row
-                starts from a zero conv window and a zero state, and the chunk loop still runs Tg / 64 times however
-                many documents there are. The grid is the only place the documents are laid side by side; its
-                zeros cost elementwise and chunk work, no projection or MLP FLOP.
+  token mixing  every projection, norm, MLP and the lm_head run over the N packed tokens; what mixes tokens runs on
+                a per-document grid (D, Tg): document d's tokens at [0, len_d) of row d, zeros after them. Attention
+                there is plain causal attention, no mask (a token attends only to its own document's earlier
+                tokens: what follows a document in its row is never read by it), so it takes the fused kernels'
+                unmasked path; Gated DeltaNet's short conv and delta rule start each row from a zero conv window and
+                a zero state, and the chunk loop runs Tg / 64 times however many documents there are. A zero at the
+                end of a row changes nothing before it (all three are causal). The grid's zeros cost attention and
+                chunk work, no projection, MLP or lm_head FLOP.
 
 The padded path (model.hidden with an attention mask) is the naive twin: tests/model/test_packing.py checks that
 the two give the same log-probs, loss and LoRA gradients to fp32 rounding.
@@ -21,6 +21,8 @@ Letters: N packed tokens (sum of the lengths), D documents, Tg the longest docum
 from dataclasses import dataclass
 
 import torch
+
+from minigrpo.attention import attend
 
 
 @dataclass
@@ -35,11 +37,13 @@ class Pack:
     def grid_shape(self):
         return len(self.lengths), max(self.lengths)
 
-    def attention_mask(self):
-        """(1, 1, N, N) bool, True = may attend: causal inside a document, nothing across documents."""
-        n = torch.arange(self.doc.shape[0], device=self.doc.device)
-        same = self.doc[:, None] == self.doc[None, :]
-        return (same & (n[None, :] <= n[:, None]))[None, None]
+    def attend(self, q, k, v):
+        """attention.attend of packed q (1, nh, N, hd) and k, v (1, nkv, N, hd), each document on its own row of
+        the grid, plain causal (no mask: after a document its row holds zeros, which no earlier token reads): a
+        token attends only to its own document's earlier tokens. Returns (1, nh, N, hd)."""
+        grid = lambda t: self.to_grid(t.transpose(1, 2)).transpose(1, 2)            # (D, heads, Tg, hd)
+        y = attend(grid(q), grid(k), grid(v), None)                                   # (D, nh, Tg, hd)
+        return self.from_grid(y.transpose(1, 2)).transpose(1, 2)
 
     def to_grid(self, x):
         """(1, N, ...) packed -> (D, Tg, ...): each document at the start of its own row, zeros after it."""

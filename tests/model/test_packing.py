@@ -3,8 +3,8 @@ and LoRA gradients to fp32 rounding, in both families (Qwen3: attention only; Qw
 on documents that cross the delta rule's 64-token chunks and documents of one or two tokens.
 
 The bounds come from the spread measured on the project's CPU box at OMP_NUM_THREADS=1 and 2, seeds 0 and 1
-(docs/training.md, "Packed micro-batches"): the largest log-prob difference 1.4e-6, the largest gradient
-difference 4.7e-6 of the largest gradient; each bound is 7-10x that. A document that leaked into another
+(docs/training.md, "Packed micro-batches"): the largest log-prob difference 1.9e-6, the largest gradient
+difference 9.2e-6 of the largest gradient; each bound is about 10x that. A document that leaked into another
 (no document mask, positions running on, a state carried across) moves log-probs by 1e-2 or more."""
 import pytest
 import torch
@@ -18,8 +18,8 @@ from minigrpo.tasks.base import Seq
 from minigrpo.update import collate, log_probs
 
 KINDS = ["tiny", "tiny-qwen3.5"]
-LOGP_BOUND = 1e-5     # |packed - padded| on trained positions (measured <= 1.4e-6)
-GRAD_BOUND = 5e-5     # max |packed - padded| over LoRA gradients, relative to the largest (measured <= 4.7e-6)
+LOGP_BOUND = 2e-5     # |packed - padded| on trained positions (measured <= 1.9e-6)
+GRAD_BOUND = 1e-4     # max |packed - padded| over LoRA gradients, relative to the largest (measured <= 9.2e-6)
 SHAPES = [(40, 150), (7, 3), (70, 60), (1, 1), (30, 90)]   # (prompt, completion): 190 tokens = 3 chunks, 2 tokens
 
 
@@ -101,9 +101,6 @@ def test_pack_layout():
     p = pack([3, 1, 2])
     assert p.doc.tolist() == [0, 0, 0, 1, 2, 2]
     assert p.positions.tolist() == [[0, 1, 2, 0, 0, 1]]        # RoPE restarts at each document
-    m = p.attention_mask()[0, 0].int().tolist()
-    assert m == [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0],
-                 [0, 0, 0, 1, 0, 0], [0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 1, 1]]
     x = torch.arange(6.0)[None, :, None]
     grid = p.to_grid(x)
     assert grid[..., 0].tolist() == [[0, 1, 2], [3, 0, 0], [4, 5, 0]]   # each document at the start of its row
