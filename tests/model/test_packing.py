@@ -36,6 +36,7 @@ def rollout(seed, vocab=200):
 
 def policy(kind, seed):
     model = load_pretrained(kind)
+    torch.manual_seed(seed)  # LoRA's A init draws from the global generator
     params = inject_lora(model, r=4, alpha=8)
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():  # B = 0 at init: give the adapters a value so that their gradients are all non-zero
@@ -136,3 +137,27 @@ def test_packed_update_runs_the_same_ops_for_more_documents(kind):
     model, params = policy(kind, 0)
     two, six = rollout(0)[:1] * 2, rollout(0)[:1] * 6
     assert ops_of_update(model, params, two) == ops_of_update(model, params, six)
+
+
+def test_train_pack_flag_packs_the_update(monkeypatch):
+    """train.py --pack reaches the update: every micro-batch policy_update builds is packed, and its step equals
+    the padded one's (same gradient norm to fp32 rounding)."""
+    import argparse
+
+    import train
+    from minigrpo.run.dist import Dist
+    built, norms = [], {}
+    real_collate = train.collate
+    monkeypatch.setattr(train, "collate", lambda *a, **k: built.append(real_collate(*a, **k)) or built[-1])
+    tok = argparse.Namespace(pad_id=0, vocab_size=256)
+    for pack_flag in (False, True):
+        model, params = policy("tiny-qwen3.5", 0)
+        opt = torch.optim.SGD(params, lr=0.0)
+        up = train.Updater(model, None, params, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+                           grpo.LossSettings(beta=0.04))
+        args = argparse.Namespace(temperature=1.0, micro_batch=2, mask_truncated=False, pack=pack_flag, mu=1,
+                                  max_grad_norm=1.0)
+        built.clear()
+        _, norms[pack_flag] = train.policy_update(up, rollout(0), args, Dist(), tok)
+        assert len(built) == 3 and all((b.packed is not None) == pack_flag for b in built)
+    assert norms[True] == pytest.approx(norms[False], rel=GRAD_BOUND)
