@@ -2,8 +2,8 @@
 and LoRA gradients to fp32 rounding, in both families (Qwen3: attention only; Qwen3.5: Gated DeltaNet + attention),
 on documents that cross the delta rule's 64-token chunks and documents of one or two tokens.
 
-The bounds come from the spread measured on the project's CPU box at OMP_NUM_THREADS=1 and 2, seeds 0 and 1
-(docs/training.md, "Packed micro-batches"): the largest log-prob difference 1.9e-6, the largest gradient
+The bounds come from the spread measured on the project's CPU box at OMP_NUM_THREADS=1 and 2, seeds 0 and 1, LoRA A
+drawn seeded and unseeded (docs/training.md, "Packed micro-batches"): the largest log-prob difference 1.9e-6, the largest gradient
 difference 9.2e-6 of the largest gradient; each bound is about 10x that. A document that leaked into another
 (no document mask, positions running on, a state carried across) moves log-probs by 1e-2 or more."""
 import pytest
