@@ -4,6 +4,9 @@
     python bench/train_step.py --seq 256 --prompt 64 --grad-checkpoint   # checkpointing in both stacks
     python bench/train_step.py --batch 4 --seq 256 --prompt 128 --repeats 3    # GRPO-sized; ~25 min on 2 cores
     python bench/train_step.py --device cuda --dtype bfloat16 --batch 8 --seq 1024 --prompt 512 --grad-checkpoint
+    python bench/train_step.py --layers 2 --batch 4 --seq 256 --prompt 128 --order anchor,ours,packed --anchor DIR
+        # ours padded and packed (train.py --pack) against another checkout's step (DIR: a detached git worktree):
+        # padding share, ops per optimizer step, CPU time per real token (docs/benchmarks.md)
 
 The CPU default is small because a step of the full 28-layer model costs about 1 TFLOP per 256 tokens (three
 passes through the layers, and the 151936-row lm_head three times): on a shared 2-core box that is ~90 s a
