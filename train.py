@@ -279,7 +279,7 @@ def policy_update(up, my_seqs, args, dist_info, tok):
     optimizer steps of the passes before it stand. Its phases: reference (the step's fixed log-probs), policy
     (forward + backward), optimizer (all-reduce, clip, AdamW)."""
     model, T, V = up.model, args.temperature, tok.vocab_size
-    batches = [collate(mb, tok.pad_id, model.device, args.mask_truncated)
+    batches = [collate(mb, tok.pad_id, model.device, args.mask_truncated, args.pack)
                for mb in micro_batches(my_seqs, args.micro_batch)]
     norm = step_normalizer(batches, up.settings, dist_info)
     model.eval()  # the fixed log-probs of this step: reference, and the behaviour policy when μ > 1

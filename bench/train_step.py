@@ -4,6 +4,9 @@
     python bench/train_step.py --seq 256 --prompt 64 --grad-checkpoint   # checkpointing in both stacks
     python bench/train_step.py --batch 4 --seq 256 --prompt 128 --repeats 3    # GRPO-sized; ~25 min on 2 cores
     python bench/train_step.py --device cuda --dtype bfloat16 --batch 8 --seq 1024 --prompt 512 --grad-checkpoint
+    python bench/train_step.py --layers 2 --batch 4 --seq 256 --prompt 128 --order anchor,ours,packed --anchor DIR
+        # ours padded and packed (train.py --pack) against another checkout's step (DIR: a detached git worktree):
+        # padding share, ops per optimizer step, CPU time per real token (docs/benchmarks.md)
 
 The CPU default is small because a step of the full 28-layer model costs about 1 TFLOP per 256 tokens (three
 passes through the layers, and the 151936-row lm_head three times): on a shared 2-core box that is ~90 s a
@@ -64,7 +67,10 @@ import zlib
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # run from anywhere
+if "--minigrpo" in sys.argv:  # a child timing another checkout's minigrpo (the anchor): import that one
+    sys.path.insert(0, sys.argv[sys.argv.index("--minigrpo") + 1])
 
 import shapes  # noqa: E402  (bench/shapes.py)
 from minigrpo.pretrained import load_pretrained
@@ -135,9 +141,15 @@ def build_ours(folder, args, dtype):
     P, T = args.prompt, args.seq
     loss_mask = torch.zeros(ids.shape[0], T - 1, dtype=torch.bool, device=ids.device)
     loss_mask[:, P - 1:] = comp_mask  # column t scores ids[:, t+1]: the completion starts at column P-1
+    scale = (args.temperature, args.vocab_size)
+    if args.pack:
+        from minigrpo.logprobs import packed_token_logprobs
+        packed, pk, src, dst = pack_batch(ids, attn, loss_mask)
 
     def logprobs():
-        return token_logprobs(model, ids, attn, (args.temperature, args.vocab_size),
+        if args.pack:  # train.py --pack: the rows packed into one, log-probs back in the padded layout
+            return packed_token_logprobs(model, packed, pk, src, dst, loss_mask.shape, scale)
+        return token_logprobs(model, ids, attn, scale,
                               first_col=P - 1)  # as train.py: logits only from the first completion column
 
     def step(timer):
@@ -154,6 +166,20 @@ def build_ours(folder, args, dtype):
         return loss, params
 
     return model, params, step
+
+
+def pack_batch(ids, attn, loss_mask):
+    """The batch's rows packed into one without their padding (train.py --pack): ids (1, N), the Pack, and the
+    packed columns of the loss mask's positions with their flat index in the (B, T-1) table."""
+    from minigrpo.packing import pack
+    real = attn.bool()
+    lengths = real.sum(-1).tolist()
+    first = real.float().argmax(-1)                        # each row's first real column
+    starts = torch.cumsum(real.sum(-1), 0) - real.sum(-1)  # each row's first packed index
+    rows, cols = loss_mask.nonzero(as_tuple=True)          # column t scores token t + 1, both real
+    src = starts[rows] + cols - first[rows]
+    dst = rows * loss_mask.shape[1] + cols
+    return ids[real][None], pack(lengths, ids.device), src, dst
 
 
 def selective_log_softmax(logits, index):
@@ -254,13 +280,14 @@ def child(args):
         for t in model.state_dict().values():
             t.sum()
     base, code0 = used(args.device, peak=False), code_bytes(args.device)
-    losses, norms, times, phases = [], [], [], []
+    losses, norms, times, cpu, phases = [], [], [], [], []
     for i in range(1 + args.repeats):
         if i == 1:
             reset_peak(args.device)  # the warm-up step's one-time costs stay out of the measurement
         marks = {}
         sync()
         t0 = last = time.perf_counter()
+        c0 = time.process_time()
 
         def timer(name):
             nonlocal last
@@ -269,25 +296,56 @@ def child(args):
             marks[name] = now - last
             last = now
 
-        loss, _ = step(timer)
-        norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss, norm = step_once(step, params, opt, timer)
         timer("clip+adamw")
         losses.append(loss.item())
         norms.append(norm.item())
         if i > 0:
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
             phases.append(marks)
     # the library code the first backward (or the checkpointed recompute) pages in is resident too, and counted
     # in VmHWM: 27-45 MB on the tiny model, more than its activations. It is not memory the step allocates.
     peak = used(args.device, peak=True) - base - (code_bytes(args.device) - code0)
     med = {k: statistics.median(p[k] for p in phases) for k in phases[0]}
-    print(json.dumps({"peak": peak, "base": base, "times": times, "phases": med, "losses": losses, "norms": norms}))
+    ops = count_ops(lambda: step_once(step, params, opt, lambda name: None))
+    print(json.dumps({"peak": peak, "base": base, "times": times, "cpu": cpu, "phases": med, "losses": losses,
+                      "norms": norms, "ops": ops}))
 
 
-def run_child(impl, folder, args):
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--impl", impl, "--folder", folder]
+def step_once(step, params, opt, timer):
+    loss, _ = step(timer)
+    norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss, norm
+
+
+def count_ops(fn):
+    """Ops one call of fn dispatches (aten ops: what a CPU runs as kernels; views and metadata ops included)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.n
+
+
+RUNS = {"ours": ("ours", []), "hf": ("hf", []), "packed": ("ours", ["--pack"]),
+        "anchor": ("ours", [])}  # anchor: ours, padded, importing --anchor's minigrpo
+
+
+def run_child(name, folder, args):
+    impl, extra = RUNS[name]
+    if name == "anchor":
+        extra = ["--minigrpo", os.path.abspath(args.anchor)]
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--impl", impl, "--folder", folder] + extra
     for k in ("shape", "batch", "seq", "prompt", "layers", "dtype", "device", "threads", "repeats", "lora_r", "beta",
               "temperature", "lr", "vocab_size"):
         if getattr(args, k) is not None:
@@ -306,7 +364,25 @@ def run_child(impl, folder, args):
 # the table
 
 
+def report_runs(res, args):
+    """One row per run: time and CPU time per real token, the batch's padding share, ops per optimizer step."""
+    _, attn, _, _ = make_batch(args)
+    tokens = int(attn.sum())
+    share = 1 - tokens / attn.numel()
+    print(f"{'run':<8}{'step s':>8}{'cpu s':>8}{'ms/token':>10}{'cpu ms/token':>14}{'padding':>9}{'ops/step':>10}"
+          f"{'peak GB':>9}   loss step0")
+    for name, r in res.items():
+        t, c = statistics.median(r["times"]), statistics.median(r["cpu"])
+        pad = 0.0 if name == "packed" else share
+        print(f"{name:<8}{t:>8.2f}{c:>8.2f}{1e3 * t / tokens:>10.2f}{1e3 * c / tokens:>14.2f}{pad:>9.1%}"
+              f"{r['ops']:>10}{r['peak'] / GB:>9.3f}   {r['losses'][0]:.7f}")
+    print(f"{tokens} real tokens of {attn.numel()} (B={args.batch} x T={args.seq}); ms/token: the step's median "
+          f"wall time per real token, cpu: the process's CPU time (all its threads)")
+
+
 def report(res, args):
+    if set(res) != {"ours", "hf"}:
+        return report_runs(res, args)
     if len(res) == 1:  # --order ours (or hf): one stack, no comparison
         (name, r), = res.items()
         print(f"{name}: step {statistics.median(r['times']):.2f} s (median), peak {r['peak'] / GB:.3f} GB, "
@@ -340,7 +416,13 @@ def main():
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--repeats", type=int, default=2, help="measured steps after one warm-up step")
-    p.add_argument("--order", default="ours,hf", help="which stack runs first")
+    p.add_argument("--order", default="ours,hf",
+                   help="the runs, in order: ours, hf (transformers + peft), packed (ours, train.py --pack), anchor "
+                        "(ours, padded, with --anchor's minigrpo)")
+    p.add_argument("--anchor", help="another checkout of this repository (git worktree add --detach DIR COMMIT): "
+                                    "the anchor run imports its minigrpo")
+    p.add_argument("--pack", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--minigrpo", help=argparse.SUPPRESS)
     p.add_argument("--lora-r", type=int, default=32)
     p.add_argument("--beta", type=float, default=0.04)
     p.add_argument("--temperature", type=float, default=1.0)
@@ -360,6 +442,11 @@ def main():
         p.error(f"--prompt {args.prompt} must be between 1 and --seq {args.seq} - 1")
     if args.child:
         return child(args)
+    runs = args.order.split(",")
+    if not set(runs) <= set(RUNS):
+        p.error(f"--order {args.order}: runs are {', '.join(RUNS)}")
+    if "anchor" in runs and not (args.anchor and os.path.isdir(os.path.join(args.anchor, "minigrpo"))):
+        p.error(f"--order anchor needs --anchor DIR, a checkout with minigrpo/ in it (got {args.anchor})")
     import peft
     import transformers
     raw = shapes.hf_config(args.shape, args.layers)
@@ -372,7 +459,7 @@ def main():
           flush=True)
     with tempfile.TemporaryDirectory(prefix="minigrpo-bench-") as folder:
         save_random_model(folder, args)
-        res = {impl: run_child(impl, folder, args) for impl in args.order.split(",")}
+        res = {name: run_child(name, folder, args) for name in runs}
     report(res, args)
 
 

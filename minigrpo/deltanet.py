@@ -158,10 +158,13 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(Dv, H, bias=False)
 
-    def forward(self, x, mask=None, cache=None):
+    def forward(self, x, mask=None, cache=None, pack=None):
         """x: (B, T, H) normed input; mask: (B, T) bool, False = padding; cache: the model's Cache, whose conv[i]
         (B, C, K-1) model dtype and state[i] (B, nv, dk, dv) fp32 this layer continues from and updates (None:
-        start from zeros, keep nothing). Returns the output (B, T, H)."""
+        start from zeros, keep nothing); pack: packing.Pack when x (1, N, H) is documents packed into one row.
+        Returns the output (B, T, H)."""
+        if pack is not None:
+            return self.packed_forward(x, pack)
         B, T, _ = x.shape
         if mask is not None:
             # zeroed pads give k = v = 0 after the conv (pads are on the left), so the state stays exactly 0
@@ -172,7 +175,28 @@ class GatedDeltaNet(nn.Module):
         else:
             conv_state, state = cache.conv[self.layer_idx], cache.state[self.layer_idx]
 
-        u, conv_state = causal_conv(self.in_proj_qkv(x).mT, self.conv1d.weight, conv_state)   # (B, C, T)
+        o, conv_state, state = self.mix(self.in_proj_qkv(x), self.in_proj_b(x), self.in_proj_a(x), conv_state, state,
+                                        mask)
+        if cache is not None:
+            cache.update_state(self.layer_idx, conv_state, state)
+        return self.gate_out(o, x)
+
+    def packed_forward(self, x, pack):
+        """Packed documents (packing.py): the projections over the N packed tokens, the conv and the delta rule on
+        the per-document grid, each row from a zero conv window and a zero state."""
+        D, Tg = pack.grid_shape
+        qkv, b, a = (pack.to_grid(p(x)) for p in (self.in_proj_qkv, self.in_proj_b, self.in_proj_a))  # (D, Tg, .)
+        conv_state = x.new_zeros(D, self.conv_dim, self.conv1d.kernel_size[0] - 1)
+        state = x.new_zeros(D, self.nv, self.dk, self.dv, dtype=torch.float32)
+        o, _, _ = self.mix(qkv, b, a, conv_state, state)                         # (D, Tg, nv, dv)
+        return self.gate_out(pack.from_grid(o), x)
+
+    def mix(self, qkv, b, a, conv_state, state, mask=None):
+        """The token mixing: short conv, then the delta rule. qkv (B, T, C), b and a (B, T, nv): the input
+        projections; mask (B, T) bool, False at left padding, or None. Returns o (B, T, nv, dv) in the model
+        dtype, the conv window and the state after the call."""
+        B, T, _ = qkv.shape
+        u, conv_state = causal_conv(qkv.mT, self.conv1d.weight, conv_state)                  # (B, C, T)
         q, k, v = u.mT.split([self.nk * self.dk, self.nk * self.dk, self.nv * self.dv], dim=-1)
         q = q.reshape(B, T, self.nk, self.dk).transpose(1, 2)                # (B, nk, T, dk)
         k = k.reshape(B, T, self.nk, self.dk).transpose(1, 2)
@@ -182,17 +206,19 @@ class GatedDeltaNet(nn.Module):
         q = l2norm(q.float()).repeat_interleave(r, dim=1) * self.dk ** -0.5  # (B, nv, T, dk)
         k = l2norm(k.float()).repeat_interleave(r, dim=1)
 
-        beta = self.in_proj_b(x).sigmoid().float().mT                       # sigmoid in model dtype (B, nv, T)
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
+        beta = b.sigmoid().float().mT                                        # sigmoid in model dtype (B, nv, T)
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         g = g.mT                                                             # log-decay <= 0 (B, nv, T)
 
         if T == 1:
             o, state = recurrent_delta_rule(q, k, v, g, beta, state)         # (B, nv, 1, dv) fp32
         else:
             o, state = row_chunked_delta_rule(q, k, v, g, beta, state, mask)  # (B, nv, T, dv) fp32
-        if cache is not None:
-            cache.update_state(self.layer_idx, conv_state, state)
-        o = o.transpose(1, 2).to(x.dtype)                                    # (B, T, nv, dv)
+        return o.transpose(1, 2).to(qkv.dtype), conv_state, state            # (B, T, nv, dv)
+
+    def gate_out(self, o, x):
+        """The gated per-head norm of the mixed o (B, T, nv, dv) by z of the input x, then out_proj: (B, T, H)."""
+        B, T, _ = x.shape
         z = self.in_proj_z(x).reshape(B, T, self.nv, self.dv)
         y = self.norm(o, z).reshape(B, T, self.nv * self.dv)
         return self.out_proj(y)

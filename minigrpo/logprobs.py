@@ -151,21 +151,43 @@ def token_logprobs(model, input_ids, attention_mask=None, scale=(1.0, None), chu
     first_col: the first column whose log-prob is needed (the trainer passes the first completion column, like TRL's
     logits_to_keep): the lm_head and the softmax run only from there; earlier columns are 0 (mask them out).
     """
-    weight = _lm_head(model)
-    if weight is None:
-        raise ValueError("token_logprobs needs a model whose lm_head is a plain bias-free nn.Linear; "
-                         "naive_token_logprobs takes any model")
+    weight = _head_of(model)
     B, T = input_ids.shape
     h = model.hidden(input_ids, attention_mask=attention_mask)[:, first_col:-1]  # (B, T-1-first_col, H)
     targets = input_ids[:, first_col + 1:]  # (B, T-1-first_col)
     n = T - 1 - first_col
-    if chunk == "auto":
-        chunk = max(1, LOGIT_BYTES // (4 * weight.shape[0]))
-    out = _LinearLogprob.apply(h.reshape(B * n, h.shape[-1]), weight, targets.reshape(-1), scale, max(1, chunk),
-                               return_entropy)
+    out = _LinearLogprob.apply(h.reshape(B * n, h.shape[-1]), weight, targets.reshape(-1), scale,
+                               _rows(chunk, weight), return_entropy)
     pad = torch.zeros(B, first_col, dtype=torch.promote_types(h.dtype, torch.float32), device=h.device)
     columns = lambda x: torch.cat([pad, x.view(B, n)], dim=1)  # (B, T-1)
     return (columns(out[0]), columns(out[1])) if return_entropy else columns(out)
+
+
+def packed_token_logprobs(model, input_ids, pack, src, dst, shape, scale=(1.0, None), chunk="auto",
+                          return_entropy=False):
+    """token_logprobs of documents packed into one row (minigrpo/packing.py), laid out as the padded call's.
+    input_ids (1, N); src: the packed columns to score (column c scores token c + 1: the completions'); dst: where
+    each lands in the flat `shape` (B, T-1) table, whose other entries are 0 (packing.completion_columns). The
+    lm_head and the softmax run over the src columns only."""
+    weight = _head_of(model)
+    h = model.hidden(input_ids, pack=pack)[0].index_select(0, src)  # (n, H)
+    out = _LinearLogprob.apply(h, weight, input_ids[0, src + 1], scale, _rows(chunk, weight), return_entropy)
+    f32 = torch.promote_types(h.dtype, torch.float32)
+    table = lambda x: torch.zeros(shape[0] * shape[1], dtype=f32, device=h.device).index_copy(0, dst, x).view(shape)
+    return (table(out[0]), table(out[1])) if return_entropy else table(out)
+
+
+def _head_of(model):
+    weight = _lm_head(model)
+    if weight is None:
+        raise ValueError("token_logprobs needs a model whose lm_head is a plain bias-free nn.Linear; "
+                         "naive_token_logprobs takes any model")
+    return weight
+
+
+def _rows(chunk, weight):
+    """Logit rows per chunk: chunk, or "auto" = as many as LOGIT_BYTES of fp32 hold."""
+    return max(1, LOGIT_BYTES // (4 * weight.shape[0]) if chunk == "auto" else chunk)
 
 
 def entropy(logits, temperature=1.0):

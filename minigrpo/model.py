@@ -96,10 +96,11 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, zero_centered)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, zero_centered)
 
-    def forward(self, x, rope, mask, cache=None):
+    def forward(self, x, rope, mask, cache=None, pack=None):
         """x: (B, T, H); rope: (cos, sin) of the tokens' positions; mask: (B, 1, T, S) bool (True = may attend) or
         None = causal, no padding (T == S or T == 1); cache: the model's Cache (or static_decode.StaticCache), which
-        stores this call's K/V and hands back all the K/V attention reads (`update`)."""
+        stores this call's K/V and hands back all the K/V attention reads (`update`); pack: packing.Pack when x
+        (1, N, H) is documents packed into one row (each attends within itself)."""
         B, T, _ = x.shape
         q = self.q_proj(x)
         if self.gated:
@@ -116,7 +117,7 @@ class Attention(nn.Module):
             k, v = cache.update(self.layer_idx, k, v)                        # (B, nkv, S, hd)
         # fused attention (softmax in fp32 inside); GQA: kv head j serves query heads j*r .. j*r + r-1;
         # attention.py: the layout each case needs for a fused CUDA kernel (a mask with GQA forces math)
-        y = attend(q, k, v, mask)                                            # (B, nh, T, hd)
+        y = attend(q, k, v, mask) if pack is None else pack.attend(q, k, v)  # (B, nh, T, hd)
         y = y.transpose(1, 2).reshape(B, T, self.nh * self.hd)
         if self.gated:
             y = y * torch.sigmoid(gate)
@@ -147,15 +148,15 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, rope, attn_mask=None, real_tokens=None, cache=None):
+    def forward(self, x, rope, attn_mask=None, real_tokens=None, cache=None, pack=None):
         """x: (B, T, H); rope: (cos, sin) RoPE tables; attn_mask: (B, 1, T, S) bool for attention, or None = plain
         causal; real_tokens: (B, T) bool, False at left padding (Gated DeltaNet zeroes those inputs), or None;
-        cache: the model's Cache, or None (training: nothing is kept)."""
+        cache: the model's Cache, or None (training: nothing is kept); pack: packing.Pack when x is a packed row."""
         h = self.input_layernorm(x)
         if hasattr(self, "self_attn"):
-            h = self.self_attn(h, rope, attn_mask, cache)
+            h = self.self_attn(h, rope, attn_mask, cache, pack)
         else:
-            h = self.linear_attn(h, real_tokens, cache)
+            h = self.linear_attn(h, real_tokens, cache, pack)
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -268,9 +269,11 @@ class Qwen(nn.Module):
     def logits(self, h):
         return self.lm_head(h)  # (B, T, V) in the model dtype, as HF
 
-    def hidden(self, input_ids, attention_mask=None, positions=None, cache=None):
+    def hidden(self, input_ids, attention_mask=None, positions=None, cache=None, pack=None):
         """Final-normed hidden states (B, T, H). With a cache, the tokens go to slots [cache.length, +T) and the
-        cache advances."""
+        cache advances. With a pack (packing.Pack), input_ids (1, N) is several documents in one row."""
+        if pack is not None:
+            return self.packed_hidden(input_ids, pack)
         B, T = input_ids.shape
         real_tokens = None if attention_mask is None else attention_mask.to(input_ids.device).bool()   # (B, T)
         if positions is None:  # positions count real tokens only: a left-padded row is placed as the row alone
@@ -293,6 +296,16 @@ class Qwen(nn.Module):
             x = layer(x, rope, attn_mask=mask, real_tokens=real_tokens, cache=cache)
         if cache is not None:
             cache.advance(real_tokens, T)
+        return self.model.norm(x)
+
+    def packed_hidden(self, input_ids, pack):
+        """Final-normed hidden states (1, N, H) of documents packed into one row (minigrpo/packing.py): positions
+        restarting per document, attention and Gated DeltaNet per document. The same values as each document run
+        alone, to fp32 rounding; no cache (training only)."""
+        x = self.model.embed_tokens(input_ids)                                         # (1, N, H)
+        rope = self.model.rotary(pack.positions, x.dtype)
+        for layer in self.model.layers:
+            x = layer(x, rope, pack=pack)
         return self.model.norm(x)
 
     def new_cache(self, batch_size, max_len):

@@ -11,10 +11,20 @@ import numpy as np
 import torch
 
 from minigrpo import grpo
-from minigrpo.logprobs import token_logprobs
+from minigrpo.logprobs import packed_token_logprobs, token_logprobs
 from minigrpo.common import left_pad
 from minigrpo.grpo import LossSettings
 from minigrpo.lora import adapters_disabled
+from minigrpo.packing import Pack, completion_columns, pack
+
+
+@dataclass
+class Packed:
+    """A micro-batch's sequences packed into one row (minigrpo/packing.py), what the model runs when packing."""
+    ids: torch.Tensor          # (1, N) every sequence's prompt + completion, one after the other
+    pack: Pack                 # where each token belongs
+    src: torch.Tensor          # (n,) the packed columns the log-probs need (completions')
+    dst: torch.Tensor          # (n,) where each lands in the (B, T-1) table
 
 
 @dataclass
@@ -26,13 +36,15 @@ class Batch:
     adv: torch.Tensor          # (B,) advantage of each sequence
     sampled: torch.Tensor      # (B, T-1) the sampler's log-probs of the completion tokens
     first_col: int             # first column any completion occupies: logits are needed only from there
+    packed: Packed | None = None  # set: the model runs the packed row, its log-probs land in the (B, T-1) layout
 
 
-def collate(seqs, pad_id, device, mask_truncated=False) -> Batch:
+def collate(seqs, pad_id, device, mask_truncated=False, packed=False) -> Batch:
     """Left-pad prompt+completion; the loss mask covers each completion's positions, by position, never by token id
     (grpo.span_mask: the EOS a model emitted is trained even when it equals the pad id), and of those the ones its
     Seq trains (Seq.loss_mask: an episode's policy tokens, not its environment's; --mask-truncated drops the turns
-    cut at max_new_tokens)."""
+    cut at max_new_tokens). packed: the model's forward runs the sequences packed into one row, without padding;
+    the loss's tensors keep the padded layout."""
     ids, attn = left_pad([s.prompt_ids + s.completion_ids for s in seqs], pad_id)
     T = ids.shape[1]
     lengths = [len(s.completion_ids) for s in seqs]
@@ -44,7 +56,18 @@ def collate(seqs, pad_id, device, mask_truncated=False) -> Batch:
             sampled[i, T - 1 - c:] = torch.tensor(s.logprobs, dtype=torch.float32)   # column t scores token t+1
     adv = torch.tensor([s.advantage for s in seqs], dtype=torch.float32)
     first_col = T - 1 - max(lengths)
-    return Batch(ids.to(device), attn.to(device), loss_mask.to(device), adv.to(device), sampled.to(device), first_col)
+    pk = pack_of(seqs, lengths, T, device) if packed else None
+    return Batch(ids.to(device), attn.to(device), loss_mask.to(device), adv.to(device), sampled.to(device), first_col,
+                 pk)
+
+
+def pack_of(seqs, completion_lengths, T, device) -> Packed:
+    """The packed row of a micro-batch's sequences and where their completions' log-probs go."""
+    rows = [s.prompt_ids + s.completion_ids for s in seqs]
+    lengths = [len(r) for r in rows]
+    src, dst = completion_columns(lengths, completion_lengths, T)
+    ids = torch.tensor([t for r in rows for t in r], dtype=torch.long)[None]
+    return Packed(ids.to(device), pack(lengths, device), src.to(device), dst.to(device))
 
 
 def micro_batches(seqs, size):
@@ -65,7 +88,12 @@ def step_normalizer(batches, settings: LossSettings, dist_info) -> float:
 
 def log_probs(model, b: Batch, temperature, vocab_size, entropy=False):
     """The trainer's log-probs: logits / T with the sampler's T, ids past the tokenizer's vocabulary masked, as
-    the sampler does, so that the two agree; the lm_head runs only over completion columns."""
+    the sampler does, so that the two agree; the lm_head runs only over completion columns. A packed batch runs
+    its packed row and gives the same (B, T-1) layout."""
+    if b.packed is not None:
+        p = b.packed
+        return packed_token_logprobs(model, p.ids, p.pack, p.src, p.dst, b.mask.shape, (temperature, vocab_size),
+                                     return_entropy=entropy)
     return token_logprobs(model, b.ids, b.attn, (temperature, vocab_size), return_entropy=entropy,
                           first_col=b.first_col)
 

@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="optimizer steps (default: epochs over the train split)")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--micro-batch", type=int, default=8, help="sequences per forward/backward")
+    p.add_argument("--pack", action="store_true",
+                   help="run each micro-batch's sequences packed into one row, without padding (the same numbers "
+                        "to fp32 rounding; docs/training.md)")
     # machine
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])

@@ -20,7 +20,7 @@ SAFE_TO_CHANGE = {
     "steps", "epochs",                                      # how long the run goes on
     "save_every", "keep_checkpoints", "eval_every", "eval_limit",
     "quiet", "log_to", "plan",                              # what it shows and where it logs
-    "device", "micro_batch", "grad_checkpoint", "judge_workers",   # memory and concurrency, not the math
+    "device", "micro_batch", "pack", "grad_checkpoint", "judge_workers",   # memory and concurrency, not the math
     "threads", "decode",                                    # CPU threads; the eager or the compiled decode
     "weak_sandbox",                                         # the sandbox this machine gives the agent's commands
 }

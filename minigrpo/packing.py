@@ -1,0 +1,81 @@
+"""Packed micro-batches: the sequences of a micro-batch concatenated into one row, with no padding.
+
+A padded micro-batch runs every layer over B x (its longest sequence) tokens; packed, the layers run over the
+sum of the sequences' lengths. What keeps the sequences ("documents") apart inside the one row:
+
+  RoPE          positions restart at 0 at each document's first token, as a left-padded row's do
+  token mixing  every projection, norm, MLP and the lm_head run over the N packed tokens; what mixes tokens runs on
+                a per-document grid (D, Tg): document d's tokens at [0, len_d) of row d, zeros after them. Attention
+                there is plain causal attention, no mask (a token attends only to its own document's earlier
+                tokens: what follows a document in its row is never read by it), so it takes the fused kernels'
+                unmasked path; Gated DeltaNet's short conv and delta rule start each row from a zero conv window and
+                a zero state, and the chunk loop runs Tg / 64 times however many documents there are. A zero at the
+                end of a row changes nothing before it (all three are causal). The grid's zeros cost attention and
+                chunk work, no projection, MLP or lm_head FLOP.
+
+The padded path (model.hidden with an attention mask) is the naive twin: tests/model/test_packing.py checks that
+the two give the same log-probs, loss and LoRA gradients to fp32 rounding.
+
+Letters: N packed tokens (sum of the lengths), D documents, Tg the longest document, H hidden size.
+"""
+from dataclasses import dataclass
+
+import torch
+
+from minigrpo.attention import attend
+
+
+@dataclass
+class Pack:
+    """Where each packed token belongs; built once per micro-batch (`pack`), read by every layer."""
+    lengths: list              # tokens of each document, in packing order
+    doc: torch.Tensor          # (N,) long: each token's document
+    positions: torch.Tensor    # (1, N) long: each token's position in its document (RoPE)
+    grid: torch.Tensor         # (N,) long: each token's flat index in the (D, Tg) grid, d * Tg + position
+
+    @property
+    def grid_shape(self):
+        return len(self.lengths), max(self.lengths)
+
+    def attend(self, q, k, v):
+        """attention.attend of packed q (1, nh, N, hd) and k, v (1, nkv, N, hd), each document on its own row of
+        the grid, plain causal (no mask: after a document its row holds zeros, which no earlier token reads): a
+        token attends only to its own document's earlier tokens. Returns (1, nh, N, hd)."""
+        grid = lambda t: self.to_grid(t.transpose(1, 2)).transpose(1, 2)            # (D, heads, Tg, hd)
+        y = attend(grid(q), grid(k), grid(v), None)                                   # (D, nh, Tg, hd)
+        return self.from_grid(y.transpose(1, 2)).transpose(1, 2)
+
+    def to_grid(self, x):
+        """(1, N, ...) packed -> (D, Tg, ...): each document at the start of its own row, zeros after it."""
+        D, Tg = self.grid_shape
+        flat = x.new_zeros(D * Tg, *x.shape[2:]).index_copy(0, self.grid, x[0])
+        return flat.view(D, Tg, *x.shape[2:])
+
+    def from_grid(self, y):
+        """(D, Tg, ...) -> (1, N, ...): the documents' tokens back in packing order."""
+        return y.reshape(-1, *y.shape[2:]).index_select(0, self.grid)[None]
+
+
+def pack(lengths, device=None) -> Pack:
+    """The Pack of documents of these lengths (each >= 1), concatenated in the given order."""
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"pack: every document needs at least one token, got lengths {lengths}")
+    lens = torch.tensor(lengths, dtype=torch.long)
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), lens)                    # (N,)
+    starts = torch.cumsum(lens, 0) - lens                                             # (D,)
+    pos = torch.arange(int(lens.sum())) - starts[doc]                                 # (N,)
+    grid = doc * int(lens.max()) + pos
+    return Pack(list(lengths), doc.to(device), pos[None].to(device), grid.to(device))
+
+
+def completion_columns(lengths, completion_lengths, T):
+    """Where the log-probs of each document's completion sit, packed and padded: (src, dst) long tensors, src
+    the packed columns (column c scores packed token c + 1), dst the flat index into a left-padded (D, T - 1)
+    log-prob table (train.py's collate layout, whose completions end at the last column)."""
+    src, dst = [], []
+    end = 0
+    for d, (n, c) in enumerate(zip(lengths, completion_lengths)):
+        end += n
+        src.append(torch.arange(end - 1 - c, end - 1))                 # a completion's c scoring columns
+        dst.append(torch.arange(T - 1 - c, T - 1) + d * (T - 1))
+    return torch.cat(src), torch.cat(dst)
