@@ -211,7 +211,7 @@ class TerminalEnv:
             info["verify_error"] = f"snapshot: {e}"
             return Reply(messages=[], done=True, score=None, info=info)
         try:
-            score = float(self.exercise.verify(Folder(snap.path, snap.missing, snap.cut), answer))
+            score = float(self.exercise.verify(Folder(snap.path, snap.missing, snap.cut, snap.modes), answer))
             score = min(1.0, max(0.0, score)) if math.isfinite(score) else 0.0
         except VerifierUnavailable as e:
             score, info["verify_error"] = None, str(e)
