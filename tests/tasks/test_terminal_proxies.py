@@ -121,24 +121,29 @@ def test_no_copy_of_the_package_is_seen_by_the_agent(where, monkeypatch, fresh_p
     need_bwrap()
     top = _writable_outside_hidden()
     try:
-        if where == "checkout on sys.path":         # PYTHONPATH=/srv/.../checkout
+        if where == "checkout on sys.path":         # PYTHONPATH=/srv/.../checkout: its tests hold the answers too
             site = os.path.join(top, "checkout")
+            os.makedirs(os.path.join(site, "tests", "tasks"))
+            shutil.copy(__file__, os.path.join(site, "tests", "tasks", "test_terminal_proxies.py"))
         else:                                       # an older non-editable install in a prefix the judge runs from
             site = os.path.join(top, "venv", "lib", "python3", "site-packages")
             monkeypatch.setattr(sys, "exec_prefix", os.path.join(top, "venv"))
         _plant_copy(site)
         monkeypatch.setattr(sys, "path", sys.path + [site])
+        mounts.python_paths.cache_clear()           # read again with the copy on sys.path (need_bwrap read them)
+        mounts.hidden_copies.cache_clear()
         assert mounts.package_copies([site]) == sorted(os.path.join(os.path.realpath(site), n)
                                                        for n in ("minigrpo", "minigrpo-0.1.dist-info"))
         env = TASK.env({"id": "largest-file"})
         try:
             bound = " ".join([top] + mounts.python_paths()[0])       # where a copy could be seen
-            final, replies = play(env, [f"ls {site}; find {bound} -path '*tasks/terminal/*.py' 2>/dev/null | head -3;"
-                                        f" cat {site}/minigrpo-0.1.dist-info/RECORD; echo searched"], "Done.")
+            final, replies = play(env, [f"ls {site}; find {bound} -path '*tasks/terminal/*.py' -o -name "
+                                        f"'test_terminal*' 2>/dev/null | head -3; cat {site}/minigrpo-0.1.dist-info"
+                                        "/RECORD; echo searched"], "Done.")
         finally:
             env.close()
         out = replies[0].messages[0]["content"]
-        assert "verify.py" not in out and "set_text" not in out, out
+        assert "verify.py" not in out and "set_text" not in out and "test_terminal" not in out, out
         assert out.endswith("searched\n[exit code 0]"), out
     finally:
         shutil.rmtree(top)
