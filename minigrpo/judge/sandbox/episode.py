@@ -34,8 +34,8 @@ mode each copied thing had in the episode (its type and every permission bit, se
 is kept in `Snapshot.modes`; the copy itself is read-only with no special bit (files 0444, folders 0555), since a
 root-owned host copy must never carry the agent's setuid bit or a write bit for other users. So the copy holds
 only bytes the agent wrote and the modes it gave them; how they are judged is up to the verifier (it runs outside
-the episode's sandbox, and must treat every byte as hostile input). The copy is read-only by its mode bits; a verifier running as root is
-not stopped by them, so it must not write there.
+the episode's sandbox, and must treat every byte as hostile input). The copy is read-only by its mode bits; a
+verifier running as root is not stopped by them, so it must not write there.
 
 Weaker isolation levels (no bubblewrap, not root) keep the same interface and name what they lack in
 `Episode.weaknesses`; the tests of tests/judge/sandbox/test_episode.py skip, with that list as the reason, what a
