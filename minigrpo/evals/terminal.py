@@ -19,7 +19,7 @@ NOTES = ["- **solved**: share of episodes the verifier scored 1; **score**: mean
 
 
 def eval_terminal(args, out):
-    task = TerminalTask()
+    task = TerminalTask(max_new_tokens=args.max_new_tokens)     # episodes held to the training plan's length
     exs = task.examples("eval")[:args.limit]
     model, tok, columns = load_model(args)
     seeds = [derive_seed(args.sample_seed, "terminal eval", i) for i in range(len(exs))]

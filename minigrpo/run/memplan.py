@@ -304,9 +304,9 @@ def run_shape(args, rows):
         longest = P + new + CRITIQUE_TOKENS  # a revision's prompt: task, answer, critique
         shape = Shape(rows, rows, longest, longest + new, s["micro_batch"], longest + new, new, short + new)
     elif args.task == "terminal":           # the last turn's prompt: every earlier turn and its tool output
-        from minigrpo.tasks.terminal.task import MAX_TURNS, TURN_OUTPUT_BYTES
-        turn = new + TURN_OUTPUT_BYTES // 3 + 64     # a turn's answer and tool output; + 64: the tool turn's template
-        longest = P + (MAX_TURNS - 1) * turn
+        from minigrpo.tasks.terminal.task import MAX_TURNS, REPLY_TOKENS, longest_context
+        turn = new + REPLY_TOKENS        # a turn's answer and its reply at the cap the loop cuts it to, in tokens
+        longest = longest_context(P, new)
         shape = Shape(rows, rows, longest, longest + new, s["micro_batch"], longest + new, MAX_TURNS * new,
                       short + new, turn_tokens=turn)
     else:
@@ -343,7 +343,8 @@ def print_plan(args, rows):
               f"trained micro-batch: {shape.micro_batch} x {shape.train_tokens} tokens "
               f"(task prompt ~{s['prompt_tokens']} tokens, estimated: UTF-8 bytes / 3 + 16"
               + {"soyuz": f"; + answer + {CRITIQUE_TOKENS}-token critique for soyuz's revision turn",
-                 "terminal": "; + 7 earlier turns, each with its tool output at the turn's cap"}.get(args.task, "")
+                 "terminal": f"; + 7 earlier turns, each with its reply at the loop's cap, "
+                             f"{shape.turn_tokens - s['max_new_tokens']} tokens"}.get(args.task, "")
               + ")" + continued(shape))
     print(format_plan(p, header))
     return p

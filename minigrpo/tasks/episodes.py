@@ -5,7 +5,8 @@ each policy turn its environment answers (a critique, a tool's result) or ends t
     env        env.step(text, last) -> Reply (or a Future of one): messages to append, or done with a score
     turn t>0   each live episode's context so far is its prompt: one sample each, every live episode of a chunk in
                one sampler call; the environment's messages are prompt, never trained
-    end        a Reply with done, or the turn cap (task.max_turns; `last` tells the environment to end now)
+    end        a Reply with done, or the turn cap (task.max_turns; `last` tells the environment to end now), or
+               a context at the task's context_tokens (env.end(why) scores the episode as it stands)
     failure    env.step raising (or its Future failing) ends that episode alone, scored 0, the exception in
                info["env_error"] and printed once; the rollout and the step go on
 
@@ -38,6 +39,13 @@ What a task hands this module (duck-typed, as everything in minigrpo/tasks):
                                     step then returns a Reply, never a Future
     keep_tokens: int | None         the most tokens of kept sampler states the live episodes may hold between
                                     turns (None: no limit); past it the largest are dropped and prefilled afresh
+    reply_tokens: int | None        the most tokens one reply may add, as the tokenizer renders it (None: no cap);
+                                    a longer reply's message texts are cut, in order, to fit (`fitted`), and the
+                                    tokens cut are in its info["reply_cut_tokens"]
+    context_tokens: int | None      the longest context a turn may be sampled from, the memory plan's (None: no
+                                    cap): a reply that would take an episode past it is not appended, and the
+                                    episode ends there, scored as it stands by env.end(why) -> Reply, so no
+                                    sequence is longer than context_tokens + the turn's new tokens
 
 The sampler callback is generate(prompts, seeds, n, reuse=None, keep=False) -> per prompt a list of n samples. With
 keep=True a sample carries `kept`, the model's state after its prompt (.ids, .tokens; shared by a prompt's n
@@ -70,6 +78,41 @@ class Reply:
     score: float | None = None      # the turn's raw score (the two-turn tasks score every turn; an agent's
     #                                 environment scores its last); None: not scored, or scoring failed
     info: dict = field(default_factory=dict)        # logged with the turn's sample (judge reasons, tool errors)
+
+
+CUT_NOTE = "\n[cut: the reply passed its {} tokens]"
+
+
+def fitted(messages, render, budget):
+    """(ids, tokens cut): render(messages) if it holds at most `budget` ids, else the rendering of the messages with
+    their texts cut, in order, to the longest prefix (in characters over all of them) whose rendering fits, each cut
+    text ending in CUT_NOTE. Counted by rendering, so the tokenizer's own count, template and note included."""
+    ids = render(messages)
+    if budget is None or len(ids) <= budget:
+        return ids, 0
+    texts = [m["content"] if isinstance(m.get("content"), str) else None for m in messages]
+
+    def cut(k):                 # the first k characters of the texts, in order
+        out = []
+        for m, text in zip(messages, texts):
+            if text is not None:
+                keep, k = text[:max(k, 0)], k - len(text)
+                m = {**m, "content": keep if len(keep) == len(text) else keep + CUT_NOTE.format(budget)}
+            out.append(m)
+        return render(out)
+
+    lo, hi, best = 0, sum(len(t) for t in texts if t is not None) - 1, None
+    while lo <= hi:             # the longest cut that fits (every answer kept is a rendering that was counted)
+        mid = (lo + hi) // 2
+        got = cut(mid)
+        if len(got) <= budget:
+            best, lo = got, mid + 1
+        else:
+            hi = mid - 1
+    if best is None:
+        raise ValueError(f"a reply of {len(messages)} messages does not fit reply_tokens={budget} even with its "
+                         "texts cut away: raise the task's reply_tokens")
+    return best, len(ids) - len(best)
 
 
 def failed(e) -> Reply:
@@ -121,8 +164,9 @@ class Episode:
     """One episode: its environment, its context (token ids: the first prompt, then each turn's sampled ids and the
     environment's reply rendered once), and its turns."""
 
-    def __init__(self, index, env, seed, k, pool=None):
+    def __init__(self, index, env, seed, k, pool=None, limit=None):
         self.index, self.env, self.seed, self.k, self.pool = index, env, seed, k, pool   # k: among its example's G
+        self.limit = limit                          # the task's context_tokens
         self.context, self.prompt_len = [], 0       # set by begin()
         self.trained, self.logprobs = [], []        # per context id after the first prompt
         self.turns, self.pending = [], None         # pending: the Future of the last turn's reply
@@ -160,18 +204,34 @@ class Episode:
 
     def settle(self, follow=None) -> bool:
         """Take the pending reply; True if the episode goes on, its reply's messages then appended as the ids
-        follow(messages, sample) renders. An exception of the environment's ends this episode alone: it scores 0,
-        the reason in info["env_error"], the traceback printed once."""
+        follow(messages, sample) -> (ids, tokens cut) renders. A reply that would take the context past the
+        task's context_tokens ends the episode instead (ended). An exception of the environment's ends this
+        episode alone: it scores 0, the reason in info["env_error"], the traceback printed once."""
         try:
             reply = self.pending.result()
         except Exception as e:      # noqa: BLE001 - one episode's bytes must not end the step
             reply = failed(e)
         self.turns[-1].reply, self.pending = reply, None
-        if reply.done or follow is None:
-            self.kept = None        # nothing more to sample: its state is freed
-            return False
-        self.extend(follow(reply.messages, self.turns[-1].sample), False)
-        return True
+        if not reply.done and follow is not None:
+            ids, cut = follow(reply.messages, self.turns[-1].sample)
+            if cut:
+                reply.info["reply_cut_tokens"] = cut
+            if self.limit is None or len(self.context) + len(ids) <= self.limit:
+                self.extend(ids, False)
+                return True
+            self.turns[-1].reply = ended(self.env, reply, f"context past the plan's {self.limit} tokens")
+        self.kept = None            # nothing more to sample: its state is freed
+        return False
+
+
+def ended(env, reply, why) -> Reply:
+    """The Reply of an episode ended by the loop (`why`): env.end(why) scores it as it stands; the turn's own
+    reply info (its tool calls) is kept under the ending's."""
+    try:
+        end = env.end(why)
+    except Exception as e:          # noqa: BLE001
+        end = failed(e)
+    return Reply(messages=[], done=True, score=end.score, info={**reply.info, **end.info})
 
 
 class Chunk:
@@ -206,12 +266,14 @@ def rollout(task, generate, tok, examples, seeds, args) -> list:
     order."""
     size, G = getattr(task, "chunk", None) or len(examples), args.group_size
     cap, tools, budget = task.max_turns, getattr(task, "tools", None), getattr(task, "keep_tokens", None)
+    reply_tokens, limit = getattr(task, "reply_tokens", None), getattr(task, "context_tokens", None)
     waiting, finished, opened = deque(), [], []
     pool = ThreadPoolExecutor(task.workers) if getattr(task, "workers", None) else None
 
-    def follow(messages, sample):       # a reply's messages as the ids after the sampled turn
-        ended = list(sample.completion_ids[-1:]) == [tok.im_end_id]
-        return tok.continuation(messages, ended, enable_thinking=args.enable_thinking, tools=tools)
+    def follow(messages, sample):       # a reply's messages as the ids after the sampled turn, within reply_tokens
+        closed = list(sample.completion_ids[-1:]) == [tok.im_end_id]
+        return fitted(messages, lambda m: tok.continuation(m, closed, enable_thinking=args.enable_thinking,
+                                                           tools=tools), reply_tokens)
 
     def sampled(eps, prompts, seeds, n, last):     # one sampler call; each episode takes its sample
         groups = generate(prompts, seeds, n, reuse=[ep.kept for ep in eps[::n]], keep=not last)
@@ -227,7 +289,7 @@ def rollout(task, generate, tok, examples, seeds, args) -> list:
         eps = []
         for i in idx:
             for k in range(G):
-                eps.append(Episode(i, task.env(examples[i], tok.family), seeds[i], k, pool))
+                eps.append(Episode(i, task.env(examples[i], tok.family), seeds[i], k, pool, limit))
                 opened.append(eps[-1])
             prompt = tok.chat(eps[-1].env.messages(), enable_thinking=args.enable_thinking, tools=tools)
             for ep in eps[-G:]:

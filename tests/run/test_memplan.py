@@ -287,12 +287,14 @@ def test_terminal_plan_continues_kept_states_and_trains_an_episode_as_one_sequen
     """terminal: each turn prefills its answer and tool output only, and an episode is one trained sequence whose
     every policy turn's tokens get a log-prob; the other tasks prefill whole prompts."""
     from minigrpo.run.flags import resolve_args
-    from minigrpo.tasks.terminal.task import MAX_TURNS, TURN_OUTPUT_BYTES
+    from minigrpo.tasks.terminal.task import MAX_TURNS, REPLY_TOKENS, TerminalTask
     args = resolve_args(["--task", "terminal", "--run-name", "plan-test"])
     shape, _ = memplan.run_shape(args, 8)
     new = args.max_new_tokens
-    assert shape.turn_tokens == new + TURN_OUTPUT_BYTES // 3 + 64 and shape.completion_tokens == MAX_TURNS * new
+    assert shape.turn_tokens == new + REPLY_TOKENS and shape.completion_tokens == MAX_TURNS * new
     assert shape.train_tokens == shape.slots and shape.micro_batch == 1
+    # the loop holds an episode to the plan's longest prompt (tests/tasks/test_terminal_tokens.py: the digit flood)
+    assert TerminalTask.from_args(args).context_tokens + new == shape.train_tokens
     soyuz, _ = memplan.run_shape(resolve_args(["--task", "soyuz", "--run-name", "plan-test"]), 24)
     assert soyuz.turn_tokens == 0
 

@@ -19,7 +19,8 @@ def scripted(tok, plans, seeds=range(10), calls=None, turns=9, episodes=8):
             group = []
             for j in range(n):
                 text = plans[(j if n > 1 else episode_of[seed]) % len(plans)][turn]
-                group.append(Sample(0, tok.encode(text) + [tok.im_end_id], [-0.1] * (len(text) + 1), "eos", text,
+                ids = tok.encode(text) + [tok.im_end_id]
+                group.append(Sample(0, ids, [-0.1] * len(ids), "eos", text,
                                     prefilled=len(p) * (j == 0)))     # no reuse: every prompt prefilled whole
             out.append(group)
         return out

@@ -4,6 +4,7 @@ the readings of a final answer, and the neutralising of control-token strings in
 import errno
 import os
 import random
+import stat
 
 import pytest
 
@@ -29,10 +30,10 @@ def tree(tmp_path):
 
 def test_the_folder_lists_and_reads_only_regular_files_it_walked_to(tree):
     f = Folder(str(tree))
-    assert f.entries == {"a.txt": "file", "big.bin": "file", "latin.txt": "file", "run.sh": "exec", "sub": "dir",
+    assert f.entries == {"a.txt": "file", "big.bin": "file", "latin.txt": "file", "run.sh": "file", "sub": "dir",
                          "sub/b.txt": "file"}
     assert f.files() == ["a.txt", "big.bin", "latin.txt", "run.sh", "sub/b.txt"] and f.folders() == ["sub"]
-    assert f.files("sub") == ["sub/b.txt"] and f.executable("run.sh") and not f.executable("a.txt")
+    assert f.files("sub") == ["sub/b.txt"] and f.mode("run.sh") == stat.S_IFREG | 0o755 and f.mode("no") is None
     assert f.lines("a.txt") == ["one", "two  "] and f.read("sub/b.txt") == b"b\n"
     for rel in ("sub", "../a.txt", "missing"):
         assert f.read(rel) is None, rel
@@ -50,7 +51,7 @@ def test_what_the_folder_left_out_fails_every_question_it_could_change(tree):
                          "sub/pipe": "not a folder or a regular file",
                          "deep/er/": "more than 32 folders deep: not walked"}
     for question in (f.files, f.folders, lambda: f.files("sub"), lambda: f.read("link.txt"),
-                     lambda: f.read("linked/b.txt"), lambda: f.executable("sub/pipe"), lambda: f.files("deep"),
+                     lambda: f.read("linked/b.txt"), lambda: f.mode("sub/pipe"), lambda: f.files("deep"),
                      lambda: f.read("deep/er/x"), lambda: probe(f, "true", take=lambda rel: rel.startswith("sub/")),
                      lambda: probe(f, "true", take=lambda rel: rel.startswith("deep/er/x/"))):
         with pytest.raises(Incomplete, match="incomplete"):
@@ -102,7 +103,7 @@ def test_the_listing_stops_at_its_cap(tmp_path):
         (tmp_path / f"f{i}").write_text("x")
     entries, cut = _listing(str(tmp_path), 4, {})
     assert len(entries) == 4 and cut == "over the verifier's 4 entries"
-    assert _listing(str(tmp_path), 10, {}) == ({f"f{i}": "file" for i in range(10)}, "")
+    assert _listing(str(tmp_path), 10, {}) == ({f"f{i}": os.lstat(tmp_path / f"f{i}").st_mode for i in range(10)}, "")
 
 
 def test_a_probe_runs_on_a_copy_in_a_sandbox_of_its_own(tree):

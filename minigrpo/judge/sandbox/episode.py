@@ -28,12 +28,14 @@ What is confined, and how (the sandbox package's docstring has the full list of 
 
 What a verifier may trust: `snapshot()` copies the folder while no command runs, into a fresh host temp folder
 owned by the judge's uid, never seen by any sandbox. It copies folders and regular files only: symlinks are not
-followed (nor copied), fifos, sockets and device files are skipped, every file becomes read-only with no setuid or
-setgid bit (0444, or 0555 when it was executable), hard links become separate copies, and the copy stops at
-`max_bytes` and `max_files`. Each thing not copied is listed in `Snapshot.skipped` with the reason. So the copy
-holds only bytes the agent wrote; how they are judged is up to the verifier (it runs outside the episode's sandbox,
-and must treat every byte as hostile input). The copy is read-only by its mode bits; a verifier running as root is
-not stopped by them, so it must not write there.
+followed (nor copied), fifos, sockets and device files are skipped, hard links become separate copies, and the copy
+stops at `max_bytes` and `max_files`. Each thing not copied is listed in `Snapshot.skipped` with the reason. The
+mode each copied thing had in the episode (its type and every permission bit, setuid, setgid and sticky included)
+is kept in `Snapshot.modes`; the copy itself is read-only with no special bit (files 0444, folders 0555), since a
+root-owned host copy must never carry the agent's setuid bit or a write bit for other users. So the copy holds
+only bytes the agent wrote and the modes it gave them; how they are judged is up to the verifier (it runs outside
+the episode's sandbox, and must treat every byte as hostile input). The copy is read-only by its mode bits; a
+verifier running as root is not stopped by them, so it must not write there.
 
 Weaker isolation levels (no bubblewrap, not root) keep the same interface and name what they lack in
 `Episode.weaknesses`; the tests of tests/judge/sandbox/test_episode.py skip, with that list as the reason, what a
@@ -87,6 +89,7 @@ class Snapshot:
     files: int = 0
     bytes: int = 0
     missing: dict = field(default_factory=dict)     # {relative path: why it was not copied}
+    modes: dict = field(default_factory=dict)       # {relative path: st_mode in the episode} of what was copied
     cut: str = ""           # why the copy stopped early, at its caps ("" when it did not): the rest is not there
 
     @property
@@ -255,6 +258,7 @@ class Episode:
                 os.mkdir(target, 0o700)
                 folders.append(target)
                 snap.files += 1
+                snap.modes[rel] = st.st_mode
             elif snap.bytes + st.st_size > max_bytes:   # the size a reader sees: a sparse file counts in full
                 snap.cut = f"{rel}: {st.st_size} bytes, over the snapshot's {max_bytes} bytes in all"
                 break
@@ -265,6 +269,7 @@ class Episode:
                 else:
                     snap.files += 1
                     snap.bytes += st.st_size
+                    snap.modes[rel] = st.st_mode
         return folders
 
     # --- the end -----------------------------------------------------------------------------------------------
@@ -335,7 +340,6 @@ def _copy_file(path, st, target):
         fst = os.fstat(fd)
         if not stat.S_ISREG(fst.st_mode) or (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
             return "changed while it was copied"
-        mode = 0o555 if st.st_mode & stat.S_IXUSR else 0o444
         out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             left = st.st_size
@@ -347,7 +351,7 @@ def _copy_file(path, st, target):
                 left -= len(chunk)
         finally:
             os.close(out)
-        os.chmod(target, mode)
+        os.chmod(target, 0o444)       # the agent's mode is kept in Snapshot.modes, not on the copy
         return None
     except OSError as e:
         return f"cannot copy ({e.strerror})"

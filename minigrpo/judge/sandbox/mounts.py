@@ -3,7 +3,8 @@ sandboxed process tree, and its work folder with the caller's files.
 
 - With a mount namespace (bubblewrap): `bwrap_command` builds the allowlist the
   sandbox package's docstring describes: read-only system folders, a few /etc files and a synthetic passwd/group, the
-  judge's Python installation (`python_paths`, minus the project tree, cwd, home and temp), private size-capped
+  judge's Python installation (`python_paths`, minus the project tree, cwd, home and temp, and with every other copy
+  of the package it can find covered: `hidden_copies`), private size-capped
   tmpfs for the work folder (WORKDIR), /tmp, /var/tmp and /dev/shm; the files reach it as memfds.
 - Without one: `new_host_folder` and `host_folder_command` make a 0700 host folder under a 0711 base, write the
   files there and name what this level lacks.
@@ -44,11 +45,52 @@ def _hidden_paths():
     return sorted({os.path.realpath(p) for p in out} | out)
 
 
+PACKAGE = "minigrpo"
+# where a system Python keeps packages: a copy of the project installed there is on no sys.path of the judge's,
+# but /usr is bound whole, so a sandbox would see it
+_SYSTEM_SITES = ["/usr/lib/python3*/*-packages", "/usr/local/lib/python3*/*-packages", "/usr/lib/python3/dist-packages"]
+
+
+def _is_copy(name):
+    # the package, its metadata and the pointers to it: minigrpo/, minigrpo-0.1.dist-info, minigrpo.egg-info,
+    # minigrpo.egg-link, minigrpo.pth, an .egg, __editable__.minigrpo-0.1.pth and its finder module
+    name = name.lower()
+    return name.startswith(PACKAGE) or (name.startswith("__editable__") and PACKAGE in name)
+
+
+def package_copies(entries):
+    """Every copy of this project's package directly in one of the folders `entries` (real paths, sorted): what a
+    sandbox must not see, wherever it is bound from. The running copy's project tree is hidden whole besides."""
+    found = set()
+    for top in entries:
+        with contextlib.suppress(OSError):
+            with os.scandir(top) as it:
+                # the real path: a mount on a symlink would land where it points
+                found |= {os.path.realpath(e.path) for e in it if _is_copy(e.name)}
+    return sorted(found)
+
+
+def _holds_copy(path):
+    return bool(package_copies([path]))
+
+
+@functools.lru_cache(maxsize=None)
+def hidden_copies():
+    """package_copies of every sys.path entry, every site folder of the judge's Python and of the system's."""
+    import glob
+    import site
+    sites = list(site.getsitepackages()) + [site.getusersitepackages()]
+    system = [p for pattern in _SYSTEM_SITES for p in glob.glob(pattern)]
+    return package_copies([p for p in dict.fromkeys(sys.path + sites + system) if p])
+
+
 @functools.lru_cache(maxsize=None)
 def python_paths():
     """The folders (real paths) the judge's Python needs: its prefixes, the interpreter's folder and every existing
     sys.path entry, minus any that is or contains a hidden path (project tree, cwd, home, temp), or lies in one
-    without being part of a prefix (the script folder of `python train.py`, an editable install of the project).
+    without being part of a prefix (the script folder of `python train.py`, an editable install of the project),
+    or holds a copy of the package without being part of a prefix (another checkout on PYTHONPATH: its tests and
+    docs would come with it). A copy inside a prefix (an install in site-packages) is covered (hidden_copies).
     Returns (paths, left_out)."""
     prefixes = []
     for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix):
@@ -64,7 +106,7 @@ def python_paths():
             continue
         if any(_under(h, p) for h in hidden):
             left_out.append(p)          # it is, or contains, something hidden
-        elif any(_under(p, h) for h in hidden) and not any(_under(p, q) for q in prefixes):
+        elif not any(_under(p, q) for q in prefixes) and (any(_under(p, h) for h in hidden) or _holds_copy(p)):
             left_out.append(p)
         else:
             keep.append(p)
@@ -132,6 +174,11 @@ def _bwrap_args(limits, fds, uid, userns, workdir=None):
     for p in python:
         _mkdirs(args, made, p)
         args += ["--ro-bind", p, p]
+    # every other copy of the package where a bound folder shows it (site-packages, a system Python's): covered
+    for c in hidden_copies():
+        if any(_under(c, b) for b in system + python):
+            args += ["--perms", "0000", "--size", "4096", "--tmpfs", c] if os.path.isdir(c) else \
+                ["--ro-bind", "/dev/null", c]
     args += ["--perms", "0755", "--dir", "/etc"]
     made.add("/etc")
     for name in _ETC:

@@ -155,17 +155,27 @@ print(f"orders {len(rows)}")
 print(f"total {sum(float(r['amount']) for r in rows):.2f}")
 """
 _HIDDEN_SALES = [("a", 12.5), ("b", 7.25), ("c", 100.0)]
+_RUNNER = {"run.sh": "#!/bin/bash\nset -e\npython3 tools/summarise.py data/sales.csv > summary.txt\n",
+           "tools/summarise.py": _SUMMARISE_PY, "input/sales.csv": "id,amount\nx,3.50\ny,4.00\n"}
+_KEEP = {p: c for p, c in _RUNNER.items() if p.startswith(("input/", "tools/"))}
+
+
+def _runner_fixed(f, a):
+    # run.sh runs on hidden data; and input/ and tools/ are as they were given (the probe brings its own copies,
+    # so what the agent did there would otherwise go unseen)
+    kept = f.files("input") + f.files("tools") == sorted(_KEEP) and all(f.text(p) == c for p, c in _KEEP.items())
+    return (1.0 if kept else 0.0) * _output_is(
+        f, "bash run.sh >/dev/null 2>&1; cat summary.txt",
+        [f"orders {len(_HIDDEN_SALES)}", f"total {sum(v for _, v in _HIDDEN_SALES):.2f}"],
+        take=lambda rel: rel == "run.sh",
+        extra={"tools/summarise.py": _SUMMARISE_PY,
+               "input/sales.csv": "id,amount\n" + "".join(f"{k},{v}\n" for k, v in _HIDDEN_SALES)})
+
+
 _add(id="fix-runner-path",
      instruction="`bash run.sh` should write summary.txt, but it fails. Fix run.sh; do not move, copy, rename or "
                  "edit anything under input/ and tools/.",
-     files={"run.sh": "#!/bin/bash\nset -e\npython3 tools/summarise.py data/sales.csv > summary.txt\n",
-            "tools/summarise.py": _SUMMARISE_PY, "input/sales.csv": "id,amount\nx,3.50\ny,4.00\n"},
-     verify=lambda f, a: _output_is(
-         f, "bash run.sh >/dev/null 2>&1; cat summary.txt",
-         [f"orders {len(_HIDDEN_SALES)}", f"total {sum(v for _, v in _HIDDEN_SALES):.2f}"],
-         take=lambda rel: rel == "run.sh",
-         extra={"tools/summarise.py": _SUMMARISE_PY,
-                "input/sales.csv": "id,amount\n" + "".join(f"{k},{v}\n" for k, v in _HIDDEN_SALES)}),
+     files=_RUNNER, verify=_runner_fixed,
      reference=T(("bash run.sh", "ls -R", "sed -i 's#data/sales.csv#input/sales.csv#' run.sh",
                   "bash run.sh && cat summary.txt"),),
      wrong=T(("mkdir -p data && cp input/sales.csv data/", "bash run.sh && cat summary.txt"),))

@@ -106,13 +106,35 @@ _add(id="sqlite-top-customer", category="sqlite",
      wrong=T((_PY.format("print(con.execute(\"select customer_id, count(*) n from orders group by customer_id "
                          "order by n desc\").fetchall())"),), f"The top customer is {_MOST_ORDERS}."))
 
-_DAVE = [k for k, n in _CUSTOMERS if n == "dave"][0]
-_CANCELLED = [[i, c, d, q, p, "cancelled" if c == _DAVE else s] for i, c, d, q, p, s in _ORDERS]
+# the whole database, not the orders alone: "every other row as it is" holds the customers too, and no table,
+# view or trigger added or changed
+_EVERYTHING = ("select 'c', id, name, null, null, null, null from customers union all select 's', type, name, "
+               "tbl_name, sql, null, null from sqlite_master union all select 'o', * from orders order by 1, 2, 3")
+
+
+def _queried(data, query, change=""):
+    """The rows of `query` (as JSON gives them back) on a copy of the database bytes `data` after `change`: the
+    expectation, computed here on the exercise's own database."""
+    with tempfile.TemporaryDirectory(prefix="minigrpo-terminal-") as d:
+        path = os.path.join(d, "db.sqlite")
+        with open(path, "wb") as f:
+            f.write(data)
+        con = sqlite3.connect(path)
+        try:
+            with con:
+                con.executescript(change)
+            return json.loads(json.dumps(con.execute(query).fetchall()))
+        finally:
+            con.close()
+
+
+_CANCEL = "update orders set status = 'cancelled' where customer_id = (select id from customers where name = 'dave')"
+_CANCELLED = _queried(_SHOP, _EVERYTHING, _CANCEL)
 _add(id="sqlite-cancel-orders", category="sqlite",
      instruction="In the SQLite database shop.db, set the status of every order of the customer named dave to "
                  "'cancelled'. Leave every other row as it is.",
      files={"shop.db": _SHOP},
-     verify=lambda f, a: 1.0 if _rows(f, "shop.db", "select * from orders order by id") == _CANCELLED else 0.0,
+     verify=lambda f, a: 1.0 if _rows(f, "shop.db", _EVERYTHING) == _CANCELLED else 0.0,
      reference=T((_PY.format("con.execute(\"update orders set status = 'cancelled' where customer_id = (select id "
                              "from customers where name = 'dave')\")\ncon.commit()"),
                   _PY.format("print(con.execute(\"select status, count(*) from orders group by status\")"
@@ -125,13 +147,17 @@ _add(id="sqlite-cancel-orders", category="sqlite",
 _PEOPLE = [("Ada", 36, "London"), ("Bo", 17, "Oslo"), ("Cy", 18, "New York"), ("Di", 45, "Lima"),
            ("Ed", 12, "Rome"), ("Flo", 18, "San Jose"), ("Gil", 19, "Oslo")]
 _PEOPLE_CSV = "name,age,city\n" + "".join(f"{n},{a},{c}\n" for n, a, c in _PEOPLE)
+# the rows with the types stored, and the table's columns: exactly name, age and city
+_COLUMNS = "name,age,city"
+_IMPORTED = ("select name, typeof(name), age, typeof(age), city, typeof(city), (select group_concat(name, ',') from "
+             "pragma_table_info('people')) from people order by rowid")
 _add(id="csv-into-sqlite", category="sqlite",
      instruction="Import people.csv into a new SQLite database people.db, as a table people with the columns "
                  "name, age and city: one row per line of the file after its header, in order, the ages stored "
                  "as integers.",
      files={"people.csv": _PEOPLE_CSV},
-     verify=lambda f, a: 1.0 if _rows(f, "people.db", "select name, age, typeof(age), city from people order by "
-                                      "rowid") == [[n, a, "integer", c] for n, a, c in _PEOPLE] else 0.0,
+     verify=lambda f, a: 1.0 if _rows(f, "people.db", _IMPORTED) == [[n, "text", a, "integer", c, "text", _COLUMNS]
+                                                                   for n, a, c in _PEOPLE] else 0.0,
      reference=T(("python3 - <<'EOF'\nimport csv, sqlite3\ncon = sqlite3.connect('people.db')\ncon.execute('create "
                   "table people (name text, age integer, city text)')\nrows = [(r['name'], int(r['age']), r['city']) "
                   "for r in csv.DictReader(open('people.csv'))]\ncon.executemany('insert into people values (?, ?, ?)',"

@@ -3,6 +3,7 @@ computed here from the exercise's own files, never typed in."""
 
 import random
 import re
+import stat
 
 from minigrpo.tasks.terminal.exercise import Exercise, Transcript as T
 from minigrpo.tasks.terminal.verify import lines_are, names_only, number_is
@@ -45,7 +46,7 @@ _BIGGEST = max(_SIZES, key=lambda p: len(_SIZES[p]))
 _add(id="largest-file",
      instruction="Which file under data/ (at any depth) is the largest in bytes? Finish your answer with its path.",
      files=_SIZES,
-     verify=lambda f, a: names_only(a, _BIGGEST.split("/")[-1], [p.split("/")[-1] for p in _SIZES]),
+     verify=lambda f, a: names_only(a, _BIGGEST, list(_SIZES)),        # its path, not its name alone
      reference=T(("find data -type f -printf '%s %p\\n' | sort -n | tail -1",), f"The largest is {_BIGGEST}."),
      wrong=T(("find data -type f | xargs wc -l | sort -n",), "The largest is data/a/notes.txt."))
 
@@ -126,7 +127,7 @@ _CODENAME = next(p for p, c in _DOCS.items() if re.search(r"\bBLUEBIRD\b", c))
 _add(id="find-codename",
      instruction="One file under docs/ mentions the codename BLUEBIRD (in capitals, as a whole word). Which one? "
                  "Finish your answer with its path.",
-     files=_DOCS, verify=lambda f, a: names_only(a, _CODENAME.split("/")[-1], [p.split("/")[-1] for p in _DOCS]),
+     files=_DOCS, verify=lambda f, a: names_only(a, _CODENAME, list(_DOCS)),
      reference=T(("grep -rlw BLUEBIRD docs",), f"It is {_CODENAME}."),
      wrong=T(("grep -rli bluebird docs | head -1",), "It is docs/a-intro.md."))
 
@@ -184,12 +185,22 @@ _add(id="ini-section-value",
 _BIN = {"bin/build.sh": "#!/bin/sh\necho build\n", "bin/deploy.sh": "#!/bin/sh\necho deploy\n",
         "bin/README.txt": "scripts\n", "bin/lib/helpers.sh": "#!/bin/sh\necho help\n", "bin/lib/data.csv": "a\n"}
 _SCRIPTS = sorted(p for p in _BIN if p.endswith(".sh"))
+
+
+def _executable_scripts(f, a):
+    # the whole mode, not one bit of it: a script runs for its owner only if the owner may read it (the shell
+    # reads it) and execute it; "no other file executable" means by no one, group and others included
+    if f.files("bin") != sorted(_BIN) or any(f.text(p) != c for p, c in _BIN.items()):
+        return 0.0
+    runs = all(stat.S_IMODE(f.mode(p)) & 0o500 == 0o500 for p in _SCRIPTS)
+    others = any(stat.S_IMODE(f.mode(p)) & 0o111 for p in _BIN if p not in _SCRIPTS)
+    return 1.0 if runs and not others else 0.0
+
+
 _add(id="make-scripts-executable",
      instruction="Make every file under bin/ (at any depth) whose name ends in .sh executable. No other file may "
                  "become executable.",
-     files=_BIN,
-     verify=lambda f, a: 1.0 if f.files("bin") == sorted(_BIN) and all(f.text(p) == c for p, c in _BIN.items())
-     and [p for p in f.files("bin") if f.executable(p)] == _SCRIPTS else 0.0,
+     files=_BIN, verify=_executable_scripts,
      reference=T(("find bin -type f -name '*.sh' -exec chmod +x {} +", "ls -lR bin"),),
      wrong=T(("chmod +x bin/*",),))
 

@@ -13,8 +13,8 @@ A turn with shell calls runs each call's command in the episode (minigrpo/judge/
 work folder for the whole episode) and answers with one tool message per call; a malformed call is answered with
 a tool message saying what is wrong and counted in info["tool_errors"]. A turn without any call is the agent's
 final answer: the verifier judges the episode's snapshot and that answer, and the episode is done. So is it when
-the loop says the turn is the last (the calls of that turn are not run), and when the episode's time budget is
-spent.
+the loop says the turn is the last (the calls of that turn are not run), when the loop ends it (`end`: its context
+at the memory plan's length, TerminalTask.context_tokens), and when the episode's time budget is spent.
 
 Tool output is shown to the policy inside its own prompt, so it must not be able to speak for the prompt: the
 text of every message the Env makes has its control-token strings neutralised (`neutralise`): <|im_start|>,
@@ -42,6 +42,11 @@ COMMAND_LIMITS = Limits(timeout=10, memory_mb=512, nproc=64, fsize_mb=16)
 EPISODE_BUDGET_S = 60.0     # wall seconds of all of an episode's commands together
 OUTPUT_BYTES = 4096         # of one command's output shown to the agent; the rest is cut (and said so)
 TURN_OUTPUT_BYTES = 4096    # of all of a turn's commands: a conversation grows by about this much a turn at most
+# the tokens a turn's reply may add as the tokenizer renders it (tool messages, notes, the template): the memory plan
+# counts this much a turn (memplan.run_shape), and the loop cuts a reply to it (episodes.fitted). A byte is at most
+# one token on both tokenizers (a digit flood: one per digit on Qwen's, one per byte on the byte-level one), so
+# 4096 bytes can be 4,200 tokens; ordinary output (3.5-4.5 bytes a token on English and code) seldom reaches this
+REPLY_TOKENS = 1536
 MAX_TURNS = 8
 MAX_CALLS = 8               # shell calls run per turn; the ones past it are answered as tool errors
 MAX_COMMAND_BYTES = 65536   # of one command line (the kernel takes at most 128 KiB as one argument)
@@ -77,6 +82,13 @@ def neutralise(text):
 def final_answer(text):
     """The answer part of a policy turn: after its thinking, without tool-call blocks, at most MAX_ANSWER chars."""
     return _CALL_BLOCK.sub("", text.split("</think>")[-1]).strip()[:MAX_ANSWER]
+
+
+def longest_context(prompt_tokens, new_tokens):
+    """The longest context a turn is sampled from: the first prompt, then MAX_TURNS - 1 turns, each the policy's
+    new tokens and a reply at its cap. The memory plan counts it (memplan.run_shape) and the loop holds every episode
+    to it (TerminalTask.context_tokens), so a sequence is at most this plus one turn's new tokens."""
+    return prompt_tokens + (MAX_TURNS - 1) * (new_tokens + REPLY_TOKENS)
 
 
 def catalogue():
@@ -132,7 +144,7 @@ class TerminalEnv:
             raise ValueError(f"terminal: tool-call family {family!r} is not one of {', '.join(FAMILIES)}")
         self.exercise, self.family, self.tools = exercise, family, list(tools)
         self.limits, self.budget_s, self.output_bytes = limits, budget_s, output_bytes
-        self.done, self.turns = False, 0
+        self.done, self.turns, self.last_text = False, 0, ""
         self.ep = Episode(exercise.files, limits, budget_s=budget_s, output_bytes=output_bytes)
         try:
             for rel in exercise.executable:     # before any command: the folder holds only the task's files
@@ -156,6 +168,7 @@ class TerminalEnv:
         if self.done:
             raise RuntimeError(f"terminal exercise {self.exercise.id}: step after the episode ended")
         self.turns += 1
+        self.last_text = text
         calls, errors = parse_tool_calls(text, self.tools, self.family)
         info = {"tool_calls": 0, "tool_errors": len(errors), "timeouts": 0, "cut_bytes": 0, "shown_bytes": 0}
         if last:
@@ -211,7 +224,7 @@ class TerminalEnv:
             info["verify_error"] = f"snapshot: {e}"
             return Reply(messages=[], done=True, score=None, info=info)
         try:
-            score = float(self.exercise.verify(Folder(snap.path, snap.missing, snap.cut), answer))
+            score = float(self.exercise.verify(Folder(snap.path, snap.missing, snap.cut, snap.modes), answer))
             score = min(1.0, max(0.0, score)) if math.isfinite(score) else 0.0
         except VerifierUnavailable as e:
             score, info["verify_error"] = None, str(e)
@@ -222,6 +235,13 @@ class TerminalEnv:
             self.ep.close()             # the loop's close() follows; freeing the folder and uid now costs nothing
             info["host_seconds"] = round(self.ep.host_s, 3)
         return Reply(messages=[], done=True, score=score, info=info)
+
+    def end(self, why):
+        """End the episode now, for the loop's reason `why` (its context at the plan's length): judged as it stands,
+        the last turn's text (without its calls) as the answer, as at the turn cap."""
+        if self.done:
+            raise RuntimeError(f"terminal exercise {self.exercise.id}: end after the episode ended")
+        return self._finish(self.last_text, {"tool_calls": 0, "tool_errors": 0}, why)
 
     def close(self):
         self.ep.close()
@@ -239,10 +259,11 @@ class TerminalTask:
     workers = 8                     # episodes whose commands run side by side (each waits on its own sandbox)
     chunk = 1                       # exercises per sampler call: a late turn's prompt is the whole conversation,
     #                                 so one exercise's G episodes per call bound what a prefill holds
+    reply_tokens = REPLY_TOKENS     # the loop cuts a turn's reply to this many tokens (episodes.fitted)
 
     @classmethod
     def from_args(cls, args):
-        return cls()
+        return cls(max_new_tokens=args.max_new_tokens)
 
     def rollout(self, generate, tok, examples, seeds, args):
         """Every exercise's G episodes through the multi-turn loop: each episode is one Seq, paid its score."""
@@ -254,7 +275,14 @@ class TerminalTask:
     def step_metrics(self, seqs):
         return agent_metrics(seqs)
 
-    def __init__(self, exercises=None, limits=COMMAND_LIMITS, budget_s=EPISODE_BUDGET_S, output_bytes=OUTPUT_BYTES):
+    def __init__(self, exercises=None, limits=COMMAND_LIMITS, budget_s=EPISODE_BUDGET_S, output_bytes=OUTPUT_BYTES,
+                 max_new_tokens=None):
+        """max_new_tokens: a turn's, as the run samples; it sets `context_tokens`, the memory plan's longest context
+        (longest_context of the plan's first prompt), which the loop holds every episode to (None: no cap)."""
+        self.context_tokens = None
+        if max_new_tokens is not None:
+            from minigrpo.run.memplan import prompt_range     # on use: the plan's estimate of the longest first prompt
+            self.context_tokens = longest_context(prompt_range(self.name)[1], int(max_new_tokens))
         every = check_exercises(list(exercises)) if exercises is not None else catalogue()
         self.exercises = [e for e in every if not e.missing()]
         self.left_out = [f"terminal: {e.id} left out: the sandbox has no {', '.join(e.missing())}"

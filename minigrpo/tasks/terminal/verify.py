@@ -63,15 +63,24 @@ def _related(missing, rel):
 
 
 class Folder:
-    """An episode's snapshot as a verifier reads it: `entries` maps each relative path to "dir", "file" or "exec"
-    (an executable regular file); anything else the walk meets is left out, and a question whose answer it could
-    change raises Incomplete (see `whole`)."""
+    """An episode's snapshot as a verifier reads it: `entries` maps each relative path to "dir" or "file" (a regular
+    file), `modes` to its whole st_mode as the agent left it (type, setuid/setgid/sticky and all nine permission
+    bits: Snapshot.modes, since the copy itself is read-only); anything else the walk meets is left out, and a
+    question whose answer it could change raises Incomplete (see `whole`). Without `modes` (a folder that is not a
+    snapshot) the listing's own modes are the truth."""
 
-    def __init__(self, path, missing=None, cut=""):
+    def __init__(self, path, missing=None, cut="", modes=None):
         self.path = path
         self.missing = dict(missing or {})  # {relative path: why} the snapshot did not copy (Snapshot.missing)
-        self.entries, self.cut = _listing(path, MAX_ENTRIES, self.missing)
+        listed, self.cut = _listing(path, MAX_ENTRIES, self.missing)
         self.cut = cut or self.cut          # why the copy or this listing stopped early ("" when whole)
+        self.modes = listed if modes is None else {}
+        for rel, mode in listed.items():
+            if modes is None or stat.S_IFMT(modes.get(rel, 0)) == stat.S_IFMT(mode):
+                self.modes[rel] = mode if modes is None else modes[rel]
+            else:                           # never the case for a snapshot: it records what it copied
+                self.missing[rel] = "its mode in the episode is not known"
+        self.entries = {rel: "dir" if stat.S_ISDIR(m) else "file" for rel, m in self.modes.items()}
 
     def whole(self, rel=""):
         """Raise Incomplete unless everything at and under the relative path `rel` ("" for all), and every folder
@@ -93,14 +102,15 @@ class Folder:
         prefix = under.rstrip("/") + "/" if under else ""
         return sorted(p for p, kind in self.entries.items() if kind == "dir" and p.startswith(prefix))
 
-    def executable(self, rel):
+    def mode(self, rel):
+        """The whole st_mode the agent left `rel` with (stat.S_IMODE for its permission bits), or None if absent."""
         self.whole(rel)
-        return self.entries.get(rel) == "exec"
+        return self.modes.get(rel)
 
     def read(self, rel, cap=MAX_READ):
         """The bytes of the regular file `rel`, or None: not listed as one, unreadable, or over `cap` bytes."""
         self.whole(rel)
-        if self.entries.get(rel) not in ("file", "exec"):
+        if self.entries.get(rel) != "file":
             return None
         try:
             fd = os.open(os.path.join(self.path, rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -140,8 +150,9 @@ class Folder:
 
 
 def _listing(top, cap, missing):
-    """({relative path: kind}, why it stopped early or "") of a folder's tree, walked iteratively without following
-    anything, at most `cap` entries; what it cannot list or stat goes into `missing`."""
+    """({relative path: st_mode}, why it stopped early or "") of a folder's folders and regular files, walked
+    iteratively without following anything, at most `cap` entries; what it cannot list or stat, and anything that
+    is neither, goes into `missing`."""
     entries, stack = {}, [""]
     while stack:
         rel = stack.pop()
@@ -160,11 +171,10 @@ def _listing(top, cap, missing):
             except OSError as e:
                 missing[path] = f"cannot stat ({e.strerror})"
                 continue
-            if stat.S_ISDIR(st.st_mode):
-                entries[path] = "dir"
-                stack.append(path)
-            elif stat.S_ISREG(st.st_mode):
-                entries[path] = "exec" if st.st_mode & stat.S_IXUSR else "file"
+            if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
+                entries[path] = st.st_mode
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append(path)
             else:
                 missing[path] = "not a folder or a regular file"
     return entries, ""
@@ -175,17 +185,18 @@ def _listing(top, cap, missing):
 
 def probe(folder, command, take=None, extra=None, limits=PROBE_LIMITS):
     """Run the bash `command` in a fresh sandbox holding a copy of the snapshot's files that `take(rel)` accepts
-    (all when None; executable bits kept) and then the verifier's `extra` {path: content}. Returns the
+    (all when None; each with the nine permission bits the agent gave it, so a script its owner cannot read or
+    execute does not run) and then the verifier's `extra` {path: content}. Returns the
     CommandResult. Raises Incomplete when any of those files cannot come across whole: one the snapshot left out
     (`take` asked of the path, and of it as a folder: a symlink or fifo may stand where a folder should be), any
     folder whose contents the snapshot left out (they could be anything), one over PROBE_BYTES in all, past
     PROBE_FILES or with a path over PROBE_PATH, or a copy that finds no room; a probe on part of the agent's work
     could read "not there" as the truth, and a sandbox that cannot start for what the agent left must not take the
     episode out of its group. Only a failure of the host raises VerifierUnavailable."""
-    files, execs = _taken(folder, take)
+    files, modes = _taken(folder, take)
     extra = extra or {}
     files = {rel: data for rel, data in files.items() if not _in_the_way(rel, extra)}
-    execs = [rel for rel in execs if rel in files]
+    modes = {rel: mode for rel, mode in modes.items() if rel in files}
     files.update(extra)
     inodes, size = _footprint(files)
     try:
@@ -200,8 +211,8 @@ def probe(folder, command, take=None, extra=None, limits=PROBE_LIMITS):
     except ValueError as e:
         raise VerifierUnavailable(f"the verifier's sandbox did not start: {e}") from None
     with ep:
-        for rel in execs:               # the folder holds only what Episode wrote there: no link to follow
-            os.chmod(os.path.join(ep.folder, rel), 0o755)
+        for rel, mode in modes.items():     # the folder holds only what Episode wrote there: no link to follow
+            os.chmod(os.path.join(ep.folder, rel), stat.S_IMODE(mode) & 0o777)
         try:
             return ep.run(command)
         except OSError as e:
@@ -209,14 +220,14 @@ def probe(folder, command, take=None, extra=None, limits=PROBE_LIMITS):
 
 
 def _taken(folder, take):
-    """({rel: bytes}, [executable rels]) of the snapshot's files that `take` accepts; raises Incomplete (probe)."""
+    """({rel: bytes}, {rel: st_mode}) of the snapshot's files that `take` accepts; raises Incomplete (probe)."""
     wanted = (lambda rel: True) if take is None else take
     if folder.cut:
         raise Incomplete(f"the snapshot is incomplete: {folder.cut}")
     for m, why in folder.missing.items():
         if m.endswith("/") or wanted(m) or wanted(m + "/"):
             raise Incomplete(f"the snapshot is incomplete: {m}: {why}")
-    files, execs, size = {}, [], 0
+    files, modes, size = {}, {}, 0
     for rel in sorted(p for p, kind in folder.entries.items() if kind != "dir"):
         if not wanted(rel):
             continue
@@ -225,10 +236,8 @@ def _taken(folder, take):
         data = folder.read(rel, PROBE_BYTES)
         if data is None or size + len(data) > PROBE_BYTES or len(files) >= PROBE_FILES:
             raise Incomplete(f"{rel}: over the probe's {PROBE_FILES} files or {PROBE_BYTES} bytes in all")
-        files[rel], size = data, size + len(data)
-        if folder.executable(rel):
-            execs.append(rel)
-    return files, execs
+        files[rel], modes[rel], size = data, folder.mode(rel), size + len(data)
+    return files, modes
 
 
 def _in_the_way(rel, extra):

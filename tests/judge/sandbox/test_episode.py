@@ -181,7 +181,11 @@ def test_the_snapshot_copies_only_plain_files_read_only():
                     assert stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode), p
                     assert st.st_uid == os.geteuid() and not st.st_mode & (stat.S_ISUID | stat.S_ISGID | 0o222), p
             assert sorted(got) == ["d", "d/e", "d/e/out.txt", "sparse", "tool", "tool2"]
-            assert stat.S_IMODE(got["tool"].st_mode) == 0o555 and stat.S_IMODE(got["d/e/out.txt"].st_mode) == 0o444
+            assert {stat.S_IMODE(st.st_mode) for rel, st in got.items() if rel != "d" and rel != "d/e"} == {0o444}
+            # the modes the agent gave them, whole: type, setuid, setgid and every permission bit
+            assert snap.modes["tool"] == snap.modes["tool2"] == stat.S_IFREG | 0o6755
+            assert snap.modes["d/e/out.txt"] == stat.S_IFREG | 0o666 and stat.S_ISDIR(snap.modes["d/e"])
+            assert sorted(snap.modes) == sorted(got)
             with open(os.path.join(snap.path, "d/e/out.txt")) as f:
                 assert f.read() == "report\n"
             skipped = "\n".join(snap.skipped)
