@@ -11,6 +11,9 @@ Groups:
                                     KB where the harness writes 24 or 56 MB) and reads what the harness knows (the
                                     expected count, from its caller's frame). The memory criteria then pay for
                                     code that reads whole files.
+  look when asked                   file-handle-leak-fix's closing criterion looks at the open files only when
+                                    the answer asks for its next path: take them all first and it never looks
+                                    mid-loop.
   sleep and spin                    an answer that sleeps 2.5 s and spins 2 ms, forever, makes "progress" at each
                                     look of the stall clock; only the last-resort wall ceiling (10 x the CPU
                                     limit + 10 s) ends it.
@@ -171,6 +174,41 @@ def open(path, mode="r", *a, **k):
 def test_a_whole_file_hasher_does_not_pass_the_bounded_reads_criterion_by_rewriting_the_harness(judge):
     plain = whole_file_hashing()
     assert_no_more_than_control(judge, "pathlib-duplicate-files", ONE_CHUNK_WRITER + plain, plain)
+
+
+# file-handle-leak-fix c2 ("count_errors closes every file it opens") reads what the answer holds when it asks
+# for the next path: then it is done with the last. Code that never closes (each file is released only when `f` is
+# rebound, the last at return) fails it, 0.5; the same code that first takes every path (`paths = list(paths)`)
+# asks for none while a file is open, and the one look after the return finds the last released: 0.667.
+NO_CLOSE = '''
+import json
+
+
+def count_errors(paths):
+    counts = {}
+    for p in paths:
+        f = open(p, encoding="utf-8")
+        counts[p] = sum(1 for l in f if "ERROR" in l)
+    return counts
+
+
+def load_config(path):
+    return json.load(open(path, encoding="utf-8"))
+
+
+def append_log(path, message):
+    f = open(path, "a", encoding="utf-8")
+    f.write(message + "\\n")
+    f.flush()
+'''
+
+
+@works("c2 looks at the answer's open files only when it asks for the next path: an answer that takes all paths "
+       "first is never looked at mid-loop (measured: 0.667 against 0.5). Fix: a look the answer cannot schedule")
+def test_taking_every_path_first_does_not_pass_the_closing_criterion(judge):
+    early = NO_CLOSE.replace("    counts = {}\n", "    counts = {}\n    paths = list(paths)\n")
+    assert early != NO_CLOSE
+    assert_no_more_than_control(judge, "file-handle-leak-fix", early, NO_CLOSE)
 
 
 # =================================================================================================================
