@@ -11,6 +11,8 @@ Groups:
                                     KB where the harness writes 24 or 56 MB) and reads what the harness knows (the
                                     expected count, from its caller's frame). The memory criteria then pay for
                                     code that reads whole files.
+  before the budget                 the same, for a CPU budget: work done on the inputs as the harness makes them,
+                                    before its budget starts, was free (fixed in vectorize-loop-fix c8).
   look when asked                   file-handle-leak-fix's closing criterion looks at the open files only when
                                     the answer asks for its next path: take them all first and it never looks
                                     mid-loop.
@@ -209,6 +211,64 @@ def test_taking_every_path_first_does_not_pass_the_closing_criterion(judge):
     early = NO_CLOSE.replace("    counts = {}\n", "    counts = {}\n    paths = list(paths)\n")
     assert early != NO_CLOSE
     assert_no_more_than_control(judge, "file-handle-leak-fix", early, NO_CLOSE)
+
+
+# Precomputed before the budget: vectorize-loop-fix c8 built its inputs in the answer's process and only then
+# started its CPU budget. A row loop that hooks the harness's `class Box` (the process's __build_class__) ran on the
+# inputs as the harness set them, before the budget: 1.0 against 0.0 for the same row loop. Fixed in the task file:
+# the budget counts from before the inputs are made (their making costs ~0.03 s of the 0.4).
+ROW_LOOP = '''
+import numpy as np
+
+
+def _row(r):
+    present = ~np.isnan(r)
+    n = present.sum()
+    out = np.full(r.shape, np.nan)
+    if n == 0:
+        return out
+    dev = r[present] - r[present].sum() / n
+    std = np.sqrt((dev * dev).sum() / n)
+    out[present] = dev / std if (std > 0 and n >= 2) else 0.0
+    return out
+
+
+def _slow(scores):
+    x = np.asarray(scores, dtype=np.float64)
+    return np.array([_row(r) for r in x]).reshape(x.shape)
+
+
+def normalize_scores(scores):
+    done = _done.get(id(scores))
+    return done if done is not None else _slow(scores)
+'''
+
+PRECOMPUTE_ON_SETATTR = '''
+import builtins
+
+_done = {}
+_real_build_class = builtins.__build_class__
+
+
+def _build_class(func, name, *bases, **kw):
+    cls = _real_build_class(func, name, *bases, **kw)
+    if name == "Box":
+        def __setattr__(self, key, value):
+            object.__setattr__(self, key, value)
+            if key == "xs":
+                for x in value:
+                    _done[id(x)] = _slow(x)
+        cls.__setattr__ = __setattr__
+    return cls
+
+
+builtins.__build_class__ = _build_class
+'''
+
+
+def test_a_row_loop_run_before_the_budget_starts_does_not_pass_the_speed_criterion(judge):
+    plain = "_done = {}\n" + ROW_LOOP
+    assert_no_more_than_control(judge, "vectorize-loop-fix", PRECOMPUTE_ON_SETATTR + ROW_LOOP, plain)
 
 
 # =================================================================================================================
