@@ -250,8 +250,8 @@ def compiled_step(device, backend="inductor"):
 
 def describe(error):
     """'Type: first line' of the innermost cause (dynamo wraps a backend's error in BackendCompilerFailed)."""
-    while error.__cause__ is not None:
-        error = error.__cause__
+    while (inner := getattr(error, "inner_exception", None) or error.__cause__) is not None:
+        error = inner
     line = next((x.strip() for x in str(error).splitlines() if x.strip()), "")
     return f"{type(error).__name__}: {line[:200]}"
 

@@ -145,6 +145,31 @@ def test_fast_path_logprobs_equal_the_eager_path_fp32():
         adamw_step(model, fused=True)
 
 
+def test_a_compile_that_fails_warns_once_and_decodes_uncompiled(monkeypatch, capfd):
+    """A compiled step that cannot be built (here a backend that raises as inductor does without a C compiler)
+    prints one warning line naming the error, and the call is decoded again from its prefill with the uncompiled
+    static step: the eager path's samples. Later calls do not try to compile again."""
+    tried = []
+
+    def broken(gm, example_inputs):
+        tried.append(1)
+        raise RuntimeError("Failed to find a C compiler. Please specify via CC environment variable.\nmore")
+    real_step = static_decode.compiled_step
+    monkeypatch.setattr(static_decode, "compiled_step", lambda device, backend="inductor": real_step(device, broken))
+    torch._dynamo.reset()
+    model = lora_model("tiny-qwen3.5")
+    eager = replace(FREE, n=2, max_new_tokens=12)
+    for _ in range(2):
+        assert_same(sample(model, PROMPTS, replace(eager, compile=True, rows=6), seed=7), sample(model, PROMPTS,
+                                                                                              eager, seed=7))
+    err = capfd.readouterr().err.splitlines()
+    assert len(tried) == 1 and len(err) == 1, err
+    assert err[0].startswith("warning: the compiled decode step failed on cpu (RuntimeError: Failed to find a C "
+                             "compiler. Please specify via CC environment variable.); decoding with the uncompiled")
+    assert static_decode.compile_failure("cpu", broken).startswith("RuntimeError: Failed to find a C compiler")
+    assert static_decode.compile_failure("cpu") is None              # inductor itself was not tried
+
+
 def soyuz_like_tasks(lengths):
     """Soyuz tasks whose prompts have the given lengths in characters (one token each with the byte tokenizer)."""
     body = "Write a short poem about the sea, then explain each image you chose in one plain sentence. "
