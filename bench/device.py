@@ -9,12 +9,15 @@ The models are built first, in their own section, once (one retry if the first t
 section measures on them. Then the sections, in the order of what they decide (docs/benchmarks.md has each one's
 share of the budget):
   numerics      ours bf16 against ours fp32 on the same random weights (Qwen3.5-4B, all 32 layers; B=2, T=256, one
-                row left-padded) and the GRPO KL at step 0; then a few AdamW steps at soyuz's lr, and each decode
-                path's sampler-trainer gap and the share of the LoRA update it carries: eager, the fast path's
-                static step uncompiled, and the fast path, whose first call compiles (bench/device_numerics.py).
-  decode        soyuz's revision call (6 prompts x 1 sample, a 3,072-slot cache bucket, the policy as the preset
-                builds it: LoRA attached, checkpointing on): ms per decode step of the eager and the fast path from
-                two calls of 8 and 56 new tokens, kernels per step from torch.profiler (bench/device_decode.py).
+                row left-padded) and the GRPO KL at step 0; then a few AdamW steps at soyuz's lr, and the eager
+                path's and the fast path's static step's sampler-trainer gap and the share of the LoRA update each
+                carries (bench/device_numerics.py).
+  compile       the fast path's first call, which compiles its one graph, on its own allotment (at least its cap):
+                its gap and share, and the compile's seconds by phase, or the error it failed with.
+  decode        soyuz's largest sampler call (train.decode_rows: 24 rows, a 3,072-slot cache bucket, the policy as
+                the preset builds it: LoRA attached, checkpointing on): ms per decode step of the eager and the fast
+                path from two calls of 8 and 56 new tokens, kernels per step from torch.profiler
+                (bench/device_decode.py).
   train         one soyuz-shaped micro-batch as train.py's policy_update runs it (B=4 x T=2,936, completions up to
                 1,024 tokens, activation checkpointing, beta 0.04, LoRA r=32 on every projection): seconds by phase,
                 the SDPA kernel each forward took, and the peak memory (torch.cuda.max_memory_allocated) against
@@ -60,7 +63,7 @@ FULL = dict(shape="qwen3.5-4b", num_len=256, prompt=2880, steps=(8, 56), prof=(2
                       fast=15, step=25, hf_first=45, hf=15))
 SMALL = dict(shape="tiny-qwen3.5", num_len=64, prompt=100, steps=(4, 16), prof=(2, 6), repeats=2,
              train_prompts=(100, 90, 80, 70), train_completions=(28, 24, 20, 16), budget=360,
-             opt_steps=2, gap_tokens=16, compile_cap=200,
+             opt_steps=2, gap_tokens=16, compile_cap=400,
              need=dict(build=15, fp32=5, compare=5, kl=5, steps=10, gap=10, static=10, compile=60, eager=15,
                        fast=10, step=15, hf_first=20, hf=10))
 # each section's share of --budget, in the order they run; the time one leaves unused passes on to the next

@@ -114,6 +114,8 @@ def decode_section(sec, M):
     def fast_first():
         if getattr(M, "fast_compiled", None) is not None:
             return dict(minigrpo=f"{M.fast_compiled:.1f} s", note="compiled in the compile section (its row)")
+        if getattr(M, "compile_tried", False):   # stopped there at its cap: a second try here would be as long
+            raise Skip("the compile section's compile did not finish (its row)")
         g0 = graphs()
         dt = call("fast", k1)[0]
         M.fast_compiled = dt

@@ -8,9 +8,10 @@
     of the same tokens: the gap (mean / p95 / max of |trainer - sampler|) and the share of the LoRA update the
     sampler carries, sum((s - b)(t - b)) / sum((t - b)^2) over the sampled tokens, with t the trainer's, s the
     sampler's and b the base model's log-probs (the adapters disabled): 1 when the sampler samples the policy the
-    trainer scores, 0 when it samples the base model. The paths: eager, the fast path itself (train.generate with
-    --decode fast: Settings(compile=True)), whose first call compiles the graph the decode section then times, and
-    its static step uncompiled (Settings(static=True)), which tells the compiler's part from the step's.
+    trainer scores, 0 when it samples the base model. The paths: eager and the fast path's static step uncompiled
+    (Settings(static=True)), which tells the compiler's part from the step's; the fast path itself (train.generate
+    with --decode fast: Settings(compile=True)) is the compile section's (`compile_section`): its first call
+    compiles the graph the decode section then times.
 """
 
 import argparse
@@ -216,6 +217,7 @@ def compile_section(sec, M):
     sec.extend(c["compile_cap"])   # the window's main number: later sections (train, transformers last) lose the time
 
     def first_call():
+        M.compile_tried = True
         before = calculate_time_spent()
         dt, row = gap_row(M, "fast")
         M.fast_compiled = dt
