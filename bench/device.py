@@ -9,12 +9,15 @@ The models are built first, in their own section, once (one retry if the first t
 section measures on them. Then the sections, in the order of what they decide (docs/benchmarks.md has each one's
 share of the budget):
   numerics      ours bf16 against ours fp32 on the same random weights (Qwen3.5-4B, all 32 layers; B=2, T=256, one
-                row left-padded) and the GRPO KL at step 0; then a few AdamW steps at soyuz's lr, and each decode
-                path's sampler-trainer gap and the share of the LoRA update it carries: eager, the fast path's
-                static step uncompiled, and the fast path, whose first call compiles (bench/device_numerics.py).
-  decode        soyuz's revision call (6 prompts x 1 sample, a 3,072-slot cache bucket, the policy as the preset
-                builds it: LoRA attached, checkpointing on): ms per decode step of the eager and the fast path from
-                two calls of 8 and 56 new tokens, kernels per step from torch.profiler (bench/device_decode.py).
+                row left-padded) and the GRPO KL at step 0; then a few AdamW steps at soyuz's lr, and the eager
+                path's and the fast path's static step's sampler-trainer gap and the share of the LoRA update each
+                carries (bench/device_numerics.py).
+  compile       the fast path's first call, which compiles its one graph, on its own allotment (at least its cap):
+                its gap and share, and the compile's seconds by phase, or the error it failed with.
+  decode        soyuz's largest sampler call (train.decode_rows: 24 rows, a 3,072-slot cache bucket, the policy as
+                the preset builds it: LoRA attached, checkpointing on): ms per decode step of the eager and the fast
+                path from two calls of 8 and 56 new tokens, kernels per step from torch.profiler
+                (bench/device_decode.py).
   train         one soyuz-shaped micro-batch as train.py's policy_update runs it (B=4 x T=2,936, completions up to
                 1,024 tokens, activation checkpointing, beta 0.04, LoRA r=32 on every projection): seconds by phase,
                 the SDPA kernel each forward took, and the peak memory (torch.cuda.max_memory_allocated) against
@@ -48,24 +51,37 @@ ROOT = os.path.dirname(HERE)
 sys.path[:0] = [ROOT, HERE]
 import shapes  # noqa: E402
 from device_decode import attention_kernels, decode_section, generate_section, profiled, sync  # noqa: E402
-from device_numerics import numerics, transformers_numerics  # noqa: E402
+from device_numerics import compile_section, numerics, transformers_numerics  # noqa: E402
 from device_report import Report, Skip  # noqa: E402
 
 GiB = 1024 ** 3
 # need: seconds a unit may take, checked against what its section has left; allot: each section's share of --budget
-FULL = dict(shape="qwen3.5-4b", num_len=256, rows=6, prompt=2880, steps=(8, 56), prof=(2, 6), repeats=2,
+FULL = dict(shape="qwen3.5-4b", num_len=256, prompt=2880, steps=(8, 56), prof=(2, 6), repeats=2,
             train_prompts=(1912, 1850, 1800, 1700), train_completions=(1024, 1000, 900, 800), budget=450,
             opt_steps=8, gap_tokens=32, compile_cap=240,
             need=dict(build=60, fp32=25, compare=10, kl=15, steps=30, gap=15, static=25, compile=90, eager=30,
                       fast=15, step=25, hf_first=45, hf=15))
-SMALL = dict(shape="tiny-qwen3.5", num_len=64, rows=6, prompt=100, steps=(4, 16), prof=(2, 6), repeats=2,
+SMALL = dict(shape="tiny-qwen3.5", num_len=64, prompt=100, steps=(4, 16), prof=(2, 6), repeats=2,
              train_prompts=(100, 90, 80, 70), train_completions=(28, 24, 20, 16), budget=360,
-             opt_steps=2, gap_tokens=16, compile_cap=200,
+             opt_steps=2, gap_tokens=16, compile_cap=400,
              need=dict(build=15, fp32=5, compare=5, kl=5, steps=10, gap=10, static=10, compile=60, eager=15,
                        fast=10, step=15, hf_first=20, hf=10))
 # each section's share of --budget, in the order they run; the time one leaves unused passes on to the next
-ALLOT = {"build": 0.2, "numerics": 0.42, "decode": 0.14, "train": 0.11, "transformers": 0.13}
+ALLOT = {"build": 0.15, "numerics": 0.25, "compile": 0.25, "decode": 0.14, "train": 0.09, "transformers": 0.12}
 SECTIONS = [s for s in ALLOT if s != "build"]
+
+
+def soyuz_args():
+    """train.py's resolved soyuz flags (nothing is written to the run folder they name, which must not be --out)."""
+    from minigrpo.run.flags import resolve_args
+    return resolve_args(["--task", "soyuz", "--run-name", f"device-flags-{os.getpid()}"])
+
+
+def reference_rows(args):
+    """The rows of the reference run's largest sampler call, as train.py sizes it: soyuz's 4 tasks x G = 6."""
+    import train
+    from minigrpo.tasks import task_class
+    return train.decode_rows(task_class("soyuz"), args, args.tasks_per_step)
 
 
 class StandInTokenizer:
@@ -111,7 +127,6 @@ def build(M, cold=0.0):
     cold: seconds to wait first (--slow-build: the rehearsal of a slow first start)."""
     from minigrpo.lora import inject_lora
     from minigrpo.model import enable_activation_checkpointing
-    from minigrpo.run.flags import resolve_args
     time.sleep(cold)
     c = M.cfg
     M.raw = shapes.hf_config(c["shape"])
@@ -119,8 +134,7 @@ def build(M, cold=0.0):
     hf = shapes.build_hf(c["shape"], torch.bfloat16, M.device)
     hf.generation_config.pad_token_id = M.pad
     M.ours = ours_from(hf, M.raw)
-    # the flags only: nothing is written to the run folder they name, which must not be --out (runs/device)
-    M.args = resolve_args(["--task", "soyuz", "--run-name", f"device-flags-{os.getpid()}"])
+    M.args = soyuz_args()
     M.params = inject_lora(M.ours, r=M.args.lora_r, alpha=M.args.lora_alpha)
     if M.args.grad_checkpoint:
         enable_activation_checkpointing(M.ours)
@@ -292,6 +306,7 @@ def environment(report, device):
                        f"{torch.backends.cuda.cudnn_sdp_enabled()}, math {torch.backends.cuda.math_sdp_enabled()}")
     else:
         report.add_env(f"device: CPU, {torch.get_num_threads()} threads")
+    report.add_env(compilers())
     found = []
     for mod, check in (("fla", "is_flash_linear_attention_available"), ("causal_conv1d", "is_causal_conv1d_available")):
         try:
@@ -302,6 +317,32 @@ def environment(report, device):
         fn = getattr(import_utils, check, None)
         found.append(f"{mod}: {state}" + (f", transformers' {check}() = {fn()}" if fn else ""))
     report.add_env("transformers' Qwen3.5 kernels: " + "; ".join(found))
+
+
+def compilers():
+    """What a compiled path needs besides torch: Triton builds its launcher with a host C compiler (CC, else gcc,
+    else clang) against the Python headers; inductor on the CPU builds C++ (CXX, else g++)."""
+    import shutil
+    import sysconfig
+
+    def tool(name):
+        path = shutil.which(name) if name else None
+        if not path:
+            return f"{name}: NOT FOUND"
+        try:
+            out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout
+            return f"{path} ({out.splitlines()[0].strip() if out else 'no version'})"
+        except (OSError, subprocess.SubprocessError) as e:
+            return f"{path} (does not run: {type(e).__name__})"
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang") or "cc"
+    header = os.path.join(sysconfig.get_paths()["include"], "Python.h")
+    try:
+        triton = importlib.import_module("triton").__version__
+    except Exception as e:  # noqa: BLE001  missing, or a build that fails on import
+        triton = f"not importable ({type(e).__name__})"
+    return (f"compilers: C (Triton's launcher) {tool(cc)}; C++ (inductor on a CPU) {tool(os.environ.get('CXX', 'g++'))}; "
+            f"Python headers {header}: {'present' if os.path.exists(header) else 'MISSING'}; Triton {triton}; "
+            f"cuDNN {torch.backends.cudnn.version()}")
 
 
 def main(argv=None):
@@ -333,6 +374,7 @@ def main(argv=None):
     except ImportError:
         p.error("transformers is not installed: the script compares against it; pip install -r requirements-dev.txt")
     c = dict(SMALL if a.small else FULL)
+    c["rows"] = reference_rows(soyuz_args())   # the decode rows: soyuz's largest sampler call (24)
     budget = a.budget or c["budget"]
     device = torch.device(a.device)
     report = Report(a.out, budget, START, dict(argv=sys.argv[1:] if argv is None else list(argv), device=a.device,
@@ -342,7 +384,8 @@ def main(argv=None):
     M = Models(c, device)
     report.header()
     share = ALLOT["build"] + sum(ALLOT[s] for s in sections)
-    run = {"numerics": numerics, "decode": decode_section, "transformers": transformers_section,
+    run = {"numerics": numerics, "compile": compile_section, "decode": decode_section,
+           "transformers": transformers_section,
            "train": functools.partial(train_section, plan_proc=plan_proc)}
     try:
         build_section(report.section("build", ALLOT["build"] / share * budget), M, a.slow_build)

@@ -8,9 +8,10 @@
     of the same tokens: the gap (mean / p95 / max of |trainer - sampler|) and the share of the LoRA update the
     sampler carries, sum((s - b)(t - b)) / sum((t - b)^2) over the sampled tokens, with t the trainer's, s the
     sampler's and b the base model's log-probs (the adapters disabled): 1 when the sampler samples the policy the
-    trainer scores, 0 when it samples the base model. The paths: eager, the fast path itself (train.generate with
-    --decode fast: Settings(compile=True)), whose first call compiles the graph the decode section then times, and
-    its static step uncompiled (Settings(static=True)), which tells the compiler's part from the step's.
+    trainer scores, 0 when it samples the base model. The paths: eager and the fast path's static step uncompiled
+    (Settings(static=True)), which tells the compiler's part from the step's; the fast path itself (train.generate
+    with --decode fast: Settings(compile=True)) is the compile section's (`compile_section`): its first call
+    compiles the graph the decode section then times.
 """
 
 import argparse
@@ -143,7 +144,7 @@ def gap_prompts(M):
     import sampler as sampler_bench  # bench/sampler.py
     import train
     c = M.cfg
-    lengths = [c["prompt"] - (c["prompt"] // 16) * i for i in range(c["rows"])]
+    lengths = [c["prompt"] - (c["prompt"] // (4 * c["rows"])) * i for i in range(c["rows"])]   # down to ~3/4
     prompts = sampler_bench.prompts_for(lengths, M.vocab)
     return prompts, [train.sample_seed(M.args, 0, i) for i in range(len(prompts))]
 
@@ -180,32 +181,57 @@ def gap_stats(M, prompts, got):
     return (t - s).abs(), share.item(), (t - base).abs().mean().item()
 
 
-def gaps(sec, M):
-    c, need, cuda = M.cfg, M.cfg["need"], M.device.type == "cuda"
+def gap_row(M, path):
+    """One decode path's row: its samples of soyuz's revision call against the trainer's log-probs."""
+    if not getattr(M, "stepped", False):
+        raise Skip("no optimizer step ran: LoRA B is 0, there is no update to carry")
     prompts, seeds = gap_prompts(M)
-    k = c["gap_tokens"]
+    t0 = time.perf_counter()
+    got = draw(M, path, prompts, seeds, M.cfg["gap_tokens"])
+    dt = time.perf_counter() - t0
+    d, share, moved = gap_stats(M, prompts, got)
+    mean, q, top = d.mean().item(), d.quantile(0.95).item(), d.max().item()
+    return dt, dict(minigrpo=f"share {share:.2f}; gap mean {mean:.3g}, p95 {q:.3g}, max {top:.3g}",
+                    note=f"{d.numel()} tokens ({len(prompts)} rows x {M.cfg['gap_tokens']}); mean abs(trainer - "
+                         f"base) {moved:.3g}; {dt:.1f} s")
 
-    def gap(path):
-        if not getattr(M, "stepped", False):
-            raise Skip("no optimizer step ran: LoRA B is 0, there is no update to carry")
-        t0 = time.perf_counter()
-        got = draw(M, path, prompts, seeds, k)
-        dt = time.perf_counter() - t0
-        if path == "fast":
-            M.fast_compiled = dt
-        d, share, moved = gap_stats(M, prompts, got)
-        mean, q, top = d.mean().item(), d.quantile(0.95).item(), d.max().item()
-        return dict(minigrpo=f"share {share:.2f}; gap mean {mean:.3g}, p95 {q:.3g}, max {top:.3g}",
-                    note=f"{d.numel()} tokens ({len(prompts)} rows x {k}); mean abs(trainer - base) {moved:.3g}; "
-                         f"{dt:.1f} s" + (" (its first call: compile" + (" + CUDA graph capture)" if cuda else ")")
-                                          if path == "fast" else ""))
 
-    what = f"{len(prompts)} rows x ~{c['prompt']} tokens"
-    sec.measure(f"sampler vs trainer after the steps, eager path, {what}", lambda: gap("eager"), need=need["gap"])
-    sec.measure(f"sampler vs trainer, fast path (--decode fast), {what}", lambda: gap("fast"), need=need["compile"],
-                cap=c["compile_cap"])
-    sec.measure(f"sampler vs trainer, the fast path's static step uncompiled, {what}", lambda: gap("static"),
+def gaps(sec, M):
+    """The eager path and the fast path's static step uncompiled; the fast path itself is the compile section's."""
+    c, need = M.cfg, M.cfg["need"]
+    what = f"{c['rows']} rows x ~{c['prompt']} tokens"
+    sec.measure(f"sampler vs trainer after the steps, eager path, {what}", lambda: gap_row(M, "eager")[1],
+                need=need["gap"])
+    sec.measure(f"sampler vs trainer, the fast path's static step uncompiled, {what}", lambda: gap_row(M, "static")[1],
                 need=need["static"])
+
+
+def compile_section(sec, M):
+    """The fast path's first call, on its own allotment: it compiles the graph the decode section times (one graph
+    for every length: the cache's slot count is dynamic), and its samples give the fast path's gap. The row says the
+    compile's seconds by phase (torch._dynamo's counters) and, when the compile failed, its error: the sampler then
+    decoded with the uncompiled static step (static_decode.decode_call's fallback)."""
+    from torch._dynamo.utils import calculate_time_spent
+    from minigrpo import static_decode
+    c, cuda = M.cfg, M.device.type == "cuda"
+    sec.extend(c["compile_cap"])   # the window's main number: later sections (train, transformers last) lose the time
+
+    def first_call():
+        M.compile_tried = True
+        before = calculate_time_spent()
+        dt, row = gap_row(M, "fast")
+        M.fast_compiled = dt
+        spent = {k: v - before.get(k, 0.0) for k, v in calculate_time_spent().items() if k != "total_wall_time"}
+        phases = ", ".join(f"{k} {v:.1f} s" for k, v in spent.items() if v >= 0.05)
+        failed = static_decode.compile_failure(M.device)
+        how = (f"COMPILE FAILED ({failed}): decoded by the uncompiled static step" if failed else
+               f"compile by phase: {phases or 'none (cached)'}; the rest: prefill, "
+               f"{'CUDA graph capture, ' if cuda else ''}{c['gap_tokens']} steps")
+        row["note"] += f" (its first call); {how}"
+        return row
+
+    sec.measure(f"sampler vs trainer, fast path (--decode fast), its first call: the compile, {c['rows']} rows x "
+                f"~{c['prompt']} tokens", first_call, need=c["need"]["compile"], cap=c["compile_cap"])
 
 
 def transformers_numerics(sec, M):

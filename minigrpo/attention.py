@@ -1,8 +1,8 @@
 """Softmax attention through torch's fused kernels.
 
-On CUDA, F.scaled_dot_product_attention picks a kernel per call: cuDNN (first on H100/H200 when torch prefers it),
-then flash, then memory-efficient, and where none accepts the call the math kernel, which materialises the
-(B, nh, T, S) scores in fp32, for the forward and again for the backward. The rules of torch 2.13
+On CUDA, F.scaled_dot_product_attention picks a kernel per call: cuDNN (first on H100/H200 when torch prefers it;
+never for a masked call of several queries here: WITHOUT_CUDNN), then flash, then memory-efficient, and where none
+accepts the call the math kernel, which materialises the (B, nh, T, S) scores in fp32, for the forward and again for the backward. The rules of torch 2.13
 (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp) that decide our calls:
 
   flash             no mask; fp16/bf16; q, k, v head dims equal and <= 256; GQA (enable_gqa: nh a multiple of
@@ -28,10 +28,25 @@ the CPU tests hold every call of the model to them, and the memory plan names th
 Shape letters: B batch, nh query heads, nkv key/value heads, r = nh / nkv, T queries, S keys, hd head dim.
 """
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 HALF = (torch.float16, torch.bfloat16)
+# cuDNN's attention can return NaN gradients for masked calls on H100/H200 with torch 2.13 (key lengths 64 mod 128):
+# a masked call with several queries (a padded training micro-batch, a padded prefill) runs on the other kernels
+# until a GPU run measures cuDNN's. Decode (one query) and unmasked calls keep torch's own choice.
+WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def kernel_choice(q, mask):
+    """The context `attend` calls SDPA in: without cuDNN for a masked call of several queries on CUDA; torch's
+    default otherwise (a no-op on the CPU, which has no cuDNN attention)."""
+    if mask is not None and q.shape[2] > 1 and q.device.type == "cuda":
+        return sdpa_kernel(WITHOUT_CUDNN)
+    return contextlib.nullcontext()
 
 
 def layout(nh, nkv, T, S, masked, dtype):
@@ -59,4 +74,5 @@ def attend(q, k, v, mask):
         return y.reshape(B, nh, 1, hd)
     if how == "expand":
         k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)   # (B, nh, S, hd)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=how == "gqa")
+    with kernel_choice(q, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=how == "gqa")

@@ -292,11 +292,11 @@ def sample_batch(model, prompts, seeds, s, scanner, kept, static=None):
     row_keys = sample_keys(seeds, s.n, model.device)                 # (P*n,) int64, one per sample row
     extra = s.max_new_tokens if static is None else static_decode.new_slots(prompts, s.max_new_tokens)
     cache, logits, keeps, reused = prefill_reusing(model, prompts, extra, s.pad_id, *kept)
+    run = lambda cache, step: decode(model, step, cache, logits, row_keys, s, scanner)  # noqa: E731
     if static is None:
-        cache, step = cache.repeat_interleave(s.n), decode_step
-    else:
-        cache, step = static_decode.start(model, cache, s.n, *static)
-    gen_ids, logprobs, ended = decode(model, step, cache, logits, row_keys, s, scanner)
+        gen_ids, logprobs, ended = run(cache.repeat_interleave(s.n), decode_step)
+    else:       # a compiled step that fails: one warning line, and this call again uncompiled (static_decode.py)
+        gen_ids, logprobs, ended = static_decode.decode_call(model, cache, s.n, *static, run)
     out = []
     for r in range(len(row_keys)):  # the static batch's padding rows are not returned
         length, reason = ended.get(r, (s.max_new_tokens, "length"))

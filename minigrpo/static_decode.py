@@ -34,6 +34,8 @@ Its twin is the ordinary path: tests check that greedy tokens are equal and log-
 Shape letters: B rows being decoded, P prompts, S = max_len cache slots, H hidden size, V vocab.
 """
 
+import math
+import sys
 import weakref
 
 import torch
@@ -79,7 +81,15 @@ def start(model, cache, n, rows=None, compile=False):
     cache = static_cache(model, cache, n, bucket_rows(cache.mask.shape[0] * n, rows))
     if not compile:
         return cache, decode_step
-    return cache, compiled_step(model.device, compile if isinstance(compile, str) else "inductor")
+    return cache, compiled_step(model.device, compile if isinstance(compile, str) else "inductor")   # or uncompiled
+
+
+def _layout(like, rows):
+    """(shape, dtype) of each StaticCache tensor for model.Cache `like` with `rows` rows, in StaticCache.tensors()
+    order (k, v, conv, state per layer, then mask, next_pos, next_slot); None for a layer of the other kind."""
+    per_layer = [None if x is None else ((rows,) + x.shape[1:], x.dtype) for x in like.k + like.v + like.conv + like.state]
+    return per_layer + [((rows, like.max_len), like.mask.dtype), ((rows,), like.next_pos.dtype),
+                        ((1,), like.next_pos.dtype)]
 
 
 class StaticCache:
@@ -87,17 +97,35 @@ class StaticCache:
     conv (B, C, K-1); state (B, nv, dk, dv) fp32; None where the layer is of the other kind) and the same per-layer
     methods (`update`, `update_state`), plus mask (B, S) bool real tokens among the slots, next_pos (B,) real tokens
     per row (the next position), and next_slot (1,) long: the slot the next token goes to, the same for every row
-    (left-padded layout)."""
+    (left-padded layout).
 
-    def __init__(self, like, rows):
-        """Zeroed tensors shaped as model.Cache `like`, with `rows` rows."""
-        each = lambda xs: [None if x is None else x.new_zeros((rows,) + x.shape[1:]) for x in xs]
-        self.k, self.v, self.conv, self.state = each(like.k), each(like.v), each(like.conv), each(like.state)
-        self.mask = like.mask.new_zeros(rows, like.max_len)
-        self.next_pos = like.next_pos.new_zeros(rows)
-        self.next_slot = like.next_pos.new_zeros(1)
+    Each tensor is the first elements of a flat buffer (`flat`), so one set of buffers, sized for the run's longest
+    call, serves every shorter call too: `for_call` views them at another slot count, contiguous, at the same
+    addresses. The slot count S is marked dynamic: the compiled step is one graph for every length."""
+
+    def __init__(self, like, rows, flat=None):
+        """Shaped as model.Cache `like`, with `rows` rows: zeroed buffers, or views of `flat` (at least as large)."""
+        layout = _layout(like, rows)
+        device = like.mask.device
+        self.flat = flat or [None if x is None else torch.zeros(math.prod(x[0]), dtype=x[1], device=device)
+                             for x in layout]
+        ts = [None if x is None else f[:math.prod(x[0])].view(x[0]) for f, x in zip(self.flat, layout)]
+        n = len(like.k)
+        self.k, self.v, self.conv, self.state = (ts[i * n:(i + 1) * n] for i in range(4))
+        self.mask, self.next_pos, self.next_slot = ts[4 * n:]
         for t in self.tensors():
             torch._dynamo.mark_static_address(t)  # CUDA graphs: read and written in place, never re-allocated
+        for t in [t for t in self.k + self.v if t is not None]:
+            torch._dynamo.mark_dynamic(t, 2)      # (B, nkv, S, hd): one graph for every slot count
+        torch._dynamo.mark_dynamic(self.mask, 1)  # (B, S)
+
+    def holds(self, like, rows):
+        """Whether the buffers hold a call shaped as `like` with `rows` rows."""
+        return all(x is None or math.prod(x[0]) <= f.numel() for f, x in zip(self.flat, _layout(like, rows)))
+
+    def for_call(self, like, rows):
+        """This cache's buffers viewed at `like`'s slot count (a shorter call's cache: the same memory)."""
+        return self if self.mask.shape[1] == like.max_len else StaticCache(like, rows, self.flat)
 
     def tensors(self):
         return [t for t in self.k + self.v + self.conv + self.state + [self.mask, self.next_pos, self.next_slot]
@@ -117,7 +145,8 @@ class StaticCache:
 
     def load(self, cache, n):
         """Copy a prefilled model.Cache (P rows) in, each row repeated n times: row r takes prompt r // n; the rows
-        past P*n (padding up to the fixed row count) take the last prompt."""
+        past P*n (padding up to the fixed row count) take the last prompt. Every element is written: nothing of an
+        earlier call (of another length, in the same buffers) is left."""
         P = cache.mask.shape[0]
         src = (torch.arange(self.mask.shape[0], device=self.mask.device) // n).clamp_(max=P - 1)
         for dst, s in zip(self.tensors()[:-1], cache_tensors(cache)):
@@ -131,22 +160,25 @@ def cache_tensors(cache):
 
 
 def shape_key(cache, rows):
-    """What a StaticCache's graph depends on: rows, slots, device and each layer's kind and dtype."""
+    """What a StaticCache's buffers depend on: rows, device and each layer's kind and dtype (not the slot count:
+    one set of buffers serves every length)."""
     kinds = tuple(None if a is None else a.dtype for a in cache.k + cache.state)
-    return rows, cache.max_len, cache.mask.device, kinds
+    return rows, cache.mask.device, kinds
 
 
-_pool = weakref.WeakKeyDictionary()  # model -> {shape_key: its StaticCache}: every shape the run has used
+_pool = weakref.WeakKeyDictionary()  # model -> {shape_key: its StaticCache, sized for the longest call so far}
 
 
 def static_cache(model, cache, n, rows):
-    """The model's StaticCache of `rows` rows for `cache` (P prompts, each decoded n times; P*n <= rows), kept per
-    shape and reused, loaded from `cache`."""
+    """The model's StaticCache of `rows` rows for `cache` (P prompts, each decoded n times; P*n <= rows), loaded
+    from `cache`: the kept buffers viewed at this call's length, or, for a call longer than any before, new buffers
+    of its length that replace them (the old ones are freed first: one set is held, the longest call's)."""
     caches = _pool.setdefault(model, {})
     key = shape_key(cache, rows)
-    if key not in caches:
+    if key not in caches or not caches[key].holds(cache, rows):
+        caches.pop(key, None)
         caches[key] = StaticCache(cache, rows)
-    return caches[key].load(cache, n)
+    return caches[key].for_call(cache, rows).load(cache, n)
 
 
 def release(model):
@@ -169,20 +201,30 @@ def decode_step(model, tokens, cache):
 
 
 _compiled = {}
-# torch recompiles a code object at most recompile_limit (8) times. The decode step's graphs are bounded by the run's
-# shapes instead: its row counts (one for a run's rollouts) x the length buckets its calls reach, two per doubling
-# (256 to 64k slots: 17). The limit is raised to this for the decode step only, so a run that needs more graphs
-# than torch's default still compiles each once; more than this is a bug (a shape that is not bucketed) and fails.
-GRAPH_LIMIT = 64
+_failed = {}  # (device type, backend) -> the error that stopped its compiled step: the fast path decodes uncompiled
+
+
+class CompileFailed(RuntimeError):
+    """The compiled step raised (no C compiler, no Python headers, a Triton or inductor error): `decode_call` decodes
+    the call again, from its prefill, with the uncompiled step."""
+
+
+def compile_failure(device, backend="inductor"):
+    """The error ("Type: message") that stopped the compiled step on this device type, or None."""
+    return _failed.get((torch.device(device).type, backend))
 
 
 def compiled_step(device, backend="inductor"):
     """decode_step under torch.compile, one compiled function per (device type, backend) for the process: fullgraph
-    (a graph break is an error), static shapes (dynamic=False: a new shape is a new graph, never a dynamic one), bf16
-    rounded as eager rounds it, and on CUDA with inductor CUDA graphs (mode="reduce-overhead"'s option), which
-    record the step and replay it. Another
-    backend ("eager", "aot_eager") runs the same graphs uncompiled: tests count graphs with it on a slow CPU."""
+    (a graph break is an error), static shapes but the cache's slot count (StaticCache marks it dynamic: one graph
+    for a run's lengths), bf16 rounded as eager rounds it, and on CUDA with inductor CUDA graphs
+    (mode="reduce-overhead"'s option), which record the step and replay it (one recording per length bucket, from
+    the same graph). Another backend ("eager", "aot_eager") runs the same graphs uncompiled: tests count graphs with
+    it on a slow CPU. If the compiled step ever raises, it prints one warning line naming the error and raises
+    CompileFailed; from then on this returns the uncompiled decode_step."""
     kind = torch.device(device).type
+    if (kind, backend) in _failed:
+        return decode_step
     if (kind, backend) not in _compiled:
         graphs = kind == "cuda" and backend == "inductor"
         # emulate_precision_casts: round to bf16 wherever eager rounds. Without it a fused kernel keeps fp32
@@ -194,7 +236,31 @@ def compiled_step(device, backend="inductor"):
         def step(model, tokens, cache):
             if graphs:  # a new replay may overwrite the previous step's outputs: the sampler has consumed them
                 torch.compiler.cudagraph_mark_step_begin()
-            with torch._dynamo.config.patch(recompile_limit=GRAPH_LIMIT, fail_on_recompile_limit_hit=True):
-                return fn(model, tokens, cache)
+            try:  # past torch's recompile limit a shape was not bucketed: an error, not a silent eager fallback
+                with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+                    return fn(model, tokens, cache)
+            except Exception as e:  # noqa: BLE001  every compile failure: the run goes on uncompiled
+                _failed[kind, backend] = why = describe(e)
+                print(f"warning: the compiled decode step failed on {kind} ({why}); decoding with the uncompiled "
+                      f"static step from now on (the same tokens, slower)", file=sys.stderr, flush=True)
+                raise CompileFailed(why) from e
         _compiled[kind, backend] = step
     return _compiled[kind, backend]
+
+
+def describe(error):
+    """'Type: first line' of the innermost cause (dynamo wraps a backend's error in BackendCompilerFailed)."""
+    while (inner := getattr(error, "inner_exception", None) or error.__cause__) is not None:
+        error = inner
+    line = next((x.strip() for x in str(error).splitlines() if x.strip()), "")
+    return f"{type(error).__name__}: {line[:200]}"
+
+
+def decode_call(model, prefilled, n, rows, compile, decode):
+    """decode(static cache, step) for a prefilled model.Cache, as `start` sets them up; if the compiled step fails
+    (CompileFailed, whose warning has been printed), the call is decoded again from `prefilled` uncompiled, so no
+    half-run step is ever continued."""
+    try:
+        return decode(*start(model, prefilled, n, rows, compile))
+    except CompileFailed:
+        return decode(*start(model, prefilled, n, rows, False))

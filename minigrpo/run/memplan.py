@@ -12,8 +12,9 @@ What it adds up (bytes, for the resolved preset and model; one process):
                  last-position logits. A task whose turns continue kept states (terminal: sampler reuse,
                  minigrpo/prefix.py) prefills one row's new tokens at a time, and holds per row the state it
                  continues and the one it keeps
-  static caches  the fast decode path (train.py's default on CUDA) keeps one cache of the run's rows for every
-                 length bucket its calls reach (static_decode.py), through training too: fixed addresses
+  static cache   the fast decode path (train.py's default on CUDA) keeps one cache of the run's rows at its longest
+                 call's length bucket, which every shorter call views (static_decode.py), through training too:
+                 fixed addresses
   training       one micro-batch's saved activations for backward, with and without per-layer checkpointing, plus
                  the log-prob chunk (logprobs.token_logprobs: LOGIT_BYTES of fp32 logits, their exp, and the model-dtype
                  copy of the gradient) and the (rows, H) fp32 d logp / d h that the fused head keeps
@@ -146,22 +147,17 @@ class Shape:
     #                          on its own; 0: the call's prompts are prefilled whole, as one batch
 
 
-def buckets_reached(shape):
-    """The static cache lengths (static_decode.bucket_len) a run's calls land in: every bucket from the shortest
-    call's to the longest's, since the prompts in between (answers of any length, conversations of any number of
-    turns) reach each of them."""
-    lo, hi = static_decode.bucket_len(shape.shortest_slots or shape.slots), static_decode.bucket_len(shape.slots)
-    out = [lo]
-    while out[-1] < hi:
-        out.append(static_decode.bucket_len(out[-1] + 1))
-    return out
+def static_slots(shape):
+    """The slots of the fast decode path's static cache: the length bucket (static_decode.bucket_len) of the run's
+    longest call, whose buffers every shorter call views (static_decode.StaticCache)."""
+    return static_decode.bucket_len(shape.slots)
 
 
 def static_cache_bytes(cfg, shape, dtype_bytes):
-    """The caches the fast decode path keeps for the whole run (static_decode.py): one of the run's rows
-    (train.decode_rows, the largest call's) for each length bucket its calls reach, kept through training too
-    (fixed addresses for the compiled graph)."""
-    return sum(sum(cache_bytes(cfg, shape.rollout_rows, b, dtype_bytes)) for b in buckets_reached(shape))
+    """The cache the fast decode path keeps for the whole run (static_decode.py): the run's rows (train.decode_rows,
+    the largest call's) x the longest call's bucket, one set of buffers for every call's length, kept through
+    training too (fixed addresses for the compiled graph)."""
+    return sum(cache_bytes(cfg, shape.rollout_rows, static_slots(shape), dtype_bytes))
 
 
 def prefill_bytes(cfg, costs, shape, dtype_bytes):
@@ -214,7 +210,7 @@ def plan(cfg, shape, dtype, lora_r, targets=DEFAULT_TARGETS, beta=0.0, costs=Non
     p["activations"] = activation_bytes(cfg, costs, B, T, a, checkpointing=False)
     p["activations_ckpt"] = activation_bytes(cfg, costs, B, T, a, checkpointing=True)
     p["static_caches"] = static_cache_bytes(cfg, shape, s) if fast_decode else 0
-    p["static_buckets"] = buckets_reached(shape) if fast_decode else []
+    p["static_slots"] = static_slots(shape) if fast_decode else 0
     kept = p["weights"] + p["trainable"] + p["static_caches"]
     for name, act in (("peak", p["activations"]), ("peak_ckpt", p["activations_ckpt"])):
         p[name] = kept + max(p["rollout"], act + p["logprob_chunk"])
@@ -243,7 +239,7 @@ def format_plan(p, header):
             ("rollout: attention K/V cache", "kv_cache"), ("rollout: Gated DeltaNet state + conv", "gdn_state"),
             ("rollout: prefill transient (bound: one layer's training activations) + last logits", "prefill"),
             ("rollout: kept states, continued and kept (sampler reuse)", "kept_states"),
-            (f"fast decode: static caches, {len(p['static_buckets'])} length buckets (kept)", "static_caches"),
+            ("fast decode: static cache, the longest call's length (kept)", "static_caches"),
             ("training: activations, no checkpointing", "activations"),
             ("training: activations, per-layer checkpointing", "activations_ckpt"),
             ("training: log-prob chunk + d logp/dh", "logprob_chunk"),
@@ -339,7 +335,7 @@ def print_plan(args, rows):
               f"G={s['group_size']}, {s['tasks']} tasks per step, max_new_tokens {s['max_new_tokens']}, "
               f"micro-batch {s['micro_batch']}, beta {s['beta']}\n"
               f"longest sampler call: {shape.rollout_rows} rows x {shape.slots} slots (prompt <= {shape.prompt_tokens} "
-              f"tokens); static cache buckets {', '.join(map(str, p['static_buckets'])) or 'none'}; "
+              f"tokens); static cache {p['static_slots'] or 'none'} slots; "
               f"trained micro-batch: {shape.micro_batch} x {shape.train_tokens} tokens "
               f"(task prompt ~{s['prompt_tokens']} tokens, estimated: UTF-8 bytes / 3 + 16"
               + {"soyuz": f"; + answer + {CRITIQUE_TOKENS}-token critique for soyuz's revision turn",

@@ -22,7 +22,7 @@ import device_decode  # noqa: E402
 import device_report  # noqa: E402
 from minigrpo.pretrained import load_pretrained
 
-SECTIONS = {"build", "numerics", "decode", "train", "transformers"}
+SECTIONS = {"build", "numerics", "compile", "decode", "train", "transformers"}
 
 
 def run_script(out, *flags, timeout=900):

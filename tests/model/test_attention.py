@@ -135,6 +135,28 @@ def test_layouts_give_the_old_outputs_and_gradients(nh, nkv, T, S, masked):
         torch.testing.assert_close(new, old, rtol=1e-6, atol=1e-6)
 
 
+def test_masked_attention_of_several_queries_runs_without_cudnn_on_cuda(monkeypatch):
+    """cuDNN's attention can return NaN gradients for masked calls on H100/H200 (torch 2.13): a masked call of several
+    queries on CUDA (a padded training micro-batch, a padded prefill) runs with it off; decode (one query), unmasked
+    calls and the CPU keep torch's default. The flag SDPA would see, with the tensor's device stood in (no GPU here),
+    and `attend` makes its call inside that choice."""
+    from types import SimpleNamespace
+    from minigrpo import attention
+    mask = torch.ones(2, 1, 7, 7, dtype=torch.bool)
+    seen = {}
+    for device, T, m in (("cuda", 7, mask), ("cuda", 1, mask[:, :, :1]), ("cuda", 7, None), ("cpu", 7, mask)):
+        with attention.kernel_choice(SimpleNamespace(shape=(2, 4, T, 16), device=torch.device(device)), m):
+            seen[device, T, m is not None] = torch.backends.cuda.cudnn_sdp_enabled()
+    assert seen == {("cuda", 7, True): False, ("cuda", 1, True): True, ("cuda", 7, False): True,
+                    ("cpu", 7, True): True} and torch.backends.cuda.cudnn_sdp_enabled()
+    calls = []
+    real = attention.kernel_choice
+    monkeypatch.setattr(attention, "kernel_choice", lambda q, m: calls.append(m is not None) or real(q, m))
+    q = torch.randn(2, 4, 7, 16)
+    attend(q, q[:, :2], q[:, :2], mask)
+    assert calls == [True]
+
+
 @pytest.mark.parametrize("kind", ["tiny", "tiny-qwen3.5"])
 def test_model_outputs_equal_the_old_attention(kind, monkeypatch):
     """Whole forwards (training with and without padding, prefill then decode) in fp32: the new calls against

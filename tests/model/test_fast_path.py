@@ -145,6 +145,31 @@ def test_fast_path_logprobs_equal_the_eager_path_fp32():
         adamw_step(model, fused=True)
 
 
+def test_a_compile_that_fails_warns_once_and_decodes_uncompiled(monkeypatch, capfd):
+    """A compiled step that cannot be built (here a backend that raises as inductor does without a C compiler)
+    prints one warning line naming the error, and the call is decoded again from its prefill with the uncompiled
+    static step: the eager path's samples. Later calls do not try to compile again."""
+    tried = []
+
+    def broken(gm, example_inputs):
+        tried.append(1)
+        raise RuntimeError("Failed to find a C compiler. Please specify via CC environment variable.\nmore")
+    real_step = static_decode.compiled_step
+    monkeypatch.setattr(static_decode, "compiled_step", lambda device, backend="inductor": real_step(device, broken))
+    torch._dynamo.reset()
+    model = lora_model("tiny-qwen3.5")
+    eager = replace(FREE, n=2, max_new_tokens=12)
+    for _ in range(2):
+        assert_same(sample(model, PROMPTS, replace(eager, compile=True, rows=6), seed=7), sample(model, PROMPTS,
+                                                                                              eager, seed=7))
+    err = capfd.readouterr().err.splitlines()
+    assert len(tried) == 1 and len(err) == 1, err
+    assert err[0].startswith("warning: the compiled decode step failed on cpu (RuntimeError: Failed to find a C "
+                             "compiler. Please specify via CC environment variable.); decoding with the uncompiled")
+    assert static_decode.compile_failure("cpu", broken).startswith("RuntimeError: Failed to find a C compiler")
+    assert static_decode.compile_failure("cpu") is None              # inductor itself was not tried
+
+
 def soyuz_like_tasks(lengths):
     """Soyuz tasks whose prompts have the given lengths in characters (one token each with the byte tokenizer)."""
     body = "Write a short poem about the sea, then explain each image you chose in one plain sentence. "
@@ -154,45 +179,75 @@ def soyuz_like_tasks(lengths):
             for k, n in enumerate(lengths)]
 
 
-def test_soyuz_rollout_compiles_one_graph_per_length_bucket(monkeypatch, capsys):
-    """train.py's rollout of soyuz's shape in its smallest calls (1 task a call x G=6 samples, then its 6 revisions:
-    a GPU whose memory plan fits one task's rows, run/callsize.py), two steps over
-    prompts of 40 to 1,400 tokens, on the fast path with LoRA. Graphs are counted with the "eager" backend (the same
-    dynamo graphs and guards as inductor, without code generation: inductor on a shared 2-core CPU takes minutes
-    for this many graphs). The count is one per (rows, length bucket) used, within torch's default recompile limit
-    (8); the old per-call cache (a 128-token bucket per call) needed more graphs than that for these calls."""
-    from tests.tasks.test_soyuz_rollout import ScriptedJudge
-    from minigrpo.tasks.soyuz import SoyuzTask
+def count_graphs(monkeypatch):
+    """Compile the decode step with the "eager" backend from a clean slate: the same dynamo graphs and guards as
+    inductor, without its code generation (minutes on a shared 2-core CPU). Returns a function giving the count."""
     from torch._dynamo.utils import counters
     real_step = static_decode.compiled_step
     monkeypatch.setattr(static_decode, "compiled_step", lambda device, backend="inductor": real_step(device, "eager"))
-    needed = []
-    real_bucket = static_decode.bucket_len
-    monkeypatch.setattr(static_decode, "bucket_len", lambda n: (needed.append(n), real_bucket(n))[1])
     torch._dynamo.reset()
     static_decode._compiled.clear()
     counters.clear()
+    return lambda: counters["stats"]["unique_graphs"]
+
+
+def test_soyuz_rollout_compiles_one_graph_for_every_length(monkeypatch, capsys):
+    """train.py's rollout of soyuz's shape in its smallest calls (1 task a call x G=6 samples, then its 6 revisions:
+    a GPU whose memory plan fits one task's rows, run/callsize.py), two steps over
+    prompts of 40 to 1,400 tokens, on the fast path with LoRA: one graph (the cache's slot count is dynamic) and one
+    set of cache buffers, where a graph per length bucket needed 7 and the old per-call cache (a 128-token bucket
+    per call) more than torch's recompile limit (8)."""
+    from tests.tasks.test_soyuz_rollout import ScriptedJudge
+    from minigrpo.tasks.soyuz import SoyuzTask
+    from torch._dynamo.utils import counters
+    graphs = count_graphs(monkeypatch)
+    needed = []
+    real_bucket = static_decode.bucket_len
+    monkeypatch.setattr(static_decode, "bucket_len", lambda n: (needed.append(n), real_bucket(n))[1])
     model, tok = lora_model("tiny-qwen3.5"), Tokenizer.from_pretrained("tiny")
     task = SoyuzTask(judge_obj=ScriptedJudge(), data=None, chunk=1)
     lengths = [40, 180, 330, 470, 610, 760, 900, 1050, 1200, 1400]
     task.tasks = soyuz_like_tasks(lengths)
     args = Namespace(decode="fast", group_size=6, max_new_tokens=16, temperature=1.0, top_p=1.0, top_k=0,
                      enable_thinking=False, seed=0)
-    for step in range(2):   # the decode step fails on reaching its limit (static_decode.GRAPH_LIMIT), never falls back
+    for step in range(2):
         examples = task.tasks[step::2]
         seqs, _ = train.rollout_step(model, tok, task, args, step, list(enumerate(examples)), Dist())
         assert len(seqs) == 2 * 6 * len(examples) and {s.turn for s in seqs} == {0, 1}
-    graphs = counters["stats"]["unique_graphs"]
     buckets = {real_bucket(n) for n in needed}
     old = {-(-n // 128) for n in needed}   # the per-call 128-token buckets of the old static cache, 6 rows each
     with capsys.disabled():
         print(f"\n[fast decode] soyuz-shaped rollout: {len(needed)} sampler calls, prompts+new tokens "
-              f"{min(needed)}..{max(needed)}; {graphs} graphs (length buckets {sorted(buckets)}); "
+              f"{min(needed)}..{max(needed)}; {graphs()} graph(s) for length buckets {sorted(buckets)}; "
               f"the old per-call cache: {len(old)} shapes; graph breaks: {sum(counters['graph_break'].values())}")
-    assert len(needed) == 20 and not counters["graph_break"]
-    assert graphs == len(buckets) == len(static_decode._pool[model])
-    assert graphs <= torch._dynamo.config.recompile_limit == 8 < len(old)   # torch's default limit
-    assert all(key[0] == 6 for key in static_decode._pool[model])   # one row count
+    assert len(needed) == 20 and not counters["graph_break"] and len(buckets) == 7 < len(old)
+    (sc,) = static_decode._pool[model].values()                     # one set of buffers: 6 rows, the longest call's
+    assert graphs() == 1 and sc.mask.shape == (6, max(buckets))
+
+
+def test_a_terminal_episode_compiles_one_graph_and_holds_its_longest_call_cache(monkeypatch, capsys):
+    """A terminal-shaped episode: one prompt x 4 episodes, then 8 turns of 4 conversations, each continuing its kept
+    state (sampler reuse) and growing ~1.4x a turn through 9 length buckets (256 to 4,096 slots, as terminal's 1,024
+    to 16,384). One compiled graph for all of them (a graph per bucket made 9), and one set of cache buffers, at the
+    longest call's length: what the memory plan counts (memplan.static_cache_bytes)."""
+    graphs = count_graphs(monkeypatch)
+    model = lora_model("tiny-qwen3.5")
+    s = replace(FREE, n=4, max_new_tokens=8, compile=True, rows=4)
+    g = torch.Generator().manual_seed(0)
+    tokens = lambda n: torch.randint(0, 256, (n,), generator=g).tolist()   # noqa: E731
+    lengths = [200, 300, 450, 700, 1000, 1400, 2000, 3000, 4000]          # each turn's prompts
+    prompts, kept, buckets = [tokens(lengths[0])], None, set()
+    for turn, length in enumerate(lengths):
+        got = sample(model, prompts, s if turn == 0 else replace(s, n=1), seed=turn, reuse=kept, keep=True)
+        buckets.add(static_decode.bucket_len(length + s.max_new_tokens))
+        if turn + 1 < len(lengths):     # the next prompts: + the answer, + the tool's reply up to the next length
+            prompts = [prompts[x.prompt_index] + x.completion_ids for x in got]
+            prompts, kept = [p + tokens(lengths[turn + 1] - len(p)) for p in prompts], [x.kept for x in got]
+    (sc,) = static_decode._pool[model].values()
+    print(f"\n[fast decode] terminal-shaped episode: 9 calls over length buckets {sorted(buckets)}: {graphs()} "
+          f"graph(s); one cache of {sc.mask.shape[1]} slots")
+    assert len(buckets) == 9 and graphs() == 1
+    assert sc.mask.shape[1] == max(buckets) and sc.mask.shape[0] == 4
 
 
 def test_decode_path_defaults_and_the_step_gap_metrics():

@@ -1,6 +1,7 @@
 """The static-shape decode step (static_decode.py) against its twin, the ordinary sampler path: same greedy tokens,
 log-probs within 1e-5 in fp32, for Qwen3 and Qwen3.5 (hybrid), left-padded prompts of different lengths, stop ids
-and stop strings; and, compiled, one graph for every step and both batches (no recompilation, no graph break)."""
+and stop strings; one set of cache buffers for every length; and, compiled, one graph for every step and both
+batches (no recompilation, no graph break)."""
 from dataclasses import replace
 
 import pytest
@@ -58,23 +59,28 @@ def test_static_with_stop_ids_and_strings(kind, tiny_tokenizer):
         assert static[0].finish_reason == "eos" and static[4].finish_reason == "stop" and "length" in reasons
 
 
-def test_the_static_cache_is_kept_and_reused():
-    """Same rows and bucket: the same buffers (fixed addresses for a CUDA graph); their old contents do not leak.
-    Another bucket gets its own cache, and the first one is still kept."""
+def test_one_set_of_static_buffers_serves_every_length():
+    """Same rows: one set of buffers at fixed addresses (a CUDA graph's), sized for the longest call so far. A
+    shorter call views them at its own length (same addresses, none of the earlier call's contents leak), a longer
+    one replaces them (the old ones are not kept), and a call of other rows gets its own."""
     model = load_pretrained("tiny-qwen3.5")
-    static = replace(GREEDY, static=True)
+    static = replace(GREEDY, static=True, rows=6)
     static_decode.release(model)
+    held = lambda: [(k, [t.data_ptr() for t in sc.flat if t is not None], sc.mask.shape[1])   # noqa: E731
+                    for k, sc in static_decode._pool[model].items()]
     first = sample(model, PROMPTS, static)
-    (key, sc), = static_decode._pool[model].items()
-    ptrs = [t.data_ptr() for t in sc.tensors()]
-    other = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [40], [41, 42]]  # other lengths, same bucket
-    second = sample(model, other, static)
-    assert [t.data_ptr() for t in static_decode._pool[model][key].tensors()] == ptrs
-    assert_same(second, sample(model, other, GREEDY))
-    long = [[7] * 300, [8] * 5]                                # another bucket (and fewer rows: padded to 6)
-    assert_same(sample(model, long, replace(static, rows=6)), sample(model, long, GREEDY))
-    assert len(static_decode._pool[model]) == 2 and static_decode._pool[model][key] is sc
-    assert_same(sample(model, PROMPTS, static), first)
+    [(key, ptrs, slots)] = held()
+    other = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [40], [41, 42]]  # other lengths, the same bucket
+    assert_same(sample(model, other, static), sample(model, other, GREEDY))
+    assert held() == [(key, ptrs, slots)]
+    long = [[7] * 300, [8] * 5]                                # a longer bucket: the buffers grow, once
+    assert_same(sample(model, long, static), sample(model, long, GREEDY))
+    [(_, grown, longer)] = held()
+    assert longer > slots
+    assert_same(sample(model, PROMPTS, static), first)         # a short call again: the long buffers, viewed
+    assert held() == [(key, grown, longer)]
+    sample(model, PROMPTS, replace(static, rows=8))            # other rows: buffers of their own
+    assert len(static_decode._pool[model]) == 2
     static_decode.release(model)
     assert model not in static_decode._pool
 
