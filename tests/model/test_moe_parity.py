@@ -149,3 +149,36 @@ def test_sharded_checkpoint(ckpt, tmp_path):
     whole, sharded = load_pretrained(ckpt("qwen3_moe")), load_pretrained(str(tmp_path))
     for (n, a), (_, b) in zip(whole.state_dict().items(), sharded.state_dict().items()):
         assert torch.equal(a, b), n
+
+
+def test_lora_on_moe_is_peft_readable(tmp_path):
+    """tiny-moe with the default LoRA targets: adapters on attention, Gated DeltaNet and the shared expert; the
+    router, the shared expert's gate and the routed experts frozen. The adapter file, read by PEFT onto
+    transformers' Qwen3.5-MoE, gives our logits."""
+    from peft import PeftModel
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from hf_oracle import hf_logits, ids
+    from minigrpo.lora import inject_lora
+    from minigrpo.pretrained import QwenConfig
+    from minigrpo.run.lora_files import save_adapter
+    from test_lora import randomise_lora
+    raw = dict(QwenConfig.tiny("tiny-moe").raw)
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(raw.pop("model_type"), **raw), dtype=torch.float32)
+    hf.save_pretrained(tmp_path / "hf")
+    model = load_pretrained(str(tmp_path / "hf"))
+    inject_lora(model, r=4, alpha=8)
+    randomise_lora(model)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert any(".shared_expert.down_proj.lora_B" in n for n in trainable)
+    assert any(".linear_attn.in_proj_qkv.lora_A" in n for n in trainable)
+    assert not any(".mlp.gate." in n or ".experts." in n or "shared_expert_gate" in n for n in trainable)
+    save_adapter(model, tmp_path / "adapter", base_model_name_or_path=str(tmp_path / "hf"))
+    x = ids()
+    with torch.no_grad():
+        ours = model(x)
+        plain = hf(input_ids=x).logits
+    peft = PeftModel.from_pretrained(hf, tmp_path / "adapter")
+    assert (ours - plain).abs().max() > 1e-3  # the adapter matters
+    assert (hf_logits(peft, x) - ours).abs().max() <= 1e-5
