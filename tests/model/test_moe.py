@@ -206,3 +206,25 @@ def test_replay_closes_the_sampler_trainer_gap(seed):
     assert gaps["replay"] <= 2 * gaps["tiny-qwen3.5"]
     assert gaps["tiny-moe"] >= 3 * gaps["replay"]
     assert 0.005 < flip_share < 0.1
+
+
+def test_shipped_configs_and_their_errors():
+    """The bundled config.json copies of the two released MoE models read as their published shapes; an MoE config
+    without experts, or routing more experts than it has, is one line naming the file and the key."""
+    import json
+    import os
+
+    from minigrpo.common import DATA
+    from minigrpo.pretrained import CheckpointError, read_config
+    folder = os.path.join(DATA, "configs")
+    q3 = read_config(os.path.join(folder, "Qwen3-30B-A3B.json"))
+    q35 = read_config(os.path.join(folder, "Qwen3.5-35B-A3B.json"))
+    assert (q3.family, q3.num_experts, q3.num_experts_per_tok, q3.moe_intermediate_size, q3.norm_topk_prob,
+            q3.shared_expert_intermediate_size) == ("qwen3", 128, 8, 768, True, 0)
+    assert (q35.family, q35.num_experts, q35.moe_intermediate_size, q35.shared_expert_intermediate_size,
+            q35.layer_types.count("full_attention"), q35.num_hidden_layers) == ("qwen3_5", 256, 512, 512, 10, 40)
+    d = json.load(open(os.path.join(folder, "Qwen3-30B-A3B.json")))
+    with pytest.raises(CheckpointError, match="x.json: missing key 'num_experts'"):
+        QwenConfig.from_dict({k: v for k, v in d.items() if k != "num_experts"}, source="x.json")
+    with pytest.raises(CheckpointError, match="x.json: num_experts_per_tok 8 > num_experts 4"):
+        QwenConfig.from_dict(dict(d, num_experts=4), source="x.json")
