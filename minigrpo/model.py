@@ -148,7 +148,7 @@ class Block(nn.Module):
         else:
             self.self_attn = Attention(cfg, layer_idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered)
-        self.mlp = SparseMoe(cfg) if is_sparse_layer(cfg, layer_idx) else MLP(cfg)  # experts: moe.py
+        self.mlp = SparseMoe(cfg, MLP) if is_sparse_layer(cfg, layer_idx) else MLP(cfg)  # experts: moe.py
 
     def forward(self, x, rope, attn_mask=None, real_tokens=None, cache=None):
         """x: (B, T, H); rope: (cos, sin) RoPE tables; attn_mask: (B, 1, T, S) bool for attention, or None = plain

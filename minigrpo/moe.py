@@ -123,13 +123,14 @@ class SparseMoe(nn.Module):
     (set it with `routing`); after each call `chosen` holds the router's own top-k (B, T, k) and, when replaying,
     `flips` the number of tokens whose own top-k set differs from the replayed one."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, dense_mlp):
+        """dense_mlp: model.py's MLP class (cfg, width), the shared expert's (passed in: model.py builds this
+        block, so this file does not import it)."""
         super().__init__()
-        from minigrpo.model import MLP  # model.py builds this block, so the import waits until it has loaded
         self.gate = Router(cfg)
         self.experts = Experts(cfg)
         if cfg.shared_expert_intermediate_size:
-            self.shared_expert = MLP(cfg, cfg.shared_expert_intermediate_size)
+            self.shared_expert = dense_mlp(cfg, cfg.shared_expert_intermediate_size)
             self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
         self.replay, self.chosen, self.flips = None, None, None
 

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from minigrpo import moe
+from minigrpo.model import MLP
 from minigrpo.moe import SparseMoe
 from minigrpo.pretrained import QwenConfig
 
@@ -18,7 +19,7 @@ def block(seed=0, dtype=torch.float32, **over):
     for k, v in over.items():
         setattr(cfg, k, v)
     torch.manual_seed(seed)
-    b = SparseMoe(cfg)
+    b = SparseMoe(cfg, MLP)
     with torch.no_grad():
         for p in b.parameters():
             p.copy_(torch.randn(p.shape) * 0.3)
