@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from minigrpo.attention import attend
 from minigrpo.deltanet import GatedDeltaNet
+from minigrpo.moe import SparseMoe, is_sparse_layer
 
 # ----------------------------------------------------------------------------------------------------------------
 # Building blocks, in forward order
@@ -125,11 +126,13 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, width=None):
+        """width: the inner size I, cfg.intermediate_size unless given (an MoE's shared expert: moe.py)."""
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        width = width or cfg.intermediate_size
+        self.gate_proj = nn.Linear(cfg.hidden_size, width, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, width, bias=False)
+        self.down_proj = nn.Linear(width, cfg.hidden_size, bias=False)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU, all in the model dtype
@@ -146,7 +149,7 @@ class Block(nn.Module):
         else:
             self.self_attn = Attention(cfg, layer_idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered)
-        self.mlp = MLP(cfg)
+        self.mlp = SparseMoe(cfg, MLP) if is_sparse_layer(cfg, layer_idx) else MLP(cfg)  # experts: moe.py
 
     def forward(self, x, rope, attn_mask=None, real_tokens=None, cache=None, pack=None):
         """x: (B, T, H); rope: (cos, sin) RoPE tables; attn_mask: (B, 1, T, S) bool for attention, or None = plain

@@ -13,8 +13,12 @@ import torch.nn as nn
 
 from minigrpo.common import read_json
 from minigrpo.model import Qwen
+from minigrpo.moe import expert_piece
 
-FAMILIES = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5"}
+FAMILIES = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5",
+            "qwen3_moe": "qwen3", "qwen3_5_moe": "qwen3_5", "qwen3_5_moe_text": "qwen3_5"}
+MULTIMODAL = ("qwen3_5", "qwen3_5_moe")    # the language model's fields nested under text_config
+TINY_MODELS = ("tiny", "tiny-qwen3.5", "tiny-moe")
 
 
 class CheckpointError(ValueError):
@@ -43,6 +47,14 @@ class QwenConfig:
     linear_num_value_heads: int = 0
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
+    # mixture of experts (moe.py); num_experts 0: a dense model
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0  # Qwen3.5-MoE's gated shared expert; 0: none (Qwen3-MoE)
+    norm_topk_prob: bool = True
+    decoder_sparse_step: int = 1
+    mlp_only_layers: list = field(default_factory=list)
     raw: dict = field(default_factory=dict, repr=False)  # the original config.json, for export
 
     @classmethod
@@ -58,9 +70,9 @@ class QwenConfig:
                                   f"(expected one of {', '.join(FAMILIES)})")
         family = FAMILIES[model_type]
         t = d
-        if model_type == "qwen3_5":  # multimodal layout: the language model's fields are nested
+        if model_type in MULTIMODAL:  # multimodal layout: the language model's fields are nested
             if "text_config" not in d:
-                raise CheckpointError(f"{source}: model_type 'qwen3_5' needs a 'text_config' entry")
+                raise CheckpointError(f"{source}: model_type {model_type!r} needs a 'text_config' entry")
             t = dict(d["text_config"])
             if "tie_word_embeddings" in d:  # HF ties the LM head by the top-level flag of the composite config
                 t["tie_word_embeddings"] = d["tie_word_embeddings"]
@@ -90,8 +102,12 @@ class QwenConfig:
             types = ["full_attention"] * L
         if len(types) != L or set(types) - {"full_attention", "linear_attention"}:
             raise CheckpointError(f"{source}: layer_types must list {L} entries of full_attention/linear_attention")
+        moe = moe_fields(t, model_type, need, source)
+        # Qwen3.5-MoE has no dense MLP, so no intermediate_size; Qwen3-MoE's sizes its mlp_only_layers
+        all_sparse = model_type.startswith("qwen3_5_moe")
+        dense_width = t.get("intermediate_size", 0) if all_sparse else need("intermediate_size")
         return cls(
-            family=family, vocab_size=need("vocab_size"), hidden_size=H, intermediate_size=need("intermediate_size"),
+            family=family, vocab_size=need("vocab_size"), hidden_size=H, intermediate_size=dense_width,
             num_hidden_layers=L, num_attention_heads=nh,
             num_key_value_heads=t.get("num_key_value_heads", nh),
             head_dim=t.get("head_dim") or H // nh,  # Qwen2 has no head_dim field
@@ -103,7 +119,7 @@ class QwenConfig:
             linear_num_key_heads=t.get("linear_num_key_heads", 0),
             linear_num_value_heads=t.get("linear_num_value_heads", 0),
             linear_key_head_dim=t.get("linear_key_head_dim", 0),
-            linear_value_head_dim=t.get("linear_value_head_dim", 0), raw=d)
+            linear_value_head_dim=t.get("linear_value_head_dim", 0), **moe, raw=d)
 
     @classmethod
     def tiny(cls, kind="tiny"):
@@ -123,10 +139,36 @@ class QwenConfig:
                        layer_types=["linear_attention"] * 3 + ["full_attention"], linear_conv_kernel_dim=4,
                        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
                        linear_value_head_dim=24, attention_bias=False)
+        elif kind == "tiny-moe":
+            # tiny-qwen3.5's hybrid stack with Qwen3.5-MoE's MLP: 8 experts, 2 a token, a gated shared expert
+            raw = dict(cls.tiny("tiny-qwen3.5").raw, model_type="qwen3_5_moe_text",
+                       architectures=["Qwen3_5MoeForCausalLM"], num_experts=8, num_experts_per_tok=2,
+                       moe_intermediate_size=32, shared_expert_intermediate_size=32)
+            del raw["intermediate_size"]
         else:
-            raise ValueError(f"unknown tiny model {kind!r}: use 'tiny' or 'tiny-qwen3.5'")
+            raise ValueError(f"unknown tiny model {kind!r}: use one of {', '.join(TINY_MODELS)}")
         return cls.from_dict(raw, source=kind)
 
+
+def moe_fields(t, model_type, need, source):
+    """The experts' fields of a (text) config: none for a dense model_type. transformers writes Qwen3-MoE's expert
+    count as num_local_experts, the hub's config.json as num_experts. Qwen3.5-MoE always renormalises the top-k
+    weights (no norm_topk_prob key)."""
+    if "moe" not in model_type:
+        return {}
+    E = t.get("num_experts", t.get("num_local_experts"))
+    if not E:
+        raise CheckpointError(f"{source}: missing key 'num_experts' (model_type {model_type!r})")
+    fields = dict(num_experts=E, num_experts_per_tok=need("num_experts_per_tok"),
+                  moe_intermediate_size=need("moe_intermediate_size"))
+    if fields["num_experts_per_tok"] > E:
+        raise CheckpointError(f"{source}: num_experts_per_tok {fields['num_experts_per_tok']} > num_experts {E}")
+    if model_type.startswith("qwen3_5_moe"):
+        return dict(fields, shared_expert_intermediate_size=need("shared_expert_intermediate_size"),
+                    norm_topk_prob=True)
+    return dict(fields, norm_topk_prob=bool(t.get("norm_topk_prob", False)),
+                decoder_sparse_step=t.get("decoder_sparse_step", 1),
+                mlp_only_layers=list(t.get("mlp_only_layers") or []))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -161,10 +203,10 @@ def local_folder(path_or_hub_id, files=MODEL_FILES):
 
 
 def load_pretrained(path_or_hub_id, dtype=None, device=None) -> Qwen:
-    """The Qwen model of a local checkpoint folder, a hub id (downloaded), or "tiny" / "tiny-qwen3.5" (seeded
+    """The Qwen model of a local checkpoint folder, a hub id (downloaded), or a TINY_MODELS name (seeded
     random weights). Every tensor is cast to the one `dtype` (default fp32), as HF does."""
     dtype = parse_dtype(dtype)
-    if path_or_hub_id in ("tiny", "tiny-qwen3.5"):
+    if path_or_hub_id in TINY_MODELS:
         model = tiny_model(path_or_hub_id).to(device=device, dtype=dtype)
         model.name_or_path = path_or_hub_id
         return model
@@ -184,13 +226,15 @@ def load_pretrained(path_or_hub_id, dtype=None, device=None) -> Qwen:
 # reader falls back to a default on a falsy value.
 CONFIG_KINDS = {
     "count": ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-              "num_key_value_heads", "head_dim", "linear_conv_kernel_dim", "full_attention_interval"),
-    "size": ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"),
+              "num_key_value_heads", "head_dim", "linear_conv_kernel_dim", "full_attention_interval",
+              "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"),
+    "size": ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+             "num_experts", "num_local_experts", "shared_expert_intermediate_size"),
     "number": ("rms_norm_eps", "rope_theta", "partial_rotary_factor"),
-    "bool": ("tie_word_embeddings", "attention_bias", "use_sliding_window"),
-    "list": ("layer_types",), "object": ("rope_parameters", "rope_scaling", "text_config"),
+    "bool": ("tie_word_embeddings", "attention_bias", "use_sliding_window", "norm_topk_prob"),
+    "list": ("layer_types", "mlp_only_layers"), "object": ("rope_parameters", "rope_scaling", "text_config"),
 }
-NULLABLE = {"head_dim", "layer_types", "rope_parameters", "rope_scaling", "use_sliding_window"}
+NULLABLE = {"head_dim", "layer_types", "rope_parameters", "rope_scaling", "use_sliding_window", "mlp_only_layers"}
 KIND_TEST = {
     "count": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1"),
     "size": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"),
@@ -249,7 +293,7 @@ def tiny_model(kind):
                 p.fill_(1.0)
             elif name.endswith("conv1d.weight"):  # PyTorch's default range for a depthwise conv of width K
                 p.copy_(torch.empty(p.shape).uniform_(-1, 1, generator=g) / p.shape[-1] ** 0.5)
-            elif p.ndim == 2:
+            elif p.ndim >= 2:  # linears, embedding, routers, stacked experts
                 p.copy_(torch.randn(p.shape, generator=g) * 0.02)
             elif name.endswith("bias"):
                 p.zero_()
@@ -286,6 +330,19 @@ def set_param(model, name, tensor):
     setattr(model.get_submodule(module), leaf, nn.Parameter(tensor))
 
 
+def fill_expert(stacked, param, piece, f, key, file, dtype, device):
+    """Copies one expert's projection (a per-expert checkpoint key) into its slice of the stacked tensor."""
+    name, index = piece
+    if name not in stacked:
+        stacked[name] = [torch.empty(param.shape, dtype=dtype, device=device), 0]
+    target = stacked[name][0][index]
+    shape = list(f.get_slice(key).get_shape())
+    if shape != list(target.shape):
+        raise CheckpointError(f"{file}: tensor {key!r} has shape {shape}, config.json implies {list(target.shape)}")
+    target.copy_(f.get_tensor(key))
+    stacked[name][1] += 1
+
+
 def load_weights(model, folder, dtype, device):
     """Load tensor by tensor into a meta-device model (assigning, never holding two full copies), each cast to the
     one model dtype (HF casts A_log, dt_bias and norms too). lm_head.weight if present, else the tied embedding."""
@@ -294,6 +351,7 @@ def load_weights(model, folder, dtype, device):
 
     expected = dict(model.named_parameters(remove_duplicate=False))
     loaded = set()
+    stacked = {}  # fused expert tensor name -> (tensor being filled, pieces written): Qwen3-MoE's per-expert files
     for path in weight_files(folder):
         name_ = os.path.basename(path)
         try:
@@ -301,6 +359,10 @@ def load_weights(model, folder, dtype, device):
                 for key in f.keys():
                     name = our_name(key)
                     if name is None:
+                        continue
+                    piece = expert_piece(name, model.config.moe_intermediate_size)
+                    if piece is not None and piece[0] in expected:
+                        fill_expert(stacked, expected[piece[0]], piece, f, key, name_, dtype, device)
                         continue
                     if name not in expected:
                         raise CheckpointError(f"{name_}: unexpected tensor {key!r} for this config.json "
@@ -313,6 +375,10 @@ def load_weights(model, folder, dtype, device):
                     loaded.add(name)
         except (SafetensorError, OSError) as e:
             raise CheckpointError(f"{path}: unreadable safetensors file ({e}); re-download it") from None
+    for name, (tensor, pieces) in stacked.items():
+        if pieces == tensor.shape[0] * (2 if name.endswith("gate_up_proj") else 1):  # else: reported missing below
+            set_param(model, name, tensor)
+            loaded.add(name)
     if "lm_head.weight" not in loaded and model.config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
         loaded.add("lm_head.weight")

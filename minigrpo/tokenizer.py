@@ -40,7 +40,7 @@ from minigrpo.toolcalls import calls_json, calls_xml, check_tool_calls, parse_to
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 CONTROL = SPECIALS[:3]  # what skip_special_tokens drops; <think> tags are plain added tokens in Qwen
 QWEN2_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-TINY = {"tiny": "qwen3", "tiny-qwen3.5": "qwen3_5"}
+TINY = {"tiny": "qwen3", "tiny-qwen3.5": "qwen3_5", "tiny-moe": "qwen3_5"}
 _PLACEHOLDER = "PLACEHOLDER-OF-THE-SAMPLED-TURN"  # Tokenizer.continuation: no template changes it
 
 # -----------------------------------------------------------------------------

@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="GRPO post-training for Qwen models (minigrpo).")
     # what to train
     p.add_argument("--task", required=True, choices=TASKS)
-    p.add_argument("--model", default="tiny", help="hub id, local folder, 'tiny' or 'tiny-qwen3.5'")
+    p.add_argument("--model", default="tiny", help="hub id, local folder, 'tiny', 'tiny-qwen3.5' or 'tiny-moe'")
     p.add_argument("--preset", help="take another task's preset (default: the task's own)")
     p.add_argument("--algo", help=argparse.SUPPRESS)   # an old flag nothing read: refused with what to use instead
     p.add_argument("--data", help="task data file or folder (task-specific)")

@@ -45,7 +45,7 @@ from minigrpo.common import DATA
 from minigrpo.logprobs import LOGIT_BYTES
 from minigrpo.lora import DEFAULT_TARGETS, inject_lora
 from minigrpo.model import Qwen
-from minigrpo.pretrained import QwenConfig, read_config
+from minigrpo.pretrained import TINY_MODELS, QwenConfig, read_config
 from minigrpo.run.layercost import layer_costs
 
 GiB = 1024 ** 3
@@ -53,7 +53,8 @@ GPUS = [("24 GB", 24e9), ("40 GB", 40e9), ("80 GB", 80e9), ("141 GB", 141e9)]
 CONFIGS = os.path.join(DATA, "configs")
 # config.json of the reference runs' models (their published values), bundled so that a plan needs no network
 BUNDLED = {"Qwen/Qwen3.5-4B": "Qwen3.5-4B.json", "Qwen/Qwen3-1.7B-Base": "Qwen3-1.7B-Base.json",
-           "Qwen/Qwen3-0.6B": "Qwen3-0.6B.json"}
+           "Qwen/Qwen3-0.6B": "Qwen3-0.6B.json", "Qwen/Qwen3-30B-A3B": "Qwen3-30B-A3B.json",
+           "Qwen/Qwen3.5-35B-A3B": "Qwen3.5-35B-A3B.json"}
 KERNEL_NAMES = {"flash": "flash", "efficient": "memory-efficient", "math": "math (unfused: (B, nh, T, S) fp32 scores)"}
 CRITIQUE_TOKENS = 256  # soyuz's turn-1 user message (tasks/soyuz.critique: up to 6 failed criteria with reasons)
 
@@ -61,7 +62,7 @@ CRITIQUE_TOKENS = 256  # soyuz's turn-1 user message (tasks/soyuz.critique: up t
 def load_config(model):
     """(QwenConfig, where it came from) for 'tiny', a local folder, a bundled hub id, or any hub id (config.json
     only)."""
-    if model in ("tiny", "tiny-qwen3.5"):
+    if model in TINY_MODELS:
         return QwenConfig.tiny(model), "built-in tiny config"
     if os.path.isdir(model):
         path = os.path.join(model, "config.json")

@@ -1,0 +1,213 @@
+"""Mixture of experts: the MLP of Qwen3-MoE (Qwen3-30B-A3B) and Qwen3.5-MoE (Qwen3.5-35B-A3B), read after the dense
+MLP in model.py. A sparse layer holds E small SwiGLU MLPs (the experts) and a router; each token goes through k of
+them, and their outputs are summed with the router's weights:
+
+    p      = softmax(x Wr^T)                  over the E experts, in fp32          (the router, `gate`)
+    ids, w = top-k(p)                         w renormalised to sum 1 if norm_topk_prob
+    y      = sum_j w_j * Expert_ids_j(x)      Expert_e(x) = down_e(silu(gate_e x) * up_e x)
+    y     += sigmoid(x wg) * Shared(x)        Qwen3.5-MoE only: one always-on expert, gated per token
+
+Qwen3-MoE may mix dense layers among the sparse ones: layer i is sparse when i is not in `mlp_only_layers` and
+(i + 1) is a multiple of `decoder_sparse_step` (1 in every released checkpoint: all layers sparse).
+
+Cost: a token pays for k experts, not E. The k * N (token, expert) pairs are sorted by expert once a layer, so each
+expert's tokens are one contiguous block, and the experts' matmuls run as one grouped matmul over the blocks
+(`torch._grouped_mm`), or, where it is not available, as a loop over the experts that received tokens. Neither
+ever multiplies a token by an expert it was not routed to.
+
+Routing replay (for RL): a router's top-k is a discontinuous function of its input, so a rounding difference
+between the sampler's forward and the trainer's can send a token through other experts, and the trainer then
+scores an action the sampler did not take (docs/moe.md). A block given `replay` routes (N, k) uses those expert
+ids instead of its own top-k; the weights are still its own softmax, gathered at the replayed ids (and
+renormalised), so the gradient reaches the router through the weights, never through the selection. Every block
+keeps the ids it chose itself in its last call (`chosen`), which is what a sampler records, and, when it
+replayed, how many tokens it would have routed differently (`flips`).
+
+Shape letters: N tokens (B * T flattened), H hidden size, E experts, k experts a token, I expert width.
+Weights (names as transformers', so state_dict keys are the hub's): `gate.weight` (E, H), `experts.gate_up_proj`
+(E, 2I, H): gate rows then up rows per expert, `experts.down_proj` (E, H, I), and for Qwen3.5-MoE
+`shared_expert.{gate,up,down}_proj` and `shared_expert_gate` (1, H).
+"""
+
+import re
+from contextlib import contextmanager
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def is_sparse_layer(cfg, i):
+    """Whether layer i holds experts (transformers' rule for Qwen3-MoE; every layer of Qwen3.5-MoE)."""
+    return cfg.num_experts > 0 and i not in cfg.mlp_only_layers and (i + 1) % cfg.decoder_sparse_step == 0
+
+
+class Router(nn.Module):
+    """Softmax over the experts in fp32, then top-k (or the replayed ids), weights cast back to the model dtype."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(cfg.num_experts, cfg.hidden_size))
+        self.k, self.norm_topk_prob = cfg.num_experts_per_tok, cfg.norm_topk_prob
+
+    def forward(self, x, replay=None):
+        """x: (N, H). Returns (weights (N, k) model dtype, ids (N, k) long, own top-k ids (N, k))."""
+        logits = F.linear(x, self.weight)                                    # (N, E) model dtype
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)           # (N, E) fp32
+        top_p, own = torch.topk(probs, self.k, dim=-1)                       # (N, k)
+        ids = own if replay is None else replay
+        if replay is not None:
+            top_p = probs.gather(-1, replay)                                  # gradient flows through the weights
+        if self.norm_topk_prob:
+            top_p = top_p / top_p.sum(-1, keepdim=True)
+        return top_p.to(logits.dtype), ids, own
+
+
+class Experts(nn.Module):
+    """E SwiGLU experts stored as two stacked tensors (the layout transformers and Qwen3.5-MoE checkpoints use)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        E, H, I = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.zeros(E, 2 * I, H))
+        self.down_proj = nn.Parameter(torch.zeros(E, H, I))
+        self.grouped = None  # None: grouped matmul where use_grouped_mm allows; True / False forces one path
+
+    def forward(self, x, ids, weights):
+        """x: (N, H); ids, weights: (N, k). Returns sum_j weights_j * Expert_ids_j(x), (N, H)."""
+        N, k = ids.shape
+        E = self.gate_up_proj.shape[0]
+        flat = ids.reshape(-1)                                               # (N*k,) pair p = token p // k
+        order = torch.argsort(flat, stable=True)                             # pairs sorted by expert
+        token = order // k                                                   # (N*k,) the token of each sorted pair
+        counts = torch.bincount(flat, minlength=E)                           # (E,) tokens per expert
+        xs = x[token]                                                        # (N*k, H) grouped by expert
+        grouped = use_grouped_mm(x) if self.grouped is None else self.grouped
+        run = grouped_swiglu if grouped else looped_swiglu
+        ys = run(xs, counts, self.gate_up_proj, self.down_proj)             # (N*k, H)
+        ys = ys * weights.reshape(-1)[order, None]
+        return torch.zeros_like(x).index_add_(0, token, ys)                  # sum each token's k outputs
+
+
+def use_grouped_mm(x):
+    """torch._grouped_mm runs bf16 on CPU and on CUDA from compute capability 9.0 (H100); on CPU in torch 2.13 its
+    fp32 backward fails, so fp32 takes the loop. Rows must be 16-byte aligned (H and I multiples of 8 in bf16)."""
+    if not hasattr(torch, "_grouped_mm") or x.dtype != torch.bfloat16:
+        return False
+    return x.device.type == "cpu" or (x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] >= 9)
+
+
+def grouped_swiglu(xs, counts, gate_up, down):
+    """One grouped matmul per projection: rows [offs[e-1], offs[e]) go through expert e. Static shapes (N*k rows
+    whatever the routing), so a decode step that uses it compiles as the dense one does."""
+    offs = torch.cumsum(counts, 0).to(torch.int32)                           # (E,) end row of each expert
+    h = torch._grouped_mm(xs, gate_up.transpose(1, 2), offs=offs)            # (N*k, 2I)
+    g, u = h.chunk(2, dim=-1)
+    return torch._grouped_mm(F.silu(g) * u, down.transpose(1, 2), offs=offs)  # (N*k, H)
+
+
+def looped_swiglu(xs, counts, gate_up, down):
+    """The same, one expert at a time, over the experts that received tokens (one host read of the counts)."""
+    out = xs.new_empty(xs.shape[0], down.shape[1])
+    start = 0
+    for e, n in enumerate(counts.tolist()):
+        if n:
+            g, u = F.linear(xs[start:start + n], gate_up[e]).chunk(2, dim=-1)
+            out[start:start + n] = F.linear(F.silu(g) * u, down[e])
+            start += n
+    return out
+
+
+class SparseMoe(nn.Module):
+    """The MLP of a sparse layer. `replay` (N, k) or (B, T, k) expert ids, when set, replaces the router's top-k
+    (set it with `routing`); after each call `chosen` holds the router's own top-k (B, T, k) and, when replaying,
+    `flips` the number of tokens whose own top-k set differs from the replayed one."""
+
+    def __init__(self, cfg, dense_mlp):
+        """dense_mlp: model.py's MLP class (cfg, width), the shared expert's (passed in: model.py builds this
+        block, so this file does not import it)."""
+        super().__init__()
+        self.gate = Router(cfg)
+        self.experts = Experts(cfg)
+        if cfg.shared_expert_intermediate_size:
+            self.shared_expert = dense_mlp(cfg, cfg.shared_expert_intermediate_size)
+            self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+        self.replay, self.chosen, self.flips = None, None, None
+
+    def forward(self, x):
+        B, T, H = x.shape
+        flat = x.reshape(B * T, H)
+        replay = None if self.replay is None else self.replay.reshape(B * T, -1).to(x.device, torch.long)
+        weights, ids, own = self.gate(flat, replay)
+        y = self.experts(flat, ids, weights)                                 # (N, H)
+        if hasattr(self, "shared_expert"):
+            y = y + torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
+        self.chosen = own.detach().view(B, T, -1)
+        self.flips = None if replay is None else differs(own, replay).view(B, T)
+        return y.view(B, T, H)
+
+
+def differs(a, b):
+    """(N,) bool: whether two (N, k) id lists name different sets of experts (the order within top-k is not a
+    different route: the sum over the k experts does not depend on it)."""
+    return (a.sort(-1).values != b.sort(-1).values).any(-1)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Routes of a whole model: what a sampler records and a trainer replays, (B, T, M, k) for its M sparse layers
+
+
+def sparse_blocks(model):
+    return [layer.mlp for layer in model.model.layers if isinstance(layer.mlp, SparseMoe)]
+
+
+@contextmanager
+def routing(model, replay=None):
+    """Inside, every sparse block routes through `replay` (B, T, M, k), the M blocks in layer order; None: each
+    chooses its own experts. Backward must run inside too when layers are checkpointed (the recompute routes
+    again)."""
+    blocks = sparse_blocks(model)
+    if replay is not None and replay.shape[2] != len(blocks):
+        raise ValueError(f"replayed routes cover {replay.shape[2]} sparse layers, the model has {len(blocks)}")
+    for j, block in enumerate(blocks):
+        block.replay = None if replay is None else replay[:, :, j]
+    try:
+        yield model
+    finally:
+        for block in blocks:
+            block.replay = None
+
+
+def chosen_routes(model):
+    """(B, T, M, k) the expert ids each sparse block chose itself in the last forward (int16: E <= 32767)."""
+    return torch.stack([b.chosen for b in sparse_blocks(model)], dim=2).to(torch.int16)
+
+
+def route_flips(model, real_tokens=None):
+    """(token-layer routes the last replayed forward would have chosen differently, all of them), over the real
+    tokens ((B, T) bool, None = all)."""
+    flips = torch.stack([b.flips for b in sparse_blocks(model)], dim=-1)    # (B, T, M)
+    if real_tokens is not None:
+        flips = flips & real_tokens[..., None].to(flips.device)
+        return int(flips.sum()), int(real_tokens.sum()) * flips.shape[-1]
+    return int(flips.sum()), flips.numel()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checkpoints: Qwen3-MoE stores each expert's projections apart; the loader stacks them into the fused tensors
+
+
+PER_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+def expert_piece(name, I):
+    """For a per-expert checkpoint name `...mlp.experts.{e}.{gate,up,down}_proj.weight`: (the fused parameter's
+    name, the index into it); None for every other name. I: the expert width (gate rows, then up rows)."""
+    m = PER_EXPERT.match(name)
+    if m is None:
+        return None
+    prefix, e, proj = m.group(1), int(m.group(2)), m.group(3)
+    if proj == "down_proj":
+        return f"{prefix}.down_proj", (e,)
+    rows = slice(0, I) if proj == "gate_proj" else slice(I, 2 * I)
+    return f"{prefix}.gate_up_proj", (e, rows)
