@@ -8,8 +8,10 @@ Shape letters:
   B batch, T tokens in this call, H hidden size, C conv channels (2*nk*dk + nv*dv), K conv kernel width,
   nk / nv key / value heads, dk / dv key / value head dim, N chunks, L chunk length (64).
 
-Two forms of the same recurrence live here, and tests check that they agree:
-  recurrent_delta_rule  token by token: the definition, and the single-token decode step
+Three forms of the same recurrence live here, and tests check that they agree:
+  recurrent_delta_rule  token by token: the definition (the naive twin of the other two)
+  decode_delta_rule     one token, reordered so that both of its reads of the memory see the old state: the
+                        decode step, which a memory-bound step pays for in passes over the fp32 state
   chunked_delta_rule    64 tokens at a time with matrix products: prefill and any multi-token call
 """
 
@@ -36,6 +38,26 @@ def recurrent_delta_rule(q, k, v, g, beta, state):
         S = S + k[:, :, t, :, None] * delta[:, :, None, :]       # write: S <- S + k_t delta_t^T
         out.append((S * q[:, :, t, :, None]).sum(-2))            # read after the write: S^T q_t
     return torch.stack(out, dim=2), S
+
+
+def decode_delta_rule(q, k, v, g, beta, state):
+    """recurrent_delta_rule for one token (T == 1), with the same arguments and results, written so that the state
+    is read for both reductions at once and then once more for the write. With a = e^g and S the old state:
+      recalled = (a S)^T k = a (S^T k)
+      delta    = beta (v - recalled)
+      o        = (a S + k delta^T)^T q = a (S^T q) + (k . q) delta
+      S'       = a S + k delta^T
+    The definition reads S after the forget for the recall and reads S' for the output, so a compiler makes five
+    passes over the (B, h, dk, dv) fp32 state (one of them to store a S); here S^T k and S^T q share one pass, and
+    S' is one read and one write: three. Equal to the definition up to fp32 rounding (the tests' bound)."""
+    k1, q1 = k[:, :, 0], q[:, :, 0]                                          # (B, h, dk)
+    a = g[:, :, 0, None].exp()                                               # (B, h, 1)
+    Sk = (state * k1[..., None]).sum(-2)                                     # S^T k      (B, h, dv)
+    Sq = (state * q1[..., None]).sum(-2)                                     # S^T q      (B, h, dv)
+    delta = beta[:, :, 0, None] * (v[:, :, 0] - a * Sk)                      # (B, h, dv)
+    o = a * Sq + (k1 * q1).sum(-1, keepdim=True) * delta
+    S = state * a[..., None] + k1[..., None] * delta[:, :, None, :]          # (B, h, dk, dv)
+    return o[:, :, None], S
 
 
 def chunked_delta_rule(q, k, v, g, beta, state, chunk=64):
@@ -165,7 +187,7 @@ class GatedDeltaNet(nn.Module):
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
         g = g.mT                                                             # log-decay <= 0 (B, nv, T)
 
-        rule = recurrent_delta_rule if T == 1 else chunked_delta_rule
+        rule = decode_delta_rule if T == 1 else chunked_delta_rule
         o, state = rule(q, k, v, g, beta, state)                             # (B, nv, T, dv) fp32
         if cache is not None:
             cache.update_state(self.layer_idx, conv_state, state)
