@@ -19,6 +19,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from minigrpo.lora import shared_input
+
 
 def l2norm(x, eps=1e-6):
     # eps sits inside the sqrt and is added to the *sum* of squares (FLA / transformers convention)
@@ -173,7 +175,8 @@ class GatedDeltaNet(nn.Module):
         else:
             conv_state, state = cache.conv[self.layer_idx], cache.state[self.layer_idx]
 
-        u, conv_state = causal_conv(self.in_proj_qkv(x).mT, self.conv1d.weight, conv_state)   # (B, C, T)
+        qkv, z, b, a = shared_input(x, self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
+        u, conv_state = causal_conv(qkv.mT, self.conv1d.weight, conv_state)  # (B, C, T)
         q, k, v = u.mT.split([self.nk * self.dk, self.nk * self.dk, self.nv * self.dv], dim=-1)
         q = q.reshape(B, T, self.nk, self.dk).transpose(1, 2)                # (B, nk, T, dk)
         k = k.reshape(B, T, self.nk, self.dk).transpose(1, 2)
@@ -183,8 +186,8 @@ class GatedDeltaNet(nn.Module):
         q = l2norm(q.float()).repeat_interleave(r, dim=1) * self.dk ** -0.5  # (B, nv, T, dk)
         k = l2norm(k.float()).repeat_interleave(r, dim=1)
 
-        beta = self.in_proj_b(x).sigmoid().float().mT                       # sigmoid in model dtype (B, nv, T)
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
+        beta = b.sigmoid().float().mT                                        # sigmoid in model dtype (B, nv, T)
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         g = g.mT                                                             # log-decay <= 0 (B, nv, T)
 
         rule = decode_delta_rule if T == 1 else chunked_delta_rule
@@ -192,6 +195,6 @@ class GatedDeltaNet(nn.Module):
         if cache is not None:
             cache.update_state(self.layer_idx, conv_state, state)
         o = o.transpose(1, 2).to(x.dtype)                                    # (B, T, nv, dv)
-        z = self.in_proj_z(x).reshape(B, T, self.nv, self.dv)
+        z = z.reshape(B, T, self.nv, self.dv)
         y = self.norm(o, z).reshape(B, T, self.nv * self.dv)
         return self.out_proj(y)
