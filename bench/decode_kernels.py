@@ -164,9 +164,12 @@ def floor_bytes(model, rows=ROWS):
     adapters = sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
     gdn = sum(t == "linear_attention" for t in cfg.layer_types)
     attn = cfg.num_hidden_layers - gdn
-    state = rows * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
-    conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + state // (rows * cfg.linear_key_head_dim * 4)
-    conv = rows * conv_dim * cfg.linear_conv_kernel_dim * 2
+    state = conv = 0
+    if gdn:
+        state = rows * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
+        conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + cfg.linear_num_value_heads * \
+            cfg.linear_value_head_dim
+        conv = rows * conv_dim * (cfg.linear_conv_kernel_dim - 1) * 2
     kv_slot = rows * cfg.num_key_value_heads * cfg.head_dim * 2 * 2              # K and V, bf16, one slot
     return dict(weights=weights, adapters=adapters, state=gdn * 2 * state, conv=gdn * conv,
                 kv_written=attn * kv_slot * (PROMPT + NEW // 2),
