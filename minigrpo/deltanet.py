@@ -8,8 +8,10 @@ Shape letters:
   B batch, T tokens in this call, H hidden size, C conv channels (2*nk*dk + nv*dv), K conv kernel width,
   nk / nv key / value heads, dk / dv key / value head dim, N chunks, L chunk length (64).
 
-Two forms of the same recurrence live here, and tests check that they agree:
-  recurrent_delta_rule  token by token: the definition, and the single-token decode step
+Three forms of the same recurrence live here, and tests check that they agree:
+  recurrent_delta_rule  token by token: the definition (the naive twin of the other two)
+  decode_delta_rule     one token, reordered so that both of its reads of the memory see the old state: the
+                        decode step, which a memory-bound step pays for in passes over the fp32 state
   chunked_delta_rule    64 tokens at a time with matrix products: prefill and any multi-token call
                         (row_chunked_delta_rule: each row's chunks from its own first token, padding or not)
 """
@@ -17,6 +19,8 @@ Two forms of the same recurrence live here, and tests check that they agree:
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from minigrpo.lora import shared_input
 
 CHUNK = 64   # tokens per step of chunked_delta_rule; a row's chunks start at its first token
 
@@ -38,6 +42,26 @@ def recurrent_delta_rule(q, k, v, g, beta, state):
         S = S + k[:, :, t, :, None] * delta[:, :, None, :]       # write: S <- S + k_t delta_t^T
         out.append((S * q[:, :, t, :, None]).sum(-2))            # read after the write: S^T q_t
     return torch.stack(out, dim=2), S
+
+
+def decode_delta_rule(q, k, v, g, beta, state):
+    """recurrent_delta_rule for one token (T == 1), with the same arguments and results, written so that the state
+    is read for both reductions at once and then once more for the write. With a = e^g and S the old state:
+      recalled = (a S)^T k = a (S^T k)
+      delta    = beta (v - recalled)
+      o        = (a S + k delta^T)^T q = a (S^T q) + (k . q) delta
+      S'       = a S + k delta^T
+    The definition reads S after the forget for the recall and reads S' for the output, so a compiler makes five
+    passes over the (B, h, dk, dv) fp32 state (one of them to store a S); here S^T k and S^T q share one pass, and
+    S' is one read and one write: three. Equal to the definition up to fp32 rounding (the tests' bound)."""
+    k1, q1 = k[:, :, 0], q[:, :, 0]                                          # (B, h, dk)
+    a = g[:, :, 0, None].exp()                                               # (B, h, 1)
+    Sk = (state * k1[..., None]).sum(-2)                                     # S^T k      (B, h, dv)
+    Sq = (state * q1[..., None]).sum(-2)                                     # S^T q      (B, h, dv)
+    delta = beta[:, :, 0, None] * (v[:, :, 0] - a * Sk)                      # (B, h, dv)
+    o = a * Sq + (k1 * q1).sum(-1, keepdim=True) * delta
+    S = state * a[..., None] + k1[..., None] * delta[:, :, None, :]          # (B, h, dk, dv)
+    return o[:, :, None], S
 
 
 def chunked_delta_rule(q, k, v, g, beta, state, chunk=CHUNK):
@@ -175,21 +199,22 @@ class GatedDeltaNet(nn.Module):
         else:
             conv_state, state = cache.conv[self.layer_idx], cache.state[self.layer_idx]
 
-        o, conv_state, state = self.mix(self.in_proj_qkv(x), self.in_proj_b(x), self.in_proj_a(x), conv_state, state,
-                                        mask)
+        qkv, z, b, a = shared_input(x, self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
+        o, conv_state, state = self.mix(qkv, b, a, conv_state, state, mask)
         if cache is not None:
             cache.update_state(self.layer_idx, conv_state, state)
-        return self.gate_out(o, x)
+        return self.gate_out(o, z)
 
     def packed_forward(self, x, pack):
         """Packed documents (packing.py): the projections over the N packed tokens, the conv and the delta rule on
         the per-document grid, each row from a zero conv window and a zero state."""
         D, Tg = pack.grid_shape
-        qkv, b, a = (pack.to_grid(p(x)) for p in (self.in_proj_qkv, self.in_proj_b, self.in_proj_a))  # (D, Tg, .)
+        qkv, z, b, a = shared_input(x, self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
+        qkv, b, a = (pack.to_grid(t) for t in (qkv, b, a))                      # (D, Tg, .)
         conv_state = x.new_zeros(D, self.conv_dim, self.conv1d.kernel_size[0] - 1)
         state = x.new_zeros(D, self.nv, self.dk, self.dv, dtype=torch.float32)
         o, _, _ = self.mix(qkv, b, a, conv_state, state)                         # (D, Tg, nv, dv)
-        return self.gate_out(pack.from_grid(o), x)
+        return self.gate_out(pack.from_grid(o), z)
 
     def mix(self, qkv, b, a, conv_state, state, mask=None):
         """The token mixing: short conv, then the delta rule. qkv (B, T, C), b and a (B, T, nv): the input
@@ -211,14 +236,15 @@ class GatedDeltaNet(nn.Module):
         g = g.mT                                                             # log-decay <= 0 (B, nv, T)
 
         if T == 1:
-            o, state = recurrent_delta_rule(q, k, v, g, beta, state)         # (B, nv, 1, dv) fp32
+            o, state = decode_delta_rule(q, k, v, g, beta, state)            # (B, nv, 1, dv) fp32
         else:
             o, state = row_chunked_delta_rule(q, k, v, g, beta, state, mask)  # (B, nv, T, dv) fp32
         return o.transpose(1, 2).to(qkv.dtype), conv_state, state            # (B, T, nv, dv)
 
-    def gate_out(self, o, x):
-        """The gated per-head norm of the mixed o (B, T, nv, dv) by z of the input x, then out_proj: (B, T, H)."""
-        B, T, _ = x.shape
-        z = self.in_proj_z(x).reshape(B, T, self.nv, self.dv)
+    def gate_out(self, o, z):
+        """The gated per-head norm of the mixed o (B, T, nv, dv) by the gate z (B, T, nv * dv), then out_proj:
+        (B, T, H)."""
+        B, T = o.shape[:2]
+        z = z.reshape(B, T, self.nv, self.dv)
         y = self.norm(o, z).reshape(B, T, self.nv * self.dv)
         return self.out_proj(y)

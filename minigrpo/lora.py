@@ -16,6 +16,10 @@ Choices, written where the code is:
 - The reference model for the KL term is `with adapters_disabled(model):` — a flag on every LoRA layer, no second
   copy of the weights, bit-exact base outputs.
 - Merging adds (α/r)·B A into W in place. In bf16, merge then unmerge is not bit-exact (rounding), as in PEFT.
+- Projections that read the same input (q, k, v; gate, up; Gated DeltaNet's four input projections) run their A as
+  one matmul (`shared_input`): the A matrices concatenated, (Σr, in), then each adapter's own B. The parameters
+  (and so the optimizer, the gradients and the adapter files) stay one A and one B per layer; training and decoding
+  call the same function, so the sampler and the trainer compute the same thing.
 """
 
 import math
@@ -23,6 +27,7 @@ from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 # Every projection of Qwen2/3 attention, the SwiGLU MLP and Qwen3.5's Gated DeltaNet (leaf module names).
 DEFAULT_TARGETS = (
@@ -54,14 +59,31 @@ class LoRALinear(nn.Module):
         y = self.base_layer(x)
         if self.disabled or self.merged:
             return y
-        delta = self.lora_B(self.lora_A(self.dropout(x.float()))) * self.scale  # fp32 branch
-        return (y + delta).to(x.dtype)  # like PEFT: add in fp32, cast back to the model dtype
+        return self.add_update(y, self.lora_A(self.dropout(x.float())), x.dtype)
+
+    def add_update(self, y, h, dtype):
+        """The base output y plus the update from h = dropout(x) Aᵀ (fp32): like PEFT, added in fp32 and cast back."""
+        return (y + self.lora_B(h) * self.scale).to(dtype)
 
     def delta_weight(self):
         return (self.lora_B.weight @ self.lora_A.weight) * self.scale  # (out, in) fp32
 
     def extra_repr(self):
         return f"r={self.r}, alpha={self.alpha}"
+
+
+def shared_input(x, *layers):
+    """The outputs of linear layers that all read x, [layer(x) for layer in layers], with one matmul for the A of
+    every active adapter among them: x Aᵀ for A = [A_1; A_2; ...] (Σr, in), split into each adapter's h. A step
+    then launches one small matmul per shared input instead of one per adapter (decoding is launch-bound there).
+    An adapter with dropout draws its own mask, so it runs alone, as do plain, disabled and merged layers."""
+    grouped = [i for i, m in enumerate(layers) if isinstance(m, LoRALinear) and not (m.disabled or m.merged)
+               and isinstance(m.dropout, nn.Identity)]
+    if len(grouped) < 2:
+        return [m(x) for m in layers]
+    A = torch.cat([layers[i].lora_A.weight for i in grouped])               # (Σr, in) fp32
+    hs = dict(zip(grouped, F.linear(x.float(), A).split([layers[i].r for i in grouped], dim=-1)))
+    return [m.add_update(m.base_layer(x), hs[i], x.dtype) if i in hs else m(x) for i, m in enumerate(layers)]
 
 
 def lora_layers(model):

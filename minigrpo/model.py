@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from minigrpo.attention import attend
 from minigrpo.deltanet import GatedDeltaNet
+from minigrpo.lora import shared_input
 from minigrpo.moe import SparseMoe, is_sparse_layer
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -103,13 +104,13 @@ class Attention(nn.Module):
         stores this call's K/V and hands back all the K/V attention reads (`update`); pack: packing.Pack when x
         (1, N, H) is documents packed into one row (each attends within itself)."""
         B, T, _ = x.shape
-        q = self.q_proj(x)
+        q, k, v = shared_input(x, self.q_proj, self.k_proj, self.v_proj)   # one LoRA-A matmul for the three
         if self.gated:
             q, gate = q.view(B, T, self.nh, 2 * self.hd).chunk(2, dim=-1)    # (B, T, nh, hd) each
             gate = gate.reshape(B, T, self.nh * self.hd)
         q = q.reshape(B, T, self.nh, self.hd)
-        k = self.k_proj(x).view(B, T, self.nkv, self.hd)
-        v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)     # (B, nkv, T, hd)
+        k = k.view(B, T, self.nkv, self.hd)
+        v = v.view(B, T, self.nkv, self.hd).transpose(1, 2)                  # (B, nkv, T, hd)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rotary(q.transpose(1, 2), *rope)                           # (B, nh, T, hd)
@@ -135,7 +136,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(width, cfg.hidden_size, bias=False)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU, all in the model dtype
+        gate, up = shared_input(x, self.gate_proj, self.up_proj)            # one LoRA-A matmul for both
+        return self.down_proj(F.silu(gate) * up)                            # SwiGLU, all in the model dtype
 
 
 class Block(nn.Module):

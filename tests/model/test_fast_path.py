@@ -13,7 +13,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 pytestmark = pytest.mark.oracle   # train.py's loop: the run-time packages, the tokenizer's first
 pytest.importorskip("tokenizers")
 import train  # noqa: E402
-from minigrpo import static_decode  # noqa: E402
+from minigrpo import deltanet, static_decode  # noqa: E402
+from minigrpo import model as model_py  # noqa: E402
 from minigrpo.run.dist import Dist  # noqa: E402
 from minigrpo.lora import adapters_disabled, inject_lora, lora_layers  # noqa: E402
 from minigrpo.pretrained import load_pretrained  # noqa: E402
@@ -102,20 +103,30 @@ def decode_ops(model, static=True):
     return c.n
 
 
-def test_static_decode_step_costs_the_base_step_plus_each_lora_branch():
+def test_static_decode_step_costs_the_base_step_plus_each_lora_branch(monkeypatch):
     """The static step of a LoRA model is the base model's step plus, per adapted layer, its LoRA branch as the
     trainer runs it (the fp32 cast, A, B, the scale, the add, the cast back, and their views): a fixed count per
-    layer, and fewer ops than the eager step over a growing cache."""
+    layer, less what the shared inputs save (one A matmul for the projections that read one input: each grouped
+    adapter drops its own A's matmul and views, each shared input adds the concatenation, one matmul and the split),
+    and fewer ops than the eager step over a growing cache."""
     base = load_pretrained("tiny-qwen3.5").eval()
     model = lora_model("tiny-qwen3.5")
     n_base, n_static, n_eager = decode_ops(base), decode_ops(model), decode_ops(model, static=False)
-    per_layer = (n_static - n_base) / len(lora_layers(model))
+    kinds = model.config.layer_types
+    shared = 2 * len(kinds)                                   # q/k/v or GDN's inputs, and gate/up: each layer
+    grouped = sum(4 + 2 if t == "linear_attention" else 3 + 2 for t in kinds)
+    for module in (model_py, deltanet):
+        monkeypatch.setattr(module, "shared_input", lambda x, *layers: [m(x) for m in layers])
+    n_alone = decode_ops(model)
+    per_layer = (n_alone - n_base) / len(lora_layers(model))
     print(f"\n[fast decode] ops per decode step, tiny-qwen3.5: base {n_base}, static with LoRA {n_static} "
-          f"({per_layer:g} per adapted layer), eager with LoRA {n_eager}")
+          f"({n_alone} with each adapter's A alone: {per_layer:g} per adapted layer), eager with LoRA {n_eager}")
     assert per_layer == LORA_BRANCH_OPS and n_static < n_eager
+    assert n_static == n_alone - A_OPS * grouped + SHARED_A_OPS * shared
 
 
 LORA_BRANCH_OPS = 10   # LoRALinear.forward beyond base_layer(x), views included
+A_OPS, SHARED_A_OPS = 4, 6   # an adapter's A alone (views, matmul); one A for a shared input (cat, matmul, split)
 
 
 def test_static_batch_pads_and_splits_to_the_fixed_rows():
