@@ -18,6 +18,10 @@ its checkpoint, and sampling is seeded by (seed, step, example), so `--resume` a
 uninterrupted run bit for bit on the same machine. The flags and their defaults: minigrpo/run/flags.py; the task
 presets: minigrpo/run/presets.py.
 """
+from minigrpo.run import signals
+
+signals.quiet_imports("train.py")   # a Ctrl-C or SIGTERM in the seconds of imports below: one line, no traceback
+
 import argparse
 import math
 import os
@@ -102,7 +106,7 @@ def grpo_loop(run, args, policy, task) -> dict:
             loss_stats, grad_norm = policy_update(up, my_seqs, args, dist_info, tok)
         loss_stats = [st for part in all_gather_objects(loss_stats, dist_info) for st in part]   # weighed by tokens
         step += 1
-        nonfinite = nonfinite_streak(nonfinite, grad_norm, step, run, args.mu)
+        nonfinite = nonfinite_streak(nonfinite, grad_norm, step, args.mu)
         times = PHASES.times
         m = step_metrics(step, epoch, all_seqs, adv_stats, loss_stats, grad_norm, sched.get_last_lr()[0],
                          times["sample"], times["train"], task.step_metrics(all_seqs))

@@ -13,6 +13,8 @@ import time
 import numpy as np
 import torch
 
+from minigrpo.run.signals import Terminated
+
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")   # the package's own data files
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -95,6 +97,11 @@ def threads_note(device: torch.device) -> str:
 
 class UsageError(Exception):
     """A flag or file the user can fix: the scripts print it as one line and exit with code 2."""
+
+
+class Refusal(SystemExit):
+    """A refusal that keeps data from harm (a folder another live process writes, a run that exists): the message
+    is the one line, ending with what to do instead; the scripts exit with code 3."""
 
 
 class StopRun(RuntimeError):
@@ -213,14 +220,15 @@ def kill_process_group(proc, wait: bool = True):
 # Ctrl-C. Python's own handler raises KeyboardInterrupt wherever the main thread is; when that is inside a weakref
 # callback or a finalizer (an import lock's, a tensor's), Python prints "Exception ignored" and the run goes on.
 # The handler below also remembers the Ctrl-C, and the training loop asks at every step, so it always stops.
+# SIGTERM is handled the same way and raises Terminated (a KeyboardInterrupt): the run stops as a Ctrl-C stops it.
 
-_ctrl_c = False
+_ctrl_c = None      # the exception a signal raised, to raise again at the next step
 
 
-def _on_ctrl_c(signum, frame):
+def _on_signal(signum, frame):
     global _ctrl_c
-    _ctrl_c = True
-    raise KeyboardInterrupt
+    _ctrl_c = Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+    raise _ctrl_c
 
 
 def _unraisable(hook):
@@ -231,17 +239,21 @@ def _unraisable(hook):
 
 
 def catch_ctrl_c():
-    """Install the remembering handler in place of Python's default one; a SIGINT ignored (a job started with
-    `nohup ... &`) or handled by someone else stays as it is."""
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _on_ctrl_c)
+    """Install the remembering handler for SIGINT and SIGTERM in place of Python's default ones (or of
+    signals.quiet_imports'); a signal ignored (a job started with `nohup ... &`) or handled by someone else stays
+    as it is."""
+    for sig, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+        now = signal.getsignal(sig)
+        if now is default or getattr(now, "quiet_imports", False):
+            signal.signal(sig, _on_signal)
+    if getattr(sys.unraisablehook, "__name__", "") != "quiet_ctrl_c":
         sys.unraisablehook = _unraisable(sys.unraisablehook)
 
 
 def stop_if_ctrl_c():
     """Raise the KeyboardInterrupt a Ctrl-C raised where Python could not deliver it."""
     if _ctrl_c:
-        raise KeyboardInterrupt
+        raise _ctrl_c
 
 
 # ----------------------------------------------------------------------------------------------------------------

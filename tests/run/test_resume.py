@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 import train
+from minigrpo.common import StopRun
 from minigrpo.run import checkpoints
 from minigrpo.pretrained import load_pretrained
 from minigrpo.run.folder import MARKER, RunFolder
@@ -272,7 +273,7 @@ def test_disk_full_during_a_checkpoint_is_one_line_and_the_last_one_is_intact(ru
     last = tree(run / "checkpoints" / "step-4")
     monkeypatch.setattr(torch, "save", full)
     code, err = main_lines(resume(run, "--steps", "6", "--save-every", "6"), capsys)
-    assert code == 1
+    assert code == 4
     free = shutil.disk_usage(run).free / 2 ** 20
     line = err[-1]
     assert line.startswith(f"train.py: stopping: checkpoint step-6 could not be written to {run / 'checkpoints'} "
@@ -299,7 +300,7 @@ def test_disk_full_on_a_log_line_is_one_line_and_the_run_resumes(run, capsys, mo
     last = tree(run / "checkpoints" / "step-4")
     monkeypatch.setattr(folder_mod, "open", full_disk, raising=False)
     code, err = main_lines(resume(run, "--steps", "6"), capsys)
-    assert code == 1, err
+    assert code == 4, err
     free = shutil.disk_usage(run).free / 2 ** 20
     prefix = f"train.py: stopping: {run / 'samples.jsonl'} could not be written (No space left on device; "
     assert err[-1].startswith(prefix) and "Traceback" not in "\n".join(err), err[-3:]
@@ -322,7 +323,7 @@ def test_a_file_size_limit_stops_the_checkpoint_with_one_line(run):
     cmd = [sys.executable, "train.py", *resume(run, "--steps", "6", "--save-every", "6", "--quiet")]
     out = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600, check=False,
                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
-    assert out.returncode == 1, out.stderr[-2000:]
+    assert out.returncode == 4, out.stderr[-2000:]
     line = out.stderr.strip().splitlines()[-1]
     assert line.startswith("train.py: stopping: checkpoint step-6 could not be written to "
                            f"{run / 'checkpoints'} ("), line
@@ -379,7 +380,9 @@ def test_ctrl_c_in_a_pipeline_says_the_same_command_continues_it(flags, tmp_path
 
 def test_ctrl_c_before_any_checkpoint_claims_none(tmp_path, monkeypatch, capsys):
     def interrupted(args):
-        RunFolder(args.runs_dir, args.run_name).claim(fresh=True)
+        run = RunFolder(args.runs_dir, args.run_name)
+        run.claim(fresh=True)
+        run.create(vars(args))
         raise KeyboardInterrupt
 
     monkeypatch.setattr(train, "train", interrupted)
@@ -389,15 +392,30 @@ def test_ctrl_c_before_any_checkpoint_claims_none(tmp_path, monkeypatch, capsys)
                        f"{RunFolder(str(tmp_path), 'k').resume_command()}")
 
 
+def test_ctrl_c_before_config_json_says_start_again_not_resume(tmp_path, monkeypatch, capsys):
+    """--resume needs config.json: a stop before it is written names the command that started the run, and the
+    folder made for it (holding nothing) is gone, so that command works."""
+    def interrupted(args):
+        RunFolder(args.runs_dir, args.run_name).claim(fresh=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "train", interrupted)
+    argv = [*SMALL, "--runs-dir", str(tmp_path), "--run-name", "k"]
+    code, err = main_lines(argv, capsys)
+    python = shlex.split(RunFolder(str(tmp_path), "k").resume_command())[0]
+    assert code == 130 and err[-1] == ("train.py: stopped by Ctrl-C; nothing was written yet; start it again with: "
+                                       f"{shlex.join([python, 'train.py', *argv])}")
+    assert not (tmp_path / "k").exists()
+
+
 def test_the_non_finite_stop_says_what_the_streak_was_and_claims_no_checkpoint_it_lacks(tmp_path, monkeypatch):
     args = train.resolve_args([*SMALL, "--runs-dir", str(tmp_path), "--run-name", "nan", "--steps", "6",
                                "--save-every", "5"])
     monkeypatch.setattr(train, "all_reduce_and_clip", lambda params, max_grad_norm, dist_info: float("nan"))
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(StopRun) as e:
         train.train(args)
-    assert e.value.code == ("stopping: 3 non-finite steps in a row (steps 1-3, the last grad-norm nan; their updates "
-                            "were skipped, so the weights are those of step 0): lower --lr or check the data; no "
-                            "checkpoint was written yet")
+    assert str(e.value) == ("stopping: 3 non-finite steps in a row (steps 1-3, the last grad-norm nan; their updates "
+                            "were skipped, so the weights are those of step 0): lower --lr or check the data")
     assert checkpoints.steps(str(tmp_path / "nan" / "checkpoints")) == []
 
 
@@ -414,14 +432,16 @@ def test_the_judge_down_stop_names_the_judges_error_and_what_is_kept(tmp_path, m
     assert str(e.value) == ("stopping: the cmd:/bin/false judge failed every call for 3 steps in a row (1 of 1 in the "
                             "last; its last error: /bin/false exited 1:): check the judge command or server")
     def judge_down(args):
-        RunFolder(args.runs_dir, args.run_name).claim(fresh=False)
+        run = RunFolder(args.runs_dir, args.run_name)
+        run.claim(fresh=False)
+        run.create(vars(args))
         raise e.value
 
     monkeypatch.setattr(train, "train", judge_down)
     argv = [*SMALL, "--runs-dir", str(tmp_path), "--run-name", "s"]
     code, err = main_lines(argv, capsys)
     note = f"continue with: {RunFolder(str(tmp_path), 's').resume_command()}"
-    assert code == 1 and err == [f"train.py: {e.value}; no checkpoint was written yet; {note}"]
+    assert code == 4 and err == [f"train.py: {e.value}; no checkpoint was written yet; {note}"]
     (tmp_path / "s" / "checkpoints" / "step-3").mkdir(parents=True)
     code, err = main_lines(argv, capsys)
     kept = tmp_path / "s" / "checkpoints" / "step-3"
