@@ -39,7 +39,7 @@ from minigrpo.lora import inject_lora
 from minigrpo.model import enable_activation_checkpointing
 from minigrpo.update import adamw
 from minigrpo.pretrained import CheckpointError, load_pretrained
-from minigrpo.run import callsize, cli, dist_timeout, plots
+from minigrpo.run import callsize, cli, dist_timeout, memguard, plots
 from minigrpo.run.flags import loss_settings, resolve_args
 from minigrpo.run.folder import ProgressBar, RunFolder, Tracker, epoch_summary, sample_records, step_metrics
 from minigrpo.run.gap import token_sums, warn_off_policy
@@ -394,6 +394,7 @@ def main(argv=None):
 
 def command(args):
     """What the flags ask for: one training run, or a pipeline of them."""
+    refuse_what_cannot_fit(args)
     if args.task == "mdp":    # the verifier-MDP pipeline: SFT, DPO, then GRPO through this file's train()
         from minigrpo.experiments.mdp_pipeline import run_pipeline
         return run_pipeline(args, trainer=train)
@@ -402,6 +403,18 @@ def command(args):
         return run_experiment(args, trainer=train)
     train(args)
     finish_distributed()  # torchrun: the process group is torn down before exit, not by it
+
+
+def refuse_what_cannot_fit(args):
+    """The memory plan of the run against the memory the device has, before anything is loaded: one line naming
+    the flags to lower (minigrpo/run/memguard.py)."""
+    from minigrpo.tasks import task_class
+    device = pick_device(args.device)
+    rows = decode_rows(task_class(args.task), args, args.tasks_per_step)
+    try:
+        memguard.check_fits(args, rows, device, pick_dtype(args.dtype, device), decode_path(args, device) == "fast")
+    except (OSError, ValueError, CheckpointError) as e:     # the model's config.json: missing, offline, malformed
+        raise UsageError(f"--model {args.model}: {first_line(e)}") from None
 
 
 if __name__ == "__main__":
