@@ -177,12 +177,19 @@ def left_pad(seqs, pad_id, device=None):
 # Files and processes
 
 
+def _umask() -> int:
+    mask = os.umask(0)       # the only way to read it is to set it: put back at once
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str, data, fsync: bool = True):
     """Write `data` (str, bytes, or a callable that writes a given temp path) to a temporary name next to `path`,
     then rename it into place: rename is atomic on POSIX, so a kill never leaves half a file."""
     tmp = f"{path}.tmp-{os.getpid()}"
     if callable(data):
         data(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())     # safetensors' writer makes its file 0600: the mode open() would give
     else:
         mode, encoding = ("wb", None) if isinstance(data, bytes) else ("w", "utf-8")
         with open(tmp, mode, encoding=encoding) as f:
