@@ -68,7 +68,8 @@ def record_resume(run: RunFolder, latest: str, step: int, n_steps: int, resolved
     changed = changed_settings(RunFolder.saved_config(run.root, run.name), resolved)
     run.record_resume(step, changed)
     note = "".join(f"; {flag(k)} {old} -> {new}" for k, (old, new) in changed.items())
-    print(f"train.py: resumed from step {step} of {n_steps} ({latest}){note}", file=sys.stderr)
+    done = "; the run is finished: nothing left to do (pass --steps N above it to train on)" if step == n_steps else ""
+    print(f"train.py: resumed from step {step} of {n_steps} ({latest}){note}{done}", file=sys.stderr)
 
 
 def flag(key: str, value=None) -> str:

@@ -175,7 +175,8 @@ def test_resume_needs_no_task_and_records_a_safe_change(run, capsys):
     first, last = m[0]["reward_mean"], m[-1]["reward_mean"]
     assert out[-1] == f"mean reward: first step {first:.3f} -> last step {last:.3f}"
     code, err = main_lines(resume(run), capsys)                 # the history's --steps 5 holds: nothing left to do
-    assert code is None and f"train.py: resumed from step 5 of 5 ({run / 'checkpoints' / 'step-5'})" in err, err
+    assert code is None and f"train.py: resumed from step 5 of 5 ({run / 'checkpoints' / 'step-5'}); the run is " \
+        "finished: nothing left to do (pass --steps N above it to train on)" in err, err
     assert len(json.loads((run / "config.json").read_text())["resumes"]) == 2
 
 
@@ -192,12 +193,11 @@ def test_resume_refuses_flags_that_change_what_the_run_trains(run, capsys):
     assert (args.task, args.lr, args.group_size, args.steps) == ("synthetic", 3e-3, 4, 4)
 
 
-def test_resume_refuses_fewer_steps_than_the_checkpoint(run):
+def test_resume_refuses_fewer_steps_than_the_checkpoint(run, capsys):
     before = tree(run)
-    with pytest.raises(SystemExit) as e:
-        train.main(resume(run, "--steps", "3"))
-    assert e.value.code == (f"--resume: {run / 'checkpoints' / 'step-4'} is past the run's end (3 steps): pass "
-                            "--steps 4 or more to continue it")
+    code, err = main_lines(resume(run, "--steps", "3"), capsys)
+    assert code == 2 and err[-1] == (f"train.py: error: --resume: {run / 'checkpoints' / 'step-4'} is past the run's "
+                                     "end (3 steps): pass --steps 4 or more to continue it")
     assert tree(run) == before
 
 
@@ -224,14 +224,14 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_intact_one(run):
     assert [m["step"] for m in metrics(run)] == [1, 2, 3, 4]
 
 
-def test_every_checkpoint_damaged_is_one_line_and_nothing_is_cut(run):
+def test_every_checkpoint_damaged_is_one_line_and_nothing_is_cut(run, capsys):
     for step in (2, 4):
         (run / "checkpoints" / f"step-{step}" / "trainer_state.pt").write_bytes(b"not a zip")
     before = tree(run)
-    with pytest.raises(SystemExit) as e:
-        train.main(resume(run))
-    assert str(e.value.code).startswith(f"--resume: no checkpoint in {run / 'checkpoints'} can be read (")
-    assert "start a new run under another --run-name" in e.value.code
+    code, err = main_lines(resume(run), capsys)
+    assert code == 2 and err[-1].startswith(f"train.py: error: --resume: no checkpoint in {run / 'checkpoints'} can "
+                                            "be read (")
+    assert "start a new run under another --run-name" in err[-1]
     assert tree(run) == before                                   # the logs were not cut back to step 0
 
 
