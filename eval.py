@@ -169,9 +169,7 @@ def hold_out(out) -> str:
         top, parent = parent, os.path.dirname(parent)
     try:
         os.makedirs(out, exist_ok=True)
-        lock.hold(out, instead="pass another --out")
-    except lock.FolderBusy as e:    # another eval.py writing there: one line naming its pid
-        raise UsageError(str(e)) from None
+        lock.hold(out, instead="pass another --out")    # another eval.py writing there: refused, naming its pid
     except OSError as e:            # a read-only place, a file in the way
         raise UsageError(f"--out {out}: cannot write there ({e.strerror or e}); pass a folder you can write") from None
     return top

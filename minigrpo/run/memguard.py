@@ -56,6 +56,8 @@ def lower_flags(p: dict, args) -> str:
 
 def check_fits(args, rows: int, device: torch.device, dtype: torch.dtype, fast_decode: bool):
     """Raise UsageError when the run `args` would start (largest sampler call: `rows` rows) cannot fit `device`."""
+    if "/" not in args.model and args.model not in ("tiny", "tiny-qwen3.5"):
+        return              # neither a folder nor a hub id: loading the model says so, with the nearest name
     cfg, _ = memplan.load_config(args.model)
     shape, s = memplan.run_shape(args, rows)
     p = memplan.plan(cfg, shape, dtype, s["lora_r"], s["targets"], s["beta"], fast_decode=fast_decode)
