@@ -40,7 +40,9 @@ import torch
 
 from minigrpo.evals import gsm8k, mdp, revise, soyuz, synthetic, terminal
 from minigrpo.evals.common import UsageError, adapter_base, resolve_adapter, resolve_model
+from minigrpo.common import Refusal
 from minigrpo.run import cli, lock
+from minigrpo.run.folder import RunFolder
 from minigrpo.run.flags import WEAK_SANDBOX_HELP, sandbox_refusal
 from minigrpo.run.presets import PRESETS
 from minigrpo.tasks import TASKS
@@ -160,13 +162,14 @@ def hold_out(out) -> str:
     """Make --out (and its missing parents) and hold it: one writer at a time (minigrpo/run/lock.py). Returns the
     topmost folder this made ("" when --out existed)."""
     top, parent = "", os.path.abspath(out)
+    if RunFolder(os.path.dirname(parent), os.path.basename(parent)).is_run():   # its files are train.py's
+        raise Refusal(f"--out {out}: is a training run's folder, whose files are train.py's: pass a folder of its "
+                      f"own, such as --out {os.path.join(out, 'eval')}")
     while not os.path.exists(parent):
         top, parent = parent, os.path.dirname(parent)
     try:
         os.makedirs(out, exist_ok=True)
-        lock.hold(out, instead="pass another --out")
-    except lock.FolderBusy as e:    # another eval.py writing there: one line naming its pid
-        raise UsageError(str(e)) from None
+        lock.hold(out, instead="pass another --out")    # another eval.py writing there: refused, naming its pid
     except OSError as e:            # a read-only place, a file in the way
         raise UsageError(f"--out {out}: cannot write there ({e.strerror or e}); pass a folder you can write") from None
     return top

@@ -15,6 +15,7 @@ import os
 import sys
 
 from minigrpo.judge import make_judge, load_tasks
+from minigrpo.judge.grader import GRADER_DOWN
 
 DEFAULT_TASKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "minigrpo", "data", "soyuz_tasks.json")
 
@@ -95,6 +96,11 @@ def main(argv=None):
         print(f"judge.py: the {args.judge} judge failed after {args.retries + 1} attempts", file=sys.stderr)
         return 1
     print(json.dumps(verdict.to_dict(), indent=2)) if args.json else print_verdict(verdict)
+    down = [r.id for r in verdict.results if r.reason == GRADER_DOWN]
+    if down:     # the score above leaves these out: not a grade of the answer by the judge that was asked for
+        print(f"judge.py: the {args.judge} judge never answered; {', '.join(down)} unchecked, so the score is not its "
+              "grade: check the judge command or server", file=sys.stderr)
+        return 4
     return 0
 
 

@@ -18,6 +18,10 @@ its checkpoint, and sampling is seeded by (seed, step, example), so `--resume` a
 uninterrupted run bit for bit on the same machine. The flags and their defaults: minigrpo/run/flags.py; the task
 presets: minigrpo/run/presets.py.
 """
+from minigrpo.run import signals
+
+signals.quiet_imports("train.py")   # a Ctrl-C or SIGTERM in the seconds of imports below: one line, no traceback
+
 import argparse
 import math
 import os
@@ -35,7 +39,7 @@ from minigrpo.lora import inject_lora
 from minigrpo.model import enable_activation_checkpointing
 from minigrpo.update import adamw
 from minigrpo.pretrained import CheckpointError, load_pretrained
-from minigrpo.run import callsize, cli, dist_timeout, plots
+from minigrpo.run import callsize, cli, dist_timeout, memguard, plots
 from minigrpo.run.flags import loss_settings, resolve_args
 from minigrpo.run.folder import ProgressBar, RunFolder, Tracker, epoch_summary, sample_records, step_metrics
 from minigrpo.run.gap import token_sums, warn_off_policy
@@ -102,7 +106,7 @@ def grpo_loop(run, args, policy, task) -> dict:
             loss_stats, grad_norm = policy_update(up, my_seqs, args, dist_info, tok)
         loss_stats = [st for part in all_gather_objects(loss_stats, dist_info) for st in part]   # weighed by tokens
         step += 1
-        nonfinite = nonfinite_streak(nonfinite, grad_norm, step, run, args.mu)
+        nonfinite = nonfinite_streak(nonfinite, grad_norm, step, args.mu)
         times = PHASES.times
         m = step_metrics(step, epoch, all_seqs, adv_stats, loss_stats, grad_norm, sched.get_last_lr()[0],
                          times["sample"], times["train"], task.step_metrics(all_seqs))
@@ -338,7 +342,7 @@ def build_policy(args, device, dtype):
     try:                    # a folder, config.json or hub that cannot be used: one line naming --model and the file
         model, tok = load_pretrained(args.model, dtype, device), Tokenizer.from_pretrained(args.model)
     except (OSError, ValueError) as e:
-        raise UsageError(f"--model {args.model}: {first_line(e)}") from None
+        raise UsageError(f"--model {args.model}: {first_line(e)}{model_hint(args.model)}") from None
     if args.lora_r > 0:
         kw = {"targets": args.lora_targets.split(",")} if args.lora_targets else {}
         try:
@@ -357,6 +361,13 @@ def build_policy(args, device, dtype):
     if args.grad_checkpoint:
         enable_activation_checkpointing(model)
     return model, tok, params, reference
+
+
+def model_hint(name: str) -> str:
+    """"; did you mean 'tiny'?" for a --model that is neither a folder nor a hub id but close to a built-in name."""
+    import difflib
+    close = difflib.get_close_matches(name, ["tiny", "tiny-qwen3.5"], n=1)
+    return f"; did you mean {close[0]!r}?" if close and not os.path.exists(name) else ""
 
 
 def save(run, step, up, tok, args, dist_info, state):
@@ -390,6 +401,7 @@ def main(argv=None):
 
 def command(args):
     """What the flags ask for: one training run, or a pipeline of them."""
+    refuse_what_cannot_fit(args)
     if args.task == "mdp":    # the verifier-MDP pipeline: SFT, DPO, then GRPO through this file's train()
         from minigrpo.experiments.mdp_pipeline import run_pipeline
         return run_pipeline(args, trainer=train)
@@ -398,6 +410,18 @@ def command(args):
         return run_experiment(args, trainer=train)
     train(args)
     finish_distributed()  # torchrun: the process group is torn down before exit, not by it
+
+
+def refuse_what_cannot_fit(args):
+    """The memory plan of the run against the memory the device has, before anything is loaded: one line naming
+    the flags to lower (minigrpo/run/memguard.py)."""
+    from minigrpo.tasks import task_class
+    device = pick_device(args.device)
+    rows = decode_rows(task_class(args.task), args, args.tasks_per_step)
+    try:
+        memguard.check_fits(args, rows, device, pick_dtype(args.dtype, device), decode_path(args, device) == "fast")
+    except (OSError, ValueError):   # no config.json to plan from: loading the model names what is wrong with it
+        pass
 
 
 if __name__ == "__main__":

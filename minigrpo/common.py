@@ -13,6 +13,8 @@ import time
 import numpy as np
 import torch
 
+from minigrpo.run.signals import Terminated
+
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")   # the package's own data files
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -97,6 +99,11 @@ class UsageError(Exception):
     """A flag or file the user can fix: the scripts print it as one line and exit with code 2."""
 
 
+class Refusal(SystemExit):
+    """A refusal that keeps data from harm (a folder another live process writes, a run that exists): the message
+    is the one line, ending with what to do instead; the scripts exit with code 3."""
+
+
 class StopRun(RuntimeError):
     """A run-policy rule stopped the run (a judge that is down, a checkpoint that cannot be written); the message
     names the cause, and train.py adds what the checkpoints hold and the command that continues the run."""
@@ -170,12 +177,19 @@ def left_pad(seqs, pad_id, device=None):
 # Files and processes
 
 
+def _umask() -> int:
+    mask = os.umask(0)       # the only way to read it is to set it: put back at once
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str, data, fsync: bool = True):
     """Write `data` (str, bytes, or a callable that writes a given temp path) to a temporary name next to `path`,
     then rename it into place: rename is atomic on POSIX, so a kill never leaves half a file."""
     tmp = f"{path}.tmp-{os.getpid()}"
     if callable(data):
         data(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())     # safetensors' writer makes its file 0600: the mode open() would give
     else:
         mode, encoding = ("wb", None) if isinstance(data, bytes) else ("w", "utf-8")
         with open(tmp, mode, encoding=encoding) as f:
@@ -213,14 +227,15 @@ def kill_process_group(proc, wait: bool = True):
 # Ctrl-C. Python's own handler raises KeyboardInterrupt wherever the main thread is; when that is inside a weakref
 # callback or a finalizer (an import lock's, a tensor's), Python prints "Exception ignored" and the run goes on.
 # The handler below also remembers the Ctrl-C, and the training loop asks at every step, so it always stops.
+# SIGTERM is handled the same way and raises Terminated (a KeyboardInterrupt): the run stops as a Ctrl-C stops it.
 
-_ctrl_c = False
+_ctrl_c = None      # the exception a signal raised, to raise again at the next step
 
 
-def _on_ctrl_c(signum, frame):
+def _on_signal(signum, frame):
     global _ctrl_c
-    _ctrl_c = True
-    raise KeyboardInterrupt
+    _ctrl_c = Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+    raise _ctrl_c
 
 
 def _unraisable(hook):
@@ -231,17 +246,21 @@ def _unraisable(hook):
 
 
 def catch_ctrl_c():
-    """Install the remembering handler in place of Python's default one; a SIGINT ignored (a job started with
-    `nohup ... &`) or handled by someone else stays as it is."""
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _on_ctrl_c)
+    """Install the remembering handler for SIGINT and SIGTERM in place of Python's default ones (or of
+    signals.quiet_imports'); a signal ignored (a job started with `nohup ... &`) or handled by someone else stays
+    as it is."""
+    for sig, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+        now = signal.getsignal(sig)
+        if now is default or getattr(now, "quiet_imports", False):
+            signal.signal(sig, _on_signal)
+    if getattr(sys.unraisablehook, "__name__", "") != "quiet_ctrl_c":
         sys.unraisablehook = _unraisable(sys.unraisablehook)
 
 
 def stop_if_ctrl_c():
     """Raise the KeyboardInterrupt a Ctrl-C raised where Python could not deliver it."""
     if _ctrl_c:
-        raise KeyboardInterrupt
+        raise _ctrl_c
 
 
 # ----------------------------------------------------------------------------------------------------------------

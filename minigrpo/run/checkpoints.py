@@ -186,7 +186,9 @@ def write_error(e: BaseException) -> str:
     while e is not None:
         if isinstance(e, OSError):
             return e.strerror or _first_line(e)
-        if isinstance(e, SafetensorError) or (isinstance(e, RuntimeError) and "inline_container" in str(e)):
+        if isinstance(e, RuntimeError) and "inline_container" in str(e):   # "[enforce fail at ...] . unexpected pos"
+            return "torch's writer stopped short: " + _first_line(str(e).split("]", 1)[-1].lstrip(" ."))
+        if isinstance(e, SafetensorError):
             return _first_line(e)
         e = e.__cause__ or e.__context__
     return ""

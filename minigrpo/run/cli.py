@@ -1,12 +1,22 @@
-"""How a command ends, as its exit code and one line: a flag, model or data problem (UsageError, or argparse's own
-refusal) is "<prog>: error: <line>" and exit code 2, as argparse prints its own; a run-policy stop (StopRun: a judge
-that is down, a full disk) is its cause and what the run keeps, exit code 1; a Ctrl-C is what the run keeps and the
-command that continues it, exit code 130. train.py and eval.py end this way."""
+"""How a command ends: one line and one exit code for each kind of cause (docs/training.md, "How a run ends").
+
+  0    done
+  1    a bug: Python's traceback (anything not below)
+  2    usage: a flag, model, file or folder the user named cannot be used, or the run cannot fit the memory there
+       is: "<prog>: error: <line>", as argparse prints its own
+  3    refused, to keep data from harm: a folder another live process writes, a run that exists, a folder that
+       is not a run's: "<prog>: refused: <line>", the line ending with what to do instead
+  4    a runtime stop: a full disk, a judge that is down, a streak of non-finite steps: the cause, what the run
+       keeps and the command that continues it
+  130  Ctrl-C, 143 SIGTERM: what the run keeps and the command that works now (resume it, or start it again)
+
+train.py and eval.py end this way; judge.py's own failures use the same codes."""
 import os
 import shutil
 import sys
 
-from minigrpo.common import StopRun, UsageError
+from minigrpo.common import Refusal, StopRun, UsageError
+from minigrpo.run import signals
 from minigrpo.run.folder import RunFolder
 
 
@@ -26,6 +36,9 @@ def parse(prog, resolve, argv):
         raise
 
 
+USAGE, REFUSED, STOPPED = 2, 3, 4
+
+
 def run(prog, work, ended):
     """work(), with how it ends mapped to an exit code. ended(e) is called with whatever ends it early, before the
     line is printed: it undoes what the command made for itself and returns what is kept (the note of a stop or a
@@ -34,33 +47,38 @@ def run(prog, work, ended):
         return work()
     except BaseException as e:
         kept = ended(e)
-        if isinstance(e, UsageError):
-            usage_error(prog, str(e))
+        if isinstance(e, Refusal):
+            print(f"{prog}: refused: {e.code}", file=sys.stderr)
+            raise SystemExit(REFUSED) from None
+        if isinstance(e, UsageError) or (isinstance(e, SystemExit) and isinstance(e.code, str)):
+            usage_error(prog, str(e) if isinstance(e, UsageError) else e.code)
         if isinstance(e, StopRun):
             print(f"{prog}: {e}; {kept}", file=sys.stderr)
-            raise SystemExit(1) from None
+            raise SystemExit(STOPPED) from None
         if isinstance(e, KeyboardInterrupt):   # the steps after the last checkpoint are redone by the resume
             if int(os.environ.get("RANK", "0")) == 0:
-                print(f"\n{prog}: stopped by Ctrl-C; {kept}", file=sys.stderr)
-            raise SystemExit(130) from None
+                print(f"\n{prog}: stopped by {signals.stop_name(e)}; {kept}", file=sys.stderr)
+            raise SystemExit(signals.exit_code(e)) from None
         raise
 
 
 def training_ended(args, argv):
-    """train.py's `ended`: a usage error removes the run folder made for it when it holds nothing (its marker, no
-    checkpoint, the judge's empty cache); a stop or a Ctrl-C notes what the run keeps and the command that
-    continues it (a pipeline, --task mdp or --experiment, continues by the same command)."""
+    """train.py's `ended`: a usage error, a Ctrl-C or a SIGTERM removes the run folder made for it when it holds
+    nothing (its marker, no checkpoint, the judge's empty cache); a stop or a Ctrl-C notes what the run keeps and
+    the command that works now: --resume once config.json is written, else the same command again (a pipeline,
+    --task mdp or --experiment, continues by the same command)."""
     made = not os.path.exists(os.path.join(args.runs_dir, args.run_name))
+    again = sys.argv[1:] if argv is None else argv
 
     def ended(e):
         run = RunFolder(args.runs_dir, args.run_name)
-        if isinstance(e, UsageError):
-            if made and run.holds_nothing():
-                shutil.rmtree(run.path)
-            return ""
+        if isinstance(e, (UsageError, KeyboardInterrupt, StopRun)) and made and run.holds_nothing():
+            shutil.rmtree(run.path)
         if not isinstance(e, (StopRun, KeyboardInterrupt)):
             return ""
         if args.task == "mdp" or args.experiment:
-            return run.rerun_note(sys.argv[1:] if argv is None else argv)
+            return run.rerun_note(again)
+        if not os.path.exists(run.file("config.json")):
+            return f"nothing was written yet; start it again with: {run.start_command(again)}"
         return run.stop_note()
     return ended

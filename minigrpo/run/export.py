@@ -25,10 +25,12 @@ import shutil
 import sys
 
 import torch
+from safetensors import SafetensorError
 
 from minigrpo.evals.common import UsageError as ExportError, adapter_base, adapter_folder, first_line, run_checkpoint
 from minigrpo.evals.mdp import mdp_pipeline_run, mdp_stage_base
 from minigrpo.lora import fold_lora
+from minigrpo.run import checkpoints
 from minigrpo.run.lora_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS, export_merged, load_adapter
 from minigrpo.model import Qwen
 from minigrpo.pretrained import load_pretrained, parse_dtype
@@ -96,6 +98,11 @@ def export(source: str, out: str, merge: bool = False, base: str | None = None, 
         if os.path.isdir(out):
             os.rmdir(out)          # empty (check_out); rmdir refuses anything else
         os.replace(tmp, out)
+    except (OSError, RuntimeError, SafetensorError) as e:    # a read-only or full disk: the folder and the OS's cause
+        if not checkpoints.write_error(e):
+            raise
+        raise ExportError(f"{out}: cannot write the export in {os.path.dirname(tmp)} ({checkpoints.write_error(e)}); "
+                          "pass an OUT on a disk you can write, with room for it (nothing was written)") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return what

@@ -2,6 +2,7 @@
 parser defaults, and with --resume the run's saved config.json does; a flag given on the command line wins over
 both. Every resolved value goes to runs/<name>/config.json."""
 import argparse
+import copy
 import math
 import os
 import sys
@@ -19,8 +20,38 @@ WEAK_SANDBOX_HELP = ("terminal: run the agent's commands even where the full san
                      "a cgroup) is missing; what the weaker one lacks is printed")
 
 
+class DefaultsShown(argparse.HelpFormatter):
+    """--help names each flag's default (a flag whose default a task's preset supplies has none here)."""
+
+    def _format_action(self, action):
+        shown = action.default not in (None, False, argparse.SUPPRESS) and action.option_strings
+        if shown:           # a flag without a help text still gets its default's line
+            action = copy.copy(action)
+            action.help = f"{action.help or ''} (default: %(default)s)".strip()
+        return super()._format_action(action)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A flag argparse refuses is one line, not the whole usage, with the nearest choice when it is a typo; the
+    SystemExit's text is printed by cli.parse as "train.py: error: <line>", exit code 2."""
+
+    def error(self, message):
+        raise SystemExit(message + did_you_mean(message))
+
+
+def did_you_mean(message: str) -> str:
+    """"; did you mean 'synthetic'?" for argparse's "invalid choice: 'synthtic' (choose from ...)"."""
+    import difflib
+    import re
+    m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if not m:
+        return ""
+    close = difflib.get_close_matches(m[1], re.findall(r"'([^']*)'", m[2]) or m[2].split(", "), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="GRPO post-training for Qwen models (minigrpo).")
+    p = OneLineParser(description="GRPO post-training for Qwen models (minigrpo).", formatter_class=DefaultsShown)
     # what to train
     p.add_argument("--task", required=True, choices=TASKS)
     p.add_argument("--model", default="tiny", help="hub id, local folder, 'tiny', 'tiny-qwen3.5' or 'tiny-moe'")
@@ -148,6 +179,8 @@ def resolve_args(argv=None) -> argparse.Namespace:
     parser = build_parser()
     task_flag = next(a for a in parser._actions if a.dest == "task")
     task_flag.required = False          # --resume reads it from the run; a fresh run needs it (below)
+    if {"-h", "--help"} & set(sys.argv[1:] if argv is None else argv):
+        parser.parse_args(["--help"])   # with the defaults in place, which given_flags hides: --help shows them
     given = given_flags(parser, argv)
     if "task" not in given and not given.get("resume"):
         parser.error("the following arguments are required: --task (or --resume --run-name NAME to continue a run)")

@@ -33,7 +33,7 @@ import torch
 from safetensors import SafetensorError
 
 from minigrpo.run import checkpoints
-from minigrpo.common import StopRun, atomic_write, mean
+from minigrpo.common import Refusal, StopRun, atomic_write, mean
 from minigrpo.run import lock
 from minigrpo.run.gap import gap_metrics
 from minigrpo.tasks.base import CACHE_COUNTS
@@ -94,7 +94,7 @@ class RunFolder:
             return
         if os.path.isdir(self.path) and not os.listdir(self.path):
             return
-        raise SystemExit(f"{self.path} exists and is not a minigrpo run folder (no {MARKER} in it); train.py writes "
+        raise Refusal(f"{self.path} exists and is not a minigrpo run folder (no {MARKER} in it); train.py writes "
                          "only into new, empty or its own run folders: pass another --run-name or --runs-dir")
 
     def mark(self):
@@ -123,7 +123,7 @@ class RunFolder:
         and remove what a kill left."""
         self.mark()
         if fresh and os.path.exists(self.file("metrics.jsonl")):
-            raise SystemExit(f"{self.path} already holds a run: pass --resume to continue it, or another --run-name")
+            raise Refusal(f"{self.path} already holds a run: pass --resume to continue it, or another --run-name")
         os.makedirs(self.ckpt_dir, mode=0o700, exist_ok=True)
         self.remove_temporary()
 
@@ -261,11 +261,15 @@ class RunFolder:
         """The command that continues this run (the same launcher, python or torchrun with the same ranks)."""
         return shlex.join([*_launcher(), "train.py", "--resume", "--runs-dir", self.root, "--run-name", self.name])
 
+    def start_command(self, argv) -> str:
+        """The command that started this run, as the user would type it again."""
+        return shlex.join([*_launcher(), "train.py", *argv])
+
     def rerun_note(self, argv) -> str:
         """What a stopped pipeline (the mdp pipeline, the revise experiment) keeps, and how it continues: the same
         command again, which skips the stages it finished."""
         return (f"the finished stages in {self.path} are kept; continue with the same command: "
-                f"{shlex.join([*_launcher(), 'train.py', *argv])}")
+                f"{self.start_command(argv)}")
 
 
 def _launcher() -> list:

@@ -18,11 +18,13 @@ import fcntl
 import os
 import sys
 
+from minigrpo.common import Refusal
+
 LOCK = ".minigrpo-lock"
 _held = {}          # real path of a folder -> [fd, holds]
 
 
-class FolderBusy(SystemExit):
+class FolderBusy(Refusal):
     """Another live process holds the folder: the message is the one line a script prints."""
 
 

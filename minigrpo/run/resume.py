@@ -12,6 +12,7 @@ run of the new length only from its start. The run policy's streaks (nonfinite_s
 import math
 import sys
 
+from minigrpo.common import StopRun
 from minigrpo.run import checkpoints
 from minigrpo.run.folder import RunFolder
 from minigrpo.tasks.base import DataState
@@ -67,7 +68,8 @@ def record_resume(run: RunFolder, latest: str, step: int, n_steps: int, resolved
     changed = changed_settings(RunFolder.saved_config(run.root, run.name), resolved)
     run.record_resume(step, changed)
     note = "".join(f"; {flag(k)} {old} -> {new}" for k, (old, new) in changed.items())
-    print(f"train.py: resumed from step {step} of {n_steps} ({latest}){note}", file=sys.stderr)
+    done = "; the run is finished: nothing left to do (pass --steps N above it to train on)" if step == n_steps else ""
+    print(f"train.py: resumed from step {step} of {n_steps} ({latest}){note}{done}", file=sys.stderr)
 
 
 def flag(key: str, value=None) -> str:
@@ -115,7 +117,7 @@ def trainer_state(step, data, opt, sched, nonfinite):
 MAX_NONFINITE_STEPS = 3      # non-finite loss or gradient in a row (train.py's policy_update: what is skipped)
 
 
-def nonfinite_streak(streak, grad_norm, step, run, mu=1) -> int:
+def nonfinite_streak(streak, grad_norm, step, mu=1) -> int:
     """The streak of non-finite steps after this one; stops the run at MAX_NONFINITE_STEPS. What was skipped
     depends on μ: with one pass the whole update, with several the pass that went non-finite and those after it
     (the optimizer steps of the passes before it stand), so only with μ = 1 are the weights an earlier step's."""
@@ -126,6 +128,6 @@ def nonfinite_streak(streak, grad_norm, step, run, mu=1) -> int:
     if streak >= MAX_NONFINITE_STEPS:
         kept = (f"their updates were skipped, so the weights are those of step {step - streak}" if mu == 1 else
                 f"with --mu {mu} each kept the passes before its non-finite one")
-        raise SystemExit(f"stopping: {streak} non-finite steps in a row (steps {step - streak + 1}-{step}, the last "
-                         f"grad-norm {grad_norm}; {kept}): lower --lr or check the data; {run.checkpoint_note()}")
+        raise StopRun(f"stopping: {streak} non-finite steps in a row (steps {step - streak + 1}-{step}, the last "
+                      f"grad-norm {grad_norm}; {kept}): lower --lr or check the data")
     return streak

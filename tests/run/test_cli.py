@@ -1,10 +1,11 @@
 """minigrpo/run/cli.py: how train.py and eval.py end. A usage error is one "<prog>: error:" line and exit code 2, a
-run-policy stop its cause and what is kept with exit code 1, a Ctrl-C what is kept with exit code 130; any other
-error is raised as it is. `ended` sees every one of them first (it undoes what the command made)."""
+refusal that keeps data from harm "<prog>: refused:" and 3, a run-policy stop its cause and what is kept with exit
+code 4, a Ctrl-C what is kept with exit code 130, a SIGTERM the same with 143; any other error is raised as it is. `ended` sees every one of them first (it undoes what the command made)."""
 import pytest
 
-from minigrpo.common import StopRun, UsageError
+from minigrpo.common import Refusal, StopRun, UsageError
 from minigrpo.run import cli
+from minigrpo.run.signals import Terminated
 
 
 def ends(exc, capsys):
@@ -30,8 +31,11 @@ def ends(exc, capsys):
 
 @pytest.mark.parametrize("exc, code, line", [
     (UsageError("--x 3: must be 2"), 2, "prog.py: error: --x 3: must be 2"),
-    (StopRun("the judge is down"), 1, "prog.py: the judge is down; the note"),
+    (SystemExit("--runs-dir r: is a file"), 2, "prog.py: error: --runs-dir r: is a file"),
+    (Refusal("r already holds a run: pass --resume"), 3, "prog.py: refused: r already holds a run: pass --resume"),
+    (StopRun("the judge is down"), 4, "prog.py: the judge is down; the note"),
     (KeyboardInterrupt(), 130, "prog.py: stopped by Ctrl-C; the note"),
+    (Terminated(), 143, "prog.py: stopped by SIGTERM; the note"),
 ])
 def test_each_ending_has_its_exit_code_and_one_line(exc, code, line, capsys, monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
@@ -64,3 +68,22 @@ def test_a_refused_flag_is_a_usage_line(capsys):
     with pytest.raises(SystemExit) as e:              # argparse's own exit (--help: 0) passes through
         cli.parse("prog.py", lambda argv: (_ for _ in ()).throw(SystemExit(0)), [])
     assert e.value.code == 0
+
+
+def test_a_typo_in_a_choice_is_one_line_with_the_nearest(capsys):
+    import train
+    with pytest.raises(SystemExit) as e:
+        train.main(["--task", "synthtic"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err == ["train.py: error: argument --task: invalid choice: 'synthtic' (choose from "
+                                         "'synthetic', 'soyuz', 'gsm8k', 'mdp', 'revise', 'terminal'); did you mean "
+                                         "'synthetic'?"]
+
+
+def test_help_shows_the_defaults(capsys):
+    import train
+    with pytest.raises(SystemExit) as e:
+        train.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert e.value.code == 0
+    assert "G: samples per prompt (default: 8)" in out and "--max-new-tokens MAX_NEW_TOKENS (default: 256)" in out

@@ -171,3 +171,31 @@ def test_bad_input_is_one_line_and_nothing_is_overwritten(runs, tmp_path, capsys
     assert "pass --tokenizer" in export_error([str(sft), str(tmp_path / "o4")], capsys)
     export.main([str(sft), str(tmp_path / "o4"), "--tokenizer", "tiny"])
     assert not [f for f in os.listdir(tmp_path) if f.startswith((".tmp", "o1", "o2", "o3"))]
+
+
+@pytest.mark.parametrize("err", [(28, "No space left on device"), (30, "Read-only file system")])
+def test_an_export_to_a_full_or_read_only_disk_is_one_line(runs, tmp_path, capsys, monkeypatch, err):
+    """The OS refuses the weights file (root writes through mode bits, so the kernel's answer is played here): one
+    line naming the folder and the cause, exit code 2, nothing left behind."""
+    run, _ = runs["full"]
+
+    def refused(*a, **k):
+        raise OSError(err[0], err[1])
+    monkeypatch.setattr(export, "write_model", refused)
+    with pytest.raises(SystemExit) as e:
+        export.main([run, str(tmp_path / "out")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and lines == [f"export: error: {tmp_path / 'out'}: cannot write the export in "
+                                           f"{tmp_path} ({err[1]}); pass an OUT on a disk you can write, with room "
+                                           "for it (nothing was written)"]
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_exported_weights_are_readable_as_the_umask_allows(runs, tmp_path):
+    """model.safetensors is a model to share: its mode follows the umask (0644 under 022), not a private 0600."""
+    old = os.umask(0o022)
+    try:
+        export.main([runs["full"][0], str(tmp_path / "out")])
+    finally:
+        os.umask(old)
+    assert oct(os.stat(tmp_path / "out" / "model.safetensors").st_mode & 0o777) == oct(0o644)

@@ -13,7 +13,7 @@ import train
 from minigrpo.experiments.stages import experiment_folder
 from minigrpo.experiments.revise_pipeline import ExperimentConfig
 from minigrpo.run import lock
-from minigrpo.run.folder import RunFolder
+from minigrpo.run.folder import MARKER, RunFolder
 
 from repo_root import ROOT
 
@@ -57,12 +57,14 @@ def busy_line(pid):
     return f"is being written by another process (pid {pid}): wait for it to end or stop it"
 
 
-def test_a_second_train_py_on_a_held_run_stops_naming_the_holders_pid(tmp_path, holder):
+def test_a_second_train_py_on_a_held_run_stops_naming_the_holders_pid(tmp_path, holder, capsys):
     before = sorted(os.listdir(tmp_path / "dup"))
     with pytest.raises(SystemExit) as e:
         train.main([*SYN, "--runs-dir", str(tmp_path), "--run-name", "dup"])
-    assert str(e.value.code).startswith(f"{tmp_path / 'dup'} {busy_line(holder.proc.pid)}")
-    assert "--run-name" in str(e.value.code)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 3 and len(err) == 1, err
+    assert err[0].startswith(f"train.py: refused: {tmp_path / 'dup'} {busy_line(holder.proc.pid)}")
+    assert "--run-name" in err[0]
     assert sorted(os.listdir(tmp_path / "dup")) == before          # nothing written beside the holder's files
     with open(tmp_path / "dup" / lock.LOCK) as f:
         assert f.read() == f"{holder.proc.pid}\n"                  # the holder's lock untouched
@@ -75,12 +77,17 @@ def test_a_pipeline_and_eval_py_stop_on_a_held_folder_too(tmp_path, holder, caps
         experiment_folder(args, ExperimentConfig(), {"args": {}, "config": {}})
     assert busy_line(holder.proc.pid) in str(e.value.code)
     assert not os.path.exists(tmp_path / "dup" / "experiment.json")
-    with pytest.raises(SystemExit) as e:
-        eval_py.main(["--task", "synthetic", "--model", "tiny", "--limit", "2", "--quiet",
-                      "--out", str(tmp_path / "dup")])
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"eval.py: error: {tmp_path / 'dup'} {busy_line(holder.proc.pid)}, or pass another --out"]
+    held = Holder(tmp_path, "evals")     # a folder another process holds, not a run's (eval.py refuses those)
+    try:
+        os.remove(tmp_path / "evals" / MARKER)
+        with pytest.raises(SystemExit) as e:
+            eval_py.main(["--task", "synthetic", "--model", "tiny", "--limit", "2", "--quiet",
+                          "--out", str(tmp_path / "evals")])
+        assert e.value.code == 3
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"eval.py: refused: {tmp_path / 'evals'} {busy_line(held.proc.pid)}, or pass another --out"]
+    finally:
+        held.kill()
 
 
 def test_the_folder_is_free_once_its_writer_ends_and_no_lock_file_stays(tmp_path, holder, capsys):

@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 import train
+from minigrpo.common import StopRun
 from minigrpo.run import checkpoints
 from minigrpo.pretrained import load_pretrained
 from minigrpo.run.folder import MARKER, RunFolder
@@ -174,7 +175,8 @@ def test_resume_needs_no_task_and_records_a_safe_change(run, capsys):
     first, last = m[0]["reward_mean"], m[-1]["reward_mean"]
     assert out[-1] == f"mean reward: first step {first:.3f} -> last step {last:.3f}"
     code, err = main_lines(resume(run), capsys)                 # the history's --steps 5 holds: nothing left to do
-    assert code is None and f"train.py: resumed from step 5 of 5 ({run / 'checkpoints' / 'step-5'})" in err, err
+    assert code is None and f"train.py: resumed from step 5 of 5 ({run / 'checkpoints' / 'step-5'}); the run is " \
+        "finished: nothing left to do (pass --steps N above it to train on)" in err, err
     assert len(json.loads((run / "config.json").read_text())["resumes"]) == 2
 
 
@@ -191,12 +193,11 @@ def test_resume_refuses_flags_that_change_what_the_run_trains(run, capsys):
     assert (args.task, args.lr, args.group_size, args.steps) == ("synthetic", 3e-3, 4, 4)
 
 
-def test_resume_refuses_fewer_steps_than_the_checkpoint(run):
+def test_resume_refuses_fewer_steps_than_the_checkpoint(run, capsys):
     before = tree(run)
-    with pytest.raises(SystemExit) as e:
-        train.main(resume(run, "--steps", "3"))
-    assert e.value.code == (f"--resume: {run / 'checkpoints' / 'step-4'} is past the run's end (3 steps): pass "
-                            "--steps 4 or more to continue it")
+    code, err = main_lines(resume(run, "--steps", "3"), capsys)
+    assert code == 2 and err[-1] == (f"train.py: error: --resume: {run / 'checkpoints' / 'step-4'} is past the run's "
+                                     "end (3 steps): pass --steps 4 or more to continue it")
     assert tree(run) == before
 
 
@@ -223,14 +224,14 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_intact_one(run):
     assert [m["step"] for m in metrics(run)] == [1, 2, 3, 4]
 
 
-def test_every_checkpoint_damaged_is_one_line_and_nothing_is_cut(run):
+def test_every_checkpoint_damaged_is_one_line_and_nothing_is_cut(run, capsys):
     for step in (2, 4):
         (run / "checkpoints" / f"step-{step}" / "trainer_state.pt").write_bytes(b"not a zip")
     before = tree(run)
-    with pytest.raises(SystemExit) as e:
-        train.main(resume(run))
-    assert str(e.value.code).startswith(f"--resume: no checkpoint in {run / 'checkpoints'} can be read (")
-    assert "start a new run under another --run-name" in e.value.code
+    code, err = main_lines(resume(run), capsys)
+    assert code == 2 and err[-1].startswith(f"train.py: error: --resume: no checkpoint in {run / 'checkpoints'} can "
+                                            "be read (")
+    assert "start a new run under another --run-name" in err[-1]
     assert tree(run) == before                                   # the logs were not cut back to step 0
 
 
@@ -272,7 +273,7 @@ def test_disk_full_during_a_checkpoint_is_one_line_and_the_last_one_is_intact(ru
     last = tree(run / "checkpoints" / "step-4")
     monkeypatch.setattr(torch, "save", full)
     code, err = main_lines(resume(run, "--steps", "6", "--save-every", "6"), capsys)
-    assert code == 1
+    assert code == 4
     free = shutil.disk_usage(run).free / 2 ** 20
     line = err[-1]
     assert line.startswith(f"train.py: stopping: checkpoint step-6 could not be written to {run / 'checkpoints'} "
@@ -299,7 +300,7 @@ def test_disk_full_on_a_log_line_is_one_line_and_the_run_resumes(run, capsys, mo
     last = tree(run / "checkpoints" / "step-4")
     monkeypatch.setattr(folder_mod, "open", full_disk, raising=False)
     code, err = main_lines(resume(run, "--steps", "6"), capsys)
-    assert code == 1, err
+    assert code == 4, err
     free = shutil.disk_usage(run).free / 2 ** 20
     prefix = f"train.py: stopping: {run / 'samples.jsonl'} could not be written (No space left on device; "
     assert err[-1].startswith(prefix) and "Traceback" not in "\n".join(err), err[-3:]
@@ -322,7 +323,7 @@ def test_a_file_size_limit_stops_the_checkpoint_with_one_line(run):
     cmd = [sys.executable, "train.py", *resume(run, "--steps", "6", "--save-every", "6", "--quiet")]
     out = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600, check=False,
                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
-    assert out.returncode == 1, out.stderr[-2000:]
+    assert out.returncode == 4, out.stderr[-2000:]
     line = out.stderr.strip().splitlines()[-1]
     assert line.startswith("train.py: stopping: checkpoint step-6 could not be written to "
                            f"{run / 'checkpoints'} ("), line
@@ -379,7 +380,9 @@ def test_ctrl_c_in_a_pipeline_says_the_same_command_continues_it(flags, tmp_path
 
 def test_ctrl_c_before_any_checkpoint_claims_none(tmp_path, monkeypatch, capsys):
     def interrupted(args):
-        RunFolder(args.runs_dir, args.run_name).claim(fresh=True)
+        run = RunFolder(args.runs_dir, args.run_name)
+        run.claim(fresh=True)
+        run.create(vars(args))
         raise KeyboardInterrupt
 
     monkeypatch.setattr(train, "train", interrupted)
@@ -389,15 +392,30 @@ def test_ctrl_c_before_any_checkpoint_claims_none(tmp_path, monkeypatch, capsys)
                        f"{RunFolder(str(tmp_path), 'k').resume_command()}")
 
 
+def test_ctrl_c_before_config_json_says_start_again_not_resume(tmp_path, monkeypatch, capsys):
+    """--resume needs config.json: a stop before it is written names the command that started the run, and the
+    folder made for it (holding nothing) is gone, so that command works."""
+    def interrupted(args):
+        RunFolder(args.runs_dir, args.run_name).claim(fresh=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "train", interrupted)
+    argv = [*SMALL, "--runs-dir", str(tmp_path), "--run-name", "k"]
+    code, err = main_lines(argv, capsys)
+    python = shlex.split(RunFolder(str(tmp_path), "k").resume_command())[0]
+    assert code == 130 and err[-1] == ("train.py: stopped by Ctrl-C; nothing was written yet; start it again with: "
+                                       f"{shlex.join([python, 'train.py', *argv])}")
+    assert not (tmp_path / "k").exists()
+
+
 def test_the_non_finite_stop_says_what_the_streak_was_and_claims_no_checkpoint_it_lacks(tmp_path, monkeypatch):
     args = train.resolve_args([*SMALL, "--runs-dir", str(tmp_path), "--run-name", "nan", "--steps", "6",
                                "--save-every", "5"])
     monkeypatch.setattr(train, "all_reduce_and_clip", lambda params, max_grad_norm, dist_info: float("nan"))
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(StopRun) as e:
         train.train(args)
-    assert e.value.code == ("stopping: 3 non-finite steps in a row (steps 1-3, the last grad-norm nan; their updates "
-                            "were skipped, so the weights are those of step 0): lower --lr or check the data; no "
-                            "checkpoint was written yet")
+    assert str(e.value) == ("stopping: 3 non-finite steps in a row (steps 1-3, the last grad-norm nan; their updates "
+                            "were skipped, so the weights are those of step 0): lower --lr or check the data")
     assert checkpoints.steps(str(tmp_path / "nan" / "checkpoints")) == []
 
 
@@ -414,14 +432,16 @@ def test_the_judge_down_stop_names_the_judges_error_and_what_is_kept(tmp_path, m
     assert str(e.value) == ("stopping: the cmd:/bin/false judge failed every call for 3 steps in a row (1 of 1 in the "
                             "last; its last error: /bin/false exited 1:): check the judge command or server")
     def judge_down(args):
-        RunFolder(args.runs_dir, args.run_name).claim(fresh=False)
+        run = RunFolder(args.runs_dir, args.run_name)
+        run.claim(fresh=False)
+        run.create(vars(args))
         raise e.value
 
     monkeypatch.setattr(train, "train", judge_down)
     argv = [*SMALL, "--runs-dir", str(tmp_path), "--run-name", "s"]
     code, err = main_lines(argv, capsys)
     note = f"continue with: {RunFolder(str(tmp_path), 's').resume_command()}"
-    assert code == 1 and err == [f"train.py: {e.value}; no checkpoint was written yet; {note}"]
+    assert code == 4 and err == [f"train.py: {e.value}; no checkpoint was written yet; {note}"]
     (tmp_path / "s" / "checkpoints" / "step-3").mkdir(parents=True)
     code, err = main_lines(argv, capsys)
     kept = tmp_path / "s" / "checkpoints" / "step-3"

@@ -12,13 +12,11 @@ SYN = ["--task", "synthetic", "--model", "tiny", "--quiet", "--steps", "1"]
 
 
 def error_line(argv, capsys):
-    """(exit code, the one line): a usage error prints its line (code 2); a stop inside the run is a SystemExit
-    holding its line, which Python prints (code 1)."""
+    """(exit code, the one line): every stop prints its one line with the script's prefix (cli.py's codes)."""
     with pytest.raises(SystemExit) as e:
         train.main([*SYN, *argv])
     err = capsys.readouterr().err.strip().splitlines()
-    if isinstance(e.value.code, str):
-        return 1, e.value.code
+    assert not isinstance(e.value.code, str), e.value.code
     assert len(err) == 1 and "Traceback" not in err[0], err
     return e.value.code, err[0]
 
@@ -59,6 +57,6 @@ def test_a_runs_dir_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeyp
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
     monkeypatch.setattr(os, "makedirs", read_only)
     code, line = error_line(["--runs-dir", str(tmp_path / "ro"), "--run-name", "r"], capsys)
-    assert line == (f"--runs-dir {tmp_path / 'ro'}: cannot write {tmp_path / 'ro' / 'r'} (Read-only file system); "
+    assert line == (f"train.py: error: --runs-dir {tmp_path / 'ro'}: cannot write {tmp_path / 'ro' / 'r'} (Read-only file system); "
                     "pass a --runs-dir you can write")
-    assert code == 1 and not os.path.exists(tmp_path / "ro")
+    assert code == 2 and not os.path.exists(tmp_path / "ro")

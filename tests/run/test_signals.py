@@ -54,3 +54,39 @@ def test_a_ctrl_c_python_swallows_in_a_callback_still_stops(catch):
     assert out.stdout.splitlines() == (["went on", "stopped"] if catch else ["went on", "not stopped"]), out
     # without the handler Python prints the interrupt it dropped; with it the Ctrl-C is acted on, not printed
     assert ("Traceback" in out.stderr) != catch, out.stderr
+
+
+def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path):
+    """`kill`, `timeout`, a scheduler: the run stops at once with one line naming the intact checkpoint and the
+    resume, exit code 143, and the folder's lock file gone."""
+    from minigrpo.run.folder import RunFolder
+    from minigrpo.run.lock import LOCK
+    from train_runs import ENV, wait_for_checkpoint
+    cmd = [sys.executable, "train.py", "--task", "synthetic", "--model", "tiny", "--tasks-per-step", "2",
+           "--group-size", "2", "--max-new-tokens", "8", "--quiet", "--steps", "50", "--save-every", "1",
+           "--runs-dir", str(tmp_path), "--run-name", "t"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for_checkpoint(proc, tmp_path / "t" / "checkpoints" / "step-1", "terminated")
+    proc.terminate()
+    err = proc.communicate(timeout=300)[1]
+    assert proc.returncode == 143 and "Traceback" not in err, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("train.py: stopped by SIGTERM; the last checkpoint, "), last
+    assert last.endswith(f", is intact; continue with: {RunFolder(str(tmp_path), 't').resume_command()}"), last
+    assert not (tmp_path / "t" / LOCK).exists()
+
+
+@pytest.mark.parametrize("sig, name, code", [(signal.SIGINT, "Ctrl-C", 130), (signal.SIGTERM, "SIGTERM", 143)])
+def test_a_signal_during_the_imports_is_one_line(sig, name, code):
+    """train.py's first line, then a stand-in for torch's seconds of imports: one line, its exit code, no
+    traceback, and nothing about --resume (nothing was written)."""
+    script = ("from minigrpo.run import signals; signals.quiet_imports('train.py'); print('importing', flush=True); "
+              "import time; time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.stdout.readline() == "importing\n"
+    proc.send_signal(sig)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == code
+    assert err.strip().splitlines() == [f"train.py: stopped by {name} before it started; nothing was written: run "
+                                        "the same command again to start"]

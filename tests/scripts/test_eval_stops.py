@@ -69,3 +69,16 @@ def test_an_out_that_is_a_file_is_one_line(tmp_path, capsys):
     line = run(["--task", "synthetic", "--model", "tiny", "--out", str(tmp_path / "out")], capsys, 2)
     assert line.startswith(f"eval.py: error: --out {tmp_path / 'out'}: cannot write there (")
     assert (tmp_path / "out").read_text() == "mine\n"
+
+
+def test_an_out_that_is_a_training_run_is_refused(tmp_path, capsys):
+    """--out into a training run's folder would mix eval's files with train.py's: refused (exit code 3), nothing
+    written there, and the line names a folder that works."""
+    from minigrpo.run.folder import RunFolder
+    RunFolder(str(tmp_path), "r").claim(fresh=True)
+    RunFolder(str(tmp_path), "r").release()
+    before = sorted(os.listdir(tmp_path / "r"))
+    line = run(["--task", "synthetic", "--model", "tiny", "--out", str(tmp_path / "r")], capsys, 3)
+    assert line == (f"eval.py: refused: --out {tmp_path / 'r'}: is a training run's folder, whose files are "
+                    f"train.py's: pass a folder of its own, such as --out {tmp_path / 'r' / 'eval'}")
+    assert sorted(os.listdir(tmp_path / "r")) == before

@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from minigrpo.common import StopRun
 from repo_root import ROOT
 from train_runs import ENV, final_weights, metrics, wait_for_checkpoint
 
@@ -140,7 +141,7 @@ def test_three_non_finite_steps_stop_with_the_last_good_checkpoint(tmp_path, mon
         return calls[-1] if len(calls) == 1 else float("nan")     # step 1 is fine, then every gradient is NaN
 
     monkeypatch.setattr(train, "all_reduce_and_clip", poisoned)
-    with pytest.raises(SystemExit, match="3 non-finite steps in a row"):
+    with pytest.raises(StopRun, match="3 non-finite steps in a row"):
         train.train(args)
     run = tmp_path / "nan"
     assert sorted(os.listdir(run / "checkpoints")) == ["step-1", "step-2", "step-3"]
@@ -154,22 +155,18 @@ def test_a_non_finite_step_with_several_passes_does_not_claim_the_weights_are_un
     say so instead of naming an earlier step's weights."""
     import train
 
-    class Run:                                   # the one method the stop message reads
-        def checkpoint_note(self):
-            return "no checkpoint was written yet"
-
-    assert train.nonfinite_streak(0, float("nan"), 4, Run(), mu=2) == 1
+    assert train.nonfinite_streak(0, float("nan"), 4, mu=2) == 1
     assert "earlier passes applied" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as e:
-        train.nonfinite_streak(2, float("nan"), 6, Run(), mu=2)
-    assert "with --mu 2 each kept the passes before its non-finite one" in e.value.code
-    assert "weights are those of step" not in e.value.code
+    with pytest.raises(StopRun) as e:
+        train.nonfinite_streak(2, float("nan"), 6, mu=2)
+    assert "with --mu 2 each kept the passes before its non-finite one" in str(e.value)
+    assert "weights are those of step" not in str(e.value)
 
 
 def test_a_fresh_run_refuses_a_used_run_folder(tmp_path):
     run_train(["--steps", "1"], tmp_path, "used")
     out = run_train(["--steps", "1"], tmp_path, "used", check=False)
-    assert out.returncode != 0 and "--resume" in out.stderr and "already holds a run" in out.stderr
+    assert out.returncode == 3 and "--resume" in out.stderr and "already holds a run" in out.stderr
 
 
 def test_eos_equal_to_pad_is_trained_by_the_trainer():

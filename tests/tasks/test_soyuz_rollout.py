@@ -283,7 +283,7 @@ def test_a_judge_that_is_down_stops_the_run(tmp_path):
            "--judge", "cmd:/bin/false", "--judge-workers", "2", "--judge-retries", "0"]
     out = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                          timeout=600)
-    assert out.returncode == 1, out.stderr[-2000:]
+    assert out.returncode == 4, out.stderr[-2000:]
     last = out.stderr.strip().splitlines()[-1]
     assert "cmd:/bin/false judge failed every call for 3 steps" in last, last
     assert oct((tmp_path / "s").stat().st_mode & 0o777) == oct(0o700)     # run folders are private

@@ -1,0 +1,69 @@
+"""Refuse, before anything large is allocated, a run whose memory plan (memplan.py, `train.py --plan`) does not fit
+the memory the device has: one line naming the flags to lower, instead of a kernel OOM kill a minute later (which
+on a shared machine may pick someone else's process) or a run that pages for hours.
+
+What the device has: on CUDA the free memory (torch.cuda.mem_get_info); on a CPU what this process may still take,
+the smaller of the cgroup v2 limit left (memory.max - memory.current: a container's, a systemd slice's) and the
+kernel's MemAvailable. The plan counts tensors only, so what it needs is its peak x 1.1 (allocator fragmentation),
++ 1 GiB of CUDA context and cuBLAS workspace on a GPU: the rule memplan.fits uses. The CPU plan is the same sum:
+its layer costs are measured on the CPU already, and the sampler and the loss allocate the same tensors there."""
+import math
+import os
+
+import torch
+
+from minigrpo.common import UsageError
+from minigrpo.run import memplan
+
+GiB = memplan.GiB
+CGROUP = "/sys/fs/cgroup"
+MEMINFO = "/proc/meminfo"
+
+
+def cpu_available(cgroup: str = CGROUP, meminfo: str = MEMINFO) -> tuple[int, str]:
+    """(bytes this process may still allocate, where that number comes from)."""
+    with open(meminfo) as f:
+        avail = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable:"))
+    where = "MemAvailable in /proc/meminfo"
+    try:
+        with open(os.path.join(cgroup, "memory.max")) as f:
+            limit = f.read().strip()
+        with open(os.path.join(cgroup, "memory.current")) as f:
+            used = int(f.read())
+    except (OSError, ValueError):       # no cgroup v2 memory controller here: the kernel's number alone
+        return avail, where
+    if limit != "max" and int(limit) - used < avail:
+        return max(0, int(limit) - used), f"the cgroup limit {cgroup}/memory.max less memory.current"
+    return avail, where
+
+
+def device_available(device: torch.device) -> tuple[int, str]:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0], f"free on {torch.cuda.get_device_name(device)}"
+    return cpu_available()
+
+
+def needed(peak: float, device: torch.device) -> int:
+    return memplan.needed_bytes(peak) if device.type == "cuda" else math.ceil(peak * 1.1)
+
+
+def lower_flags(p: dict, args) -> str:
+    """The flags that size the larger side of the peak: the rollout's cache, or the trained micro-batch."""
+    if p["rollout"] >= p["activations"] + p["logprob_chunk"]:
+        return "--group-size, --tasks-per-step or --max-new-tokens"
+    return "--micro-batch or --max-new-tokens" + ("" if args.grad_checkpoint else ", or pass --grad-checkpoint")
+
+
+def check_fits(args, rows: int, device: torch.device, dtype: torch.dtype, fast_decode: bool):
+    """Raise UsageError when the run `args` would start (largest sampler call: `rows` rows) cannot fit `device`."""
+    if "/" not in args.model and args.model not in ("tiny", "tiny-qwen3.5"):
+        return              # neither a folder nor a hub id: loading the model says so, with the nearest name
+    cfg, _ = memplan.load_config(args.model)
+    shape, s = memplan.run_shape(args, rows)
+    p = memplan.plan(cfg, shape, dtype, s["lora_r"], s["targets"], s["beta"], fast_decode=fast_decode)
+    peak = p["peak_ckpt" if args.grad_checkpoint else "peak"]
+    have, where = device_available(device)
+    if needed(peak, device) > have:
+        raise UsageError(f"the run needs ~{needed(peak, device) / GiB:,.1f} GiB at its peak and {device.type} has "
+                         f"{have / GiB:,.1f} GiB ({where}): lower {lower_flags(p, args)} (`train.py ... --plan` "
+                         "shows the plan)")

@@ -1,0 +1,48 @@
+"""minigrpo/run/memguard.py: a run whose memory plan cannot fit is refused before anything is loaded, with one line
+and exit code 2; the CPU's memory is the cgroup limit left when there is one."""
+import pytest
+
+import train
+from minigrpo.run import memguard
+
+SYN = ["--task", "synthetic", "--model", "tiny", "--steps", "1", "--quiet"]
+
+
+def write(folder, **files):
+    folder.mkdir(exist_ok=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return str(folder)
+
+
+def test_the_cgroup_limit_left_caps_memavailable(tmp_path):
+    meminfo = write(tmp_path, meminfo="MemTotal: 64000000 kB\nMemAvailable: 32000000 kB\n") + "/meminfo"
+    limited = write(tmp_path / "cg", **{"memory.max": "3000000000\n", "memory.current": "1000000000\n"})
+    assert memguard.cpu_available(limited, meminfo) == (2_000_000_000, f"the cgroup limit {limited}/memory.max "
+                                                                        "less memory.current")
+    unlimited = write(tmp_path / "cg2", **{"memory.max": "max\n", "memory.current": "1000000000\n"})
+    assert memguard.cpu_available(unlimited, meminfo) == (32_000_000 * 1024, "MemAvailable in /proc/meminfo")
+    assert memguard.cpu_available(str(tmp_path / "none"), meminfo)[0] == 32_000_000 * 1024
+
+
+@pytest.mark.parametrize("flags, lower", [(["--max-new-tokens", "1000000"], "--micro-batch or --max-new-tokens"),
+                                          (["--group-size", "100000"], "--group-size, --tasks-per-step")])
+def test_a_run_that_cannot_fit_is_one_line_before_any_work(flags, lower, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        train.main([*SYN, *flags, "--runs-dir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith("train.py: error: the run needs ~") and f"lower {lower}" in err[0], err
+    assert not (tmp_path / "runs").exists()         # nothing made: refused before the run folder
+
+
+def test_the_guard_compares_the_plan_with_what_the_device_has(monkeypatch):
+    """An honest tiny run fits a few hundred MiB; the same run with 1 MiB left (a fake cgroup) is refused."""
+    args = train.resolve_args(SYN)
+    device = train.pick_device("cpu")
+    check = lambda: memguard.check_fits(args, 8, device, train.torch.float32, False)
+    monkeypatch.setattr(memguard, "device_available", lambda d: (512 * 2 ** 20, "a fake 512 MiB limit"))
+    check()
+    monkeypatch.setattr(memguard, "device_available", lambda d: (2 ** 20, "a fake 1 MiB limit"))
+    with pytest.raises(memguard.UsageError, match=r"has 0.0 GiB \(a fake 1 MiB limit\): lower"):
+        check()
