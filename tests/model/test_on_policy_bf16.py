@@ -35,7 +35,10 @@ from minigrpo.sampler import Settings, sample
 
 VOCAB, PROMPT, NEW, P, N = 4096, 12, 32, 4, 4
 pytestmark = pytest.mark.slow   # a 2,560-wide bf16 model, decoded eagerly, static and compiled by inductor
-SHARE, GAP = 0.85, 1.3      # the static paths against the eager path: share at least SHARE x, gap at most GAP x
+# The static paths against the eager path: share at least SHARE x eager's, gap at most GAP x. Measured across an
+# Intel and an AMD box (2 threads): 0.90-1.02x the share, 0.92-1.16x the gap; the bounds leave 5% and 12% beyond
+# that spread and still fail a sampler that loses a fifth of the update (a bf16 merged copy: 0.71x, 1.7x).
+SHARE, GAP = 0.85, 1.3
 
 
 @pytest.fixture(scope="module")
