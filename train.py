@@ -18,7 +18,7 @@ its checkpoint, and sampling is seeded by (seed, step, example), so `--resume` a
 uninterrupted run bit for bit on the same machine. The flags and their defaults: minigrpo/run/flags.py; the task
 presets: minigrpo/run/presets.py.
 """
-from minigrpo.run import signals
+from minigrpo import signals
 
 signals.quiet_imports("train.py")   # a Ctrl-C or SIGTERM in the seconds of imports below: one line, no traceback
 

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import torch
 
-from minigrpo.run.signals import Terminated
+from minigrpo.signals import Terminated
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")   # the package's own data files
 

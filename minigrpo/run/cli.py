@@ -16,7 +16,7 @@ import shutil
 import sys
 
 from minigrpo.common import Refusal, StopRun, UsageError
-from minigrpo.run import signals
+from minigrpo import signals
 from minigrpo.run.folder import RunFolder
 
 

@@ -270,10 +270,9 @@ def prompt_range(task):
     if task == "gsm8k":
         from minigrpo.tasks.gsm8k import SYSTEM_PROMPT
         return (len(SYSTEM_PROMPT.encode()) + 100) // 3 + 16, (len(SYSTEM_PROMPT.encode()) + 900) // 3 + 16
-    if task == "terminal":          # the system turn (with the shell tool's schema, ~250 tokens) + the instruction
-        from minigrpo.tasks.terminal.task import SYSTEM, catalogue
-        sizes = [(len(SYSTEM.encode()) + len(e.instruction.encode())) // 3 + 16 + 250 for e in catalogue()]
-        return min(sizes), max(sizes)
+    if task == "terminal":          # the system turn (with the shell tool's schema) + the instruction
+        from minigrpo.tasks.terminal.task import first_prompt_range
+        return first_prompt_range()
     P = {"mdp": 400}.get(task, 64)
     return P, P
 

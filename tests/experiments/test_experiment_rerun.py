@@ -23,14 +23,16 @@ def first_run(tmp_path):
     return args, cfg
 
 
-def test_a_rerun_with_a_changed_flag_is_refused_naming_it(tmp_path, monkeypatch):
+def test_a_rerun_with_a_changed_flag_is_refused_naming_it(tmp_path, monkeypatch, capsys):
     args, _ = first_run(tmp_path)
     stages = []
     monkeypatch.setattr(P.Stages, "done", lambda self, name, *a: stages.append(name))
+    capsys.readouterr()
     with pytest.raises(SystemExit) as e:
         train.main([*FLAGS, "--runs-dir", str(tmp_path), "--lr", "0.05", "--steps", "7"])
-    line = str(e.value.code)
-    assert line == (f"{tmp_path / 'revx'} holds an experiment run with other settings (--lr 0.05 (the run's: "
+    assert e.value.code == 2                                         # a usage stop: the flags the user named
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == (f"train.py: error: {tmp_path / 'revx'} holds an experiment run with other settings (--lr 0.05 (the run's: "
                     f"{args.lr}); --steps 7 (the run's: {args.steps})): rerun it with its own flags to continue it, "
                     "add --redo to run its stages again with these, or pass another --run-name")
     assert stages == []                                              # no stage ran, none was removed

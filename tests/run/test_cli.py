@@ -5,7 +5,7 @@ import pytest
 
 from minigrpo.common import Refusal, StopRun, UsageError
 from minigrpo.run import cli
-from minigrpo.run.signals import Terminated
+from minigrpo.signals import Terminated
 
 
 def ends(exc, capsys):

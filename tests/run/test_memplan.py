@@ -253,10 +253,11 @@ def test_static_caches_are_what_the_fast_path_keeps():
 
 def test_kept_states_are_what_the_sampler_holds():
     """A call whose rows continue kept states (sampler reuse) holds, per row, the state it continues and the one it
-    keeps: the plan's kept_states are their bytes, on a model with both kinds of layer."""
+    keeps: the plan's kept_states are their bytes, on a model with both kinds of layer. (The plan counts whole
+    prompts; Qwen3.5 keeps a prompt up to its last multiple of 64 tokens, so prompts on that grid hold exactly it.)"""
     from minigrpo import sampler
     m = load_pretrained("tiny-qwen3.5", dtype=torch.bfloat16)
-    rows, turn, L, new = 3, 40, 130, 8
+    rows, turn, L, new = 3, 64, 128, 8
     greedy = sampler.Settings(n=1, max_new_tokens=new, temperature=0.0, stop_ids=())
     before = sampler.sample(m, [[5 + i] * (L - turn) for i in range(rows)], greedy, keep=True)
     after = sampler.sample(m, [[5 + i] * L for i in range(rows)], greedy, keep=True, reuse=[s.kept for s in before])

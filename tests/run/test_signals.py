@@ -80,7 +80,7 @@ def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path):
 def test_a_signal_during_the_imports_is_one_line(sig, name, code):
     """train.py's first line, then a stand-in for torch's seconds of imports: one line, its exit code, no
     traceback, and nothing about --resume (nothing was written)."""
-    script = ("from minigrpo.run import signals; signals.quiet_imports('train.py'); print('importing', flush=True); "
+    script = ("from minigrpo import signals; signals.quiet_imports('train.py'); print('importing', flush=True); "
               "import time; time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))

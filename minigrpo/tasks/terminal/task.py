@@ -84,6 +84,13 @@ def final_answer(text):
     return _CALL_BLOCK.sub("", text.split("</think>")[-1]).strip()[:MAX_ANSWER]
 
 
+def first_prompt_range():
+    """(shortest, longest) first prompt in tokens, as the memory plan estimates prompts without a tokenizer
+    (memplan.prompt_range): UTF-8 bytes / 3 + 16 for the chat template, + ~250 for the shell tool's schema."""
+    sizes = [(len(SYSTEM.encode()) + len(e.instruction.encode())) // 3 + 16 + 250 for e in catalogue()]
+    return min(sizes), max(sizes)
+
+
 def longest_context(prompt_tokens, new_tokens):
     """The longest context a turn is sampled from: the first prompt, then MAX_TURNS - 1 turns, each the policy's
     new tokens and a reply at its cap. The memory plan counts it (memplan.run_shape) and the loop holds every episode
@@ -281,8 +288,7 @@ class TerminalTask:
         (longest_context of the plan's first prompt), which the loop holds every episode to (None: no cap)."""
         self.context_tokens = None
         if max_new_tokens is not None:
-            from minigrpo.run.memplan import prompt_range     # on use: the plan's estimate of the longest first prompt
-            self.context_tokens = longest_context(prompt_range(self.name)[1], int(max_new_tokens))
+            self.context_tokens = longest_context(first_prompt_range()[1], int(max_new_tokens))
         every = check_exercises(list(exercises)) if exercises is not None else catalogue()
         self.exercises = [e for e in every if not e.missing()]
         self.left_out = [f"terminal: {e.id} left out: the sandbox has no {', '.join(e.missing())}"
