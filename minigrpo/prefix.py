@@ -9,10 +9,10 @@ tokens (every sync_every steps) or compaction drops it, and a Gated DeltaNet mem
 ids are prefilled with the next turn's new tokens (once: its own forward, in parallel, not a decode).
 
 Where a kept state ends: on the chunk grid. Gated DeltaNet runs 64 tokens at a time from a row's first token, and
-the trainer scores the whole conversation so; a continuation that started mid-chunk would cut the chunks elsewhere,
-and in bf16 the two round apart (a continued turn's sampler-trainer gap was 1.4x a fresh prefill's). So a hybrid
-model keeps the state after the prompt's last multiple of 64 tokens, and the next turn prefills from there: the
-partial chunk again, then what is new, on the trainer's grid (`kept_length`). An attention-only model keeps it all.
+the trainer scores the whole conversation so (deltanet.row_chunked_delta_rule); a continuation that started
+mid-chunk would cut the chunks elsewhere, and in bf16 the two round apart (docs/agentic.md). So a hybrid model
+keeps the state after the prompt's last multiple of 64 tokens, and the next turn prefills from there: the partial
+chunk again, then what is new, on the trainer's grid (`kept_length`). An attention-only model keeps it all.
 
 Why a continuation runs one row at a time: rows continuing different states have different numbers of new tokens,
 and in one batch the shorter ones would need pads after their kept tokens, in the middle of the row. Attention
