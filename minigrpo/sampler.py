@@ -23,8 +23,8 @@ What a Sample holds:
 
 Kept states (keep=True, reuse=...; minigrpo/prefix.py): an agent's next prompt starts with its last one. keep=True
 hands out, on every Sample, the state after prefilling its prompt up to the chunk grid (`kept`, shared by the
-prompt's n samples, never modified); a later call given it in `reuse` prefills only the tokens after it. The result equals a fresh prefill of
-the whole prompt (to rounding: tests/model/test_sampler_reuse.py). `prefilled` and `reused` count, on a prompt's
+prompt's n samples, never modified); a later call given it in `reuse` prefills only the tokens after it. The
+result equals a fresh prefill of the whole prompt (to rounding: tests/model/test_sampler_reuse.py). `prefilled` and `reused` count, on a prompt's
 first sample, the tokens the call prefilled for it and the ones it took from a kept state.
 
 Randomness: counter-based. Sample j of prompt i draws its step-t uniform from a hash (splitmix64) of
