@@ -87,7 +87,7 @@ class _LiveBytes(TorchDispatchMode):
             self.live -= self.alive.pop(ptr)[1]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        out = _product(func, args, kwargs or {})
         self.sweep()
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
@@ -97,6 +97,19 @@ class _LiveBytes(TorchDispatchMode):
                     self.live += st.nbytes()
         self.peak = max(self.peak, self.live)
         return out
+
+
+# Matrix products whose bf16 CPU kernel can be 40x slower than fp32's (without AVX-512 the bf16 GEMM takes a
+# scalar path for some operand layouts): what a layer keeps does not depend on how a product is computed, so these
+# are computed in fp32 and rounded to the dtype they would have had. The fp32 copies live inside this one call.
+_PRODUCTS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+
+
+def _product(func, args, kwargs):
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if func not in _PRODUCTS or tensors[0].dtype != torch.bfloat16 or tensors[0].device.type != "cpu" or kwargs:
+        return func(*args, **kwargs)
+    return func(*(a.float() if isinstance(a, torch.Tensor) else a for a in args)).to(torch.bfloat16)
 
 
 def measure(fn, skip, backward=True):
