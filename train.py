@@ -48,8 +48,8 @@ from minigrpo.sampler import Settings, sample
 from minigrpo.tasks import task_from_args
 from minigrpo.tasks.base import next_examples
 from minigrpo.tokenizer import Tokenizer
-from minigrpo.update import (all_reduce_and_clip, collate, log_probs, micro_batches, reference_logprobs,
-                             step_normalizer)
+from minigrpo.update import (Fixed, all_reduce_and_clip, collate, log_probs, micro_batches, positions,
+                             reference_logprobs, step_normalizer, with_advantages)
 
 PHASES = PhaseClock()   # seconds by phase of the running step (phase_metrics), each timed where it is spent
 
@@ -97,13 +97,15 @@ def grpo_loop(run, args, policy, task) -> dict:
     while step < n_steps:
         stop_if_ctrl_c()                                       # one Python swallowed in a callback stops here
         epoch = data.epoch                                     # the epoch this step's examples come from
+        early = []    # this rank's Fixed, if computed while the judge graded; not when rewards pick the Seqs (DAPO)
+        meanwhile = None if args.dynamic_sampling else lambda seqs: early.append(fixed_logprobs(up, seqs, args, tok))
         with PHASES("sample"):
-            rollout = lambda examples: rollout_step(model, tok, task, args, step, examples, dist_info)
+            rollout = lambda examples: rollout_step(model, tok, task, args, step, examples, dist_info, meanwhile)
             all_seqs, my_seqs, drawn = sample_step(rollout, args, train_set, data)
         overlong_shaping(all_seqs, args)                       # --overlong-buffer's length penalty, on the reward
         adv_stats = assign_advantages(all_seqs, args)          # identical on every rank; sets each Seq's advantage
         with PHASES("train"):
-            loss_stats, grad_norm = policy_update(up, my_seqs, args, dist_info, tok)
+            loss_stats, grad_norm = policy_update(up, my_seqs, args, dist_info, tok, early[0] if early else None)
         loss_stats = [st for part in all_gather_objects(loss_stats, dist_info) for st in part]   # weighed by tokens
         step += 1
         nonfinite = nonfinite_streak(nonfinite, grad_norm, step, args.mu)
@@ -168,7 +170,7 @@ def sample_step(rollout, args, train_set, data):
                                "dynamic_drawn_score": mean(scores)}
 
 
-def rollout_step(model, tok, task, args, step, examples, dist_info):
+def rollout_step(model, tok, task, args, step, examples, dist_info, meanwhile=None):
     """`examples`, (index in the step, example) pairs, each rank rolling out its share, then exchanged: (all_seqs,
     my_seqs) = (every rank's Seqs, rank-major, the same list on every rank; this rank's, the ones it trains on).
     The index seeds the example's samples (sample_seed), so every prompt of a step, in any draw, has its own. The
@@ -182,9 +184,19 @@ def rollout_step(model, tok, task, args, step, examples, dist_info):
         with PHASES("generate"):
             return generate(model, tok, prompts, seeds, replace(sampling, n=n), reuse, keep)
     seeds = [sample_seed(args, step, i) for i, _ in mine]
-    my_seqs = task.rollout(sampler, tok, [ex for _, ex in mine], seeds, args) if mine else []
+    my_seqs = task_rollout(task, sampler, tok, [ex for _, ex in mine], seeds, args, meanwhile) if mine else []
     parts = all_gather_objects(my_seqs, dist_info)              # rank-major; parts[rank] is ours
     return [s for part in parts for s in part], parts[dist_info.rank]
+
+
+def task_rollout(task, sampler, tok, examples, seeds, args, meanwhile):
+    """task.rollout; if it overlaps_grading, with meanwhile(seqs) run while its last turn is graded (episodes.py)."""
+    if meanwhile is None or not getattr(task, "overlaps_grading", False):
+        return task.rollout(sampler, tok, examples, seeds, args)
+    during = lambda seqs: (meanwhile(seqs), PHASES.open("judge_wait"))     # then the wait for the grades
+    seqs = task.rollout(sampler, tok, examples, seeds, args, meanwhile=during)
+    PHASES.close("judge_wait")
+    return seqs
 
 
 def sample_seed(args, step, index):
@@ -276,25 +288,34 @@ class Updater:
     settings: grpo.LossSettings
 
 
-def policy_update(up, my_seqs, args, dist_info, tok):
-    """μ passes over this rank's rollouts of the step (my_seqs); each pass accumulates over micro-batches, then one
-    optimizer step. Returns per-micro-batch statistics and the gradient norm of the last pass run. A non-finite
-    norm ends the step at that pass: its optimizer step and the schedule's are not taken, while with μ > 1 the
-    optimizer steps of the passes before it stand. Its phases: reference (the step's fixed log-probs), policy
-    (forward + backward), optimizer (all-reduce, clip, AdamW)."""
+def fixed_logprobs(up, seqs, args, tok) -> Fixed:
+    """This rank's micro-batches and the log-probs fixed over the step's passes (update.Fixed): the reference's, and
+    when μ > 1 the behaviour policy's. Tokens only: computed while the judge grades, they equal those after it."""
     model, T, V = up.model, args.temperature, tok.vocab_size
-    batches = [collate(mb, tok.pad_id, model.device, args.mask_truncated, args.pack)
-               for mb in micro_batches(my_seqs, args.micro_batch)]
-    norm = step_normalizer(batches, up.settings, dist_info)
-    model.eval()  # the fixed log-probs of this step: reference, and the behaviour policy when μ > 1
+    groups = micro_batches(seqs, args.micro_batch)
+    batches = [collate(mb, tok.pad_id, model.device, args.mask_truncated, args.pack) for mb in groups]
+    model.eval()
     with PHASES("reference"), torch.no_grad():
         refs = [reference_logprobs(model, up.reference, b, T, V) if up.settings.beta else None for b in batches]
         olds = [log_probs(model, b, T, V) if args.mu > 1 else None for b in batches]
+    return Fixed(batches, positions(seqs, groups), refs, olds)
+
+
+def policy_update(up, my_seqs, args, dist_info, tok, fixed=None):
+    """μ passes over this rank's rollouts of the step (my_seqs, in the micro-batches of `fixed`: fixed_logprobs');
+    each pass accumulates over micro-batches, then one optimizer step. Returns per-micro-batch statistics and the
+    gradient norm of the last pass run. A non-finite norm ends the step at that pass: its optimizer step and the
+    schedule's are not taken, while with μ > 1 the optimizer steps of the passes before it stand. Its phases:
+    policy (forward + backward), optimizer (all-reduce, clip, AdamW)."""
+    model, T, V = up.model, args.temperature, tok.vocab_size
+    fixed = fixed or fixed_logprobs(up, my_seqs, args, tok)
+    batches = [with_advantages(b, [my_seqs[i] for i in rows]) for b, rows in zip(fixed.batches, fixed.rows)]
+    norm = step_normalizer(batches, up.settings, dist_info)
     stats, grad_norm = [], 0.0
     for pass_ in range(args.mu):
         model.train()
         up.opt.zero_grad(set_to_none=True)
-        for b, ref, old in zip(batches, refs, olds):
+        for b, ref, old in zip(batches, fixed.refs, fixed.olds):
             with PHASES("policy"):
                 st = micro_batch_step(model, b, grpo.Against(old, ref, b.sampled), norm, up.settings, T, V)
                 stats.append(st | {"pass": pass_})
@@ -325,12 +346,13 @@ def micro_batch_step(model, b, against, norm, settings, temperature, V) -> dict:
 
 
 def phase_metrics(t) -> dict:
-    """metrics.jsonl's seconds by phase since the row before: the checkpoint saved after it, the sampler
-    (generate), the rest of the rollout (judge: mostly waiting on the task's judge), then policy_update's."""
-    g = t.get("generate", 0.0)
+    """metrics.jsonl's seconds by phase since the row before (docs/training.md); a reference pass run while the judge
+    graded (task_rollout; judge_wait: the wait after it) is time_overlapped, within time_sample, not time_judge."""
+    g, inside = t.get("generate", 0.0), t.get("reference", 0.0) if "judge_wait" in t else 0.0
     return {"time_checkpoint": t.get("checkpoint", 0.0), "time_generate": g, "time_sample": t["sample"],
-            "time_judge": t["sample"] - g,
-            **{f"time_{k}": t[k] for k in ("reference", "policy", "optimizer") if k in t}}
+            "time_judge": t["sample"] - g - inside,
+            **{f"time_{k}": t[k] for k in ("reference", "policy", "optimizer") if k in t},
+            **({"time_overlapped": inside, "time_judge_wait": t["judge_wait"]} if "judge_wait" in t else {})}
 
 
 # -----------------------------------------------------------------------------------------------------------------

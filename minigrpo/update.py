@@ -5,7 +5,7 @@ of the frozen reference, the gradients summed over ranks (under torchrun: minigr
 the optimizer and its learning-rate schedule: AdamW and a linear warmup followed by a cosine decay to zero (or a
 constant rate). LoRA weights and the AdamW state are fp32 whatever the model dtype."""
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -61,6 +61,23 @@ def collate(seqs, pad_id, device, mask_truncated=False, packed=False) -> Batch:
                  pk)
 
 
+def with_advantages(b: Batch, seqs) -> Batch:
+    """The batch with its sequences' advantages as they are now: a batch collated before they were set (its fixed
+    log-probs computed while the judge graded) gets them here."""
+    return replace(b, adv=torch.tensor([s.advantage for s in seqs], dtype=torch.float32).to(b.adv.device))
+
+
+@dataclass
+class Fixed:
+    """A rank's micro-batches of a step and the log-probs that stay fixed over its passes: the reference's (None
+    with beta 0) and the behaviour policy's (None with mu 1). All of it is read from the Seqs' tokens, never from
+    a reward, so it may be computed before the step's grades are in."""
+    batches: list              # collate's; advantages set later by with_advantages
+    rows: list                 # per micro-batch, the positions of its Seqs in the rank's list
+    refs: list
+    olds: list
+
+
 def pack_of(seqs, completion_lengths, T, device) -> Packed:
     """The packed row of a micro-batch's sequences and where their completions' log-probs go."""
     rows = [s.prompt_ids + s.completion_ids for s in seqs]
@@ -78,6 +95,12 @@ def micro_batches(seqs, size):
     a run that runs out of memory does so on its first micro-batch."""
     order = sorted(seqs, key=lambda s: len(s.prompt_ids) + len(s.completion_ids), reverse=True)  # stable
     return [order[i:i + size] for i in range(0, len(order), size)]
+
+
+def positions(seqs, batches) -> list:
+    """Per micro-batch of `seqs` (micro_batches'), the positions of its Seqs in `seqs`."""
+    at = {id(s): i for i, s in enumerate(seqs)}
+    return [[at[id(s)] for s in mb] for mb in batches]
 
 
 def step_normalizer(batches, settings: LossSettings, dist_info) -> float:

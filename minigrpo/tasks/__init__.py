@@ -10,6 +10,8 @@ A task is any object with these members (duck-typed; there is no base class to i
     score(ex, completion) -> float | None   # raw reward; None = scoring failed (left out of its group)
     details(ex, completion) -> dict  # reward components, logged with the samples
     rollout(generate, tok, examples, seeds, args) -> list[Seq]      # the trained sequences of one step
+    overlaps_grading: bool = False   # True: rollout also takes meanwhile=fn(seqs), run on the step's Seqs once their
+                                     # tokens are final and before the last turn's grades are taken (episodes.py)
     step_metrics(seqs) -> dict       # extra per-step metrics ({} for most tasks)
     from_args(args) (classmethod)    # the task as train.py's flags configure it
 

@@ -260,10 +260,12 @@ def trim_kept(episodes, budget):
             ep.kept, ep.dropped = None, True
 
 
-def rollout(task, generate, tok, examples, seeds, args) -> list:
+def rollout(task, generate, tok, examples, seeds, args, meanwhile=None) -> list:
     """`generate(prompts, seeds, n, reuse=None, keep=False)` -> per prompt a list of n samples. Returns the Seqs of
     every episode (module docstring), episodes example-major (the G of an example together), an episode's turns in
-    order."""
+    order. meanwhile(seqs), if given, runs once the last sampler call is done and before the last turn's replies are
+    taken: the same Seq objects with every token final but no score, reward or reply info yet (train.py computes
+    the step's fixed log-probs there while a judge still grades the last turn)."""
     size, G = getattr(task, "chunk", None) or len(examples), args.group_size
     cap, tools, budget = task.max_turns, getattr(task, "tools", None), getattr(task, "keep_tokens", None)
     reply_tokens, limit = getattr(task, "reply_tokens", None), getattr(task, "context_tokens", None)
@@ -311,8 +313,13 @@ def rollout(task, generate, tok, examples, seeds, args) -> list:
                 advance(waiting.popleft())
         while waiting:
             advance(waiting.popleft())
-        return [seq for ep in sorted((ep for c in finished for ep in c.episodes), key=lambda e: (e.index, e.k))
-                for seq in episode_seqs(task, ep, examples[ep.index]["id"], tok)]
+        done = sorted((ep for c in finished for ep in c.episodes), key=lambda e: (e.index, e.k))
+        seqs = [episode_seqs(task, ep, examples[ep.index]["id"], tok) for ep in done]
+        if meanwhile is not None:
+            meanwhile([s for part in seqs for s in part])
+        for ep, part in zip(done, seqs):
+            graded(task, ep, part)
+        return [s for part in seqs for s in part]
     finally:
         if pool is not None:
             pool.shutdown(wait=True)        # no step still running when the environments close
@@ -321,27 +328,38 @@ def rollout(task, generate, tok, examples, seeds, args) -> list:
 
 
 def episode_seqs(task, ep, example_id, tok) -> list:
-    """The Seqs of one finished episode: the whole episode as one (a trajectory reward: its final score), or with
-    per_turn_advantage one per policy turn, each with the task's (score, reward) for it."""
+    """The Seqs of one episode whose turns are all sampled, before its last reply is taken (graded fills in their
+    scores, rewards and info): the whole episode as one (a trajectory reward), or with per_turn_advantage one per
+    policy turn. Their tokens are final: the last reply never adds to the context."""
+    if not getattr(task, "per_turn_advantage", False):
+        completion = ep.context[ep.prompt_len:]
+        return [Seq(example_id, 0, ep.context[:ep.prompt_len], completion, ep.logprobs,
+                    ep.turns[-1].sample.finish_reason, tok.decode(completion), None, None,
+                    info={"turns": turn_spans(ep)}, trained=ep.trained)]
+    return [Seq.of(t.sample, example_id, i, ep.context[:t.start], None, None, info=dict(t.cache))
+            for i, t in enumerate(ep.turns)]
+
+
+def turn_spans(ep, replies=False) -> list:
+    """Where each policy turn lies in a whole episode's completion, its length and how it ended (with its reply's
+    info once the replies are in)."""
+    return [{**(t.reply.info if replies else {}), "start": t.start - ep.prompt_len,
+             "tokens": len(t.sample.completion_ids), "finish_reason": t.sample.finish_reason} for t in ep.turns]
+
+
+def graded(task, ep, seqs):
+    """Take the episode's last reply (waiting for it) and fill in its Seqs' scores and rewards: with
+    per_turn_advantage the task's (score, reward) per turn and each turn's reply info; else the final reply's
+    score as the episode's reward, and info: the final reply's (how the episode ended), per policy turn in
+    info["turns"] its span and its reply's info, and the episode's cache counts (summed over its turns)."""
     if ep.pending is not None:
         ep.settle()
-    if not getattr(task, "per_turn_advantage", False):
-        return [whole_episode(ep, example_id, tok)]
-    rewards = task.turn_rewards([t.reply for t in ep.turns])
-    return [Seq.of(t.sample, example_id, i, ep.context[:t.start], score, reward, info={**t.reply.info, **t.cache})
-            for i, (t, (score, reward)) in enumerate(zip(ep.turns, rewards))]
-
-
-def whole_episode(ep, example_id, tok) -> Seq:
-    """One Seq for the whole episode: turn 0's prompt, then everything after it, trained on the policy's ids only,
-    paid the final reply's score. info: the final reply's info (how the episode ended), per policy turn in
-    info["turns"] where it lies in the completion, its length, how it finished and its reply's info, and the
-    episode's cache counts (summed over its turns)."""
-    last, start = ep.turns[-1], ep.prompt_len
-    turns = [{**t.reply.info, "start": t.start - start, "tokens": len(t.sample.completion_ids),
-              "finish_reason": t.sample.finish_reason} for t in ep.turns]
+    if getattr(task, "per_turn_advantage", False):
+        rewards = task.turn_rewards([t.reply for t in ep.turns])
+        for s, t, (score, reward) in zip(seqs, ep.turns, rewards):
+            s.score, s.reward, s.info = score, reward, {**t.reply.info, **t.cache}
+        return
+    last, (s,) = ep.turns[-1], seqs
     cache = {key: sum(t.cache[key] for t in ep.turns) for key in CACHE_COUNTS}
-    completion = ep.context[start:]
-    return Seq(example_id, 0, ep.context[:start], completion, ep.logprobs, last.sample.finish_reason,
-               tok.decode(completion), last.reply.score, last.reply.score,
-               info={**last.reply.info, "turns": turns, **cache}, trained=ep.trained)
+    s.score = s.reward = last.reply.score
+    s.info = {**last.reply.info, "turns": turn_spans(ep, replies=True), **cache}

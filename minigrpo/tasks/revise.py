@@ -75,6 +75,7 @@ class RevisionTask:
     turns = 2
     stop_strings: list[str] = []
     chunk = None        # one sampler call per turn for the whole batch: grading is immediate
+    overlaps_grading = True     # rollout takes meanwhile (twoturn.rollout), as soyuz's does
 
     @classmethod
     def from_args(cls, args):
@@ -103,8 +104,8 @@ class RevisionTask:
     def critique_for(self, ex: dict, verdict) -> str:
         return critique(ex, verdict)
 
-    def rollout(self, generate, tok, examples, seeds, args):
-        return twoturn.rollout(self, generate, tok, examples, seeds, args)
+    def rollout(self, generate, tok, examples, seeds, args, meanwhile=None):
+        return twoturn.rollout(self, generate, tok, examples, seeds, args, meanwhile)
 
     def step_metrics(self, seqs) -> dict:
         return twoturn.recovery_metrics(seqs)

@@ -137,6 +137,7 @@ class SoyuzTask:
     name = "soyuz"
     turns = 2
     stop_strings: list[str] = []
+    overlaps_grading = True     # rollout(..., meanwhile): train.py's reference pass runs while the judge grades
 
     @classmethod
     def from_args(cls, args):
@@ -185,11 +186,12 @@ class SoyuzTask:
     def critique_for(self, ex: dict, verdict) -> str:
         return critique(ex, verdict)
 
-    def rollout(self, generate, tok, examples, seeds, args):
+    def rollout(self, generate, tok, examples, seeds, args, meanwhile=None):
         """`generate(prompts, seeds, n, reuse, keep)` -> per prompt n samples (episodes.py). The Seqs of both turns,
-        each rollout's turn 0 followed by its turn 1 (twoturn.rollout; with chunks, judging overlaps generation)."""
+        each rollout's turn 0 followed by its turn 1 (twoturn.rollout; with chunks, judging overlaps generation;
+        meanwhile(seqs) runs while the revisions are graded)."""
         judge_stats = self.judge.stats()
-        out = twoturn.rollout(self, generate, tok, examples, seeds, args)
+        out = twoturn.rollout(self, generate, tok, examples, seeds, args, meanwhile)
         self._count_ungraded(judge_stats)
         return out
 

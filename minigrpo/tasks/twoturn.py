@@ -37,10 +37,11 @@ from minigrpo.tasks.episodes import Reply
 BAD = 0.5  # below this a turn-0 answer counts as bad (a harsh critique in soyuz; a "bad start" for recovery)
 
 
-def rollout(task, generate, tok, examples, seeds, args) -> list:
+def rollout(task, generate, tok, examples, seeds, args, meanwhile=None) -> list:
     """`generate(prompts, seeds, n, reuse, keep)` -> per prompt n samples (episodes.py). The Seqs of both turns,
-    each rollout's turn 0 followed by its turn 1, example-major."""
-    return episodes.rollout(TwoTurn(task), generate, tok, examples, seeds, args)
+    each rollout's turn 0 followed by its turn 1, example-major; meanwhile(seqs) runs while the revisions are
+    graded (episodes.rollout)."""
+    return episodes.rollout(TwoTurn(task), generate, tok, examples, seeds, args, meanwhile)
 
 
 class TwoTurn:
