@@ -190,7 +190,7 @@ def rollout_step(model, tok, task, args, step, examples, dist_info, meanwhile=No
 
 
 def task_rollout(task, sampler, tok, examples, seeds, args, meanwhile):
-    """task.rollout; if it overlaps_grading, with meanwhile(seqs) run while its last turn is graded (episodes.py)."""
+    """task.rollout; one that overlaps_grading runs meanwhile(seqs) while its last turn is graded (episodes.py)."""
     if meanwhile is None or not getattr(task, "overlaps_grading", False):
         return task.rollout(sampler, tok, examples, seeds, args)
     during = lambda seqs: (meanwhile(seqs), PHASES.open("judge_wait"))     # then the wait for the grades
