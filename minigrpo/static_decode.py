@@ -6,10 +6,15 @@ int, and attention reads `k[:, :, :length]`, so the key length (a shape) grows b
 changes the batch size too. A CUDA graph replays fixed kernels on fixed addresses and shapes.
 
 What changes here, and nothing else (the model's modules and weights are the same):
-- Attention reads every slot of the preallocated cache, [0, max_len), with a (B, 1, 1, max_len) mask: the slots
-  not yet written are False, like left padding. The new K/V go to `next_slot` with `index_copy_`, where
-  `next_slot` is a one-element tensor that the step advances in place (`StaticCache.update`, which model.Attention
-  calls as it calls model.Cache.update: the layers do not know which cache they write to).
+- The new K/V go to `next_slot` with `index_copy_`, where `next_slot` is a one-element tensor that the step
+  advances in place (`StaticCache.update`, which model.Attention calls as it calls model.Cache.update: the layers do
+  not know which cache they write to).
+- Attention reads the slots [0, W) of the cache, where the read window W is the length bucket (bucket_len, capped
+  at the cache's slots) of the slots written so far, with a (B, 1, 1, W) mask: the slots not yet written are
+  False, like left padding. A call of 300-token prompts and 1,024 new tokens reads 384, 512, 768, 1,024 and then
+  all 1,536 slots as it goes, not all 1,536 from its first token. W reaches the graph as a shape (the length of
+  `read`, a view of the slot ids), marked dynamic like the slot count: one graph for every window, and on CUDA one
+  recorded replay per window the run meets (the host knows W: it counts the steps, no sync).
 - Positions are `cache.next_pos` (a tensor), RoPE is computed from it inside the graph.
 - Gated DeltaNet's conv and recurrent state are fixed-size already; the layer copies them into the cache in place.
 - The shapes are the run's, not the call's: rows are a fixed count (the caller's largest call, `rows=`; a call with
@@ -86,10 +91,11 @@ def start(model, cache, n, rows=None, compile=False):
 
 def _layout(like, rows):
     """(shape, dtype) of each StaticCache tensor for model.Cache `like` with `rows` rows, in StaticCache.tensors()
-    order (k, v, conv, state per layer, then mask, next_pos, next_slot); None for a layer of the other kind."""
+    order (k, v, conv, state per layer, then mask, next_pos, next_slot), then the slot ids; None for a layer of the
+    other kind."""
     per_layer = [None if x is None else ((rows,) + x.shape[1:], x.dtype) for x in like.k + like.v + like.conv + like.state]
     return per_layer + [((rows, like.max_len), like.mask.dtype), ((rows,), like.next_pos.dtype),
-                        ((1,), like.next_pos.dtype)]
+                        ((1,), like.next_pos.dtype), ((like.max_len,), like.next_pos.dtype)]
 
 
 class StaticCache:
@@ -101,18 +107,24 @@ class StaticCache:
 
     Each tensor is the first elements of a flat buffer (`flat`), so one set of buffers, sized for the run's longest
     call, serves every shorter call too: `for_call` views them at another slot count, contiguous, at the same
-    addresses. The slot count S is marked dynamic: the compiled step is one graph for every length."""
+    addresses. The slot count S is marked dynamic: the compiled step is one graph for every length.
+
+    `read` (W,) is the slot ids attention reads this step, [0, W): `window` sets it on the host before each step,
+    from `written` (a host int, the slots filled: no sync). Its length is all the graph takes from it."""
 
     def __init__(self, like, rows, flat=None):
         """Shaped as model.Cache `like`, with `rows` rows: zeroed buffers, or views of `flat` (at least as large)."""
         layout = _layout(like, rows)
         device = like.mask.device
-        self.flat = flat or [None if x is None else torch.zeros(math.prod(x[0]), dtype=x[1], device=device)
-                             for x in layout]
+        if flat is None:
+            flat = [None if x is None else torch.zeros(math.prod(x[0]), dtype=x[1], device=device) for x in layout]
+            torch.arange(flat[-1].numel(), out=flat[-1])  # slot ids: a prefix of them is a shorter call's
+        self.flat = flat
         ts = [None if x is None else f[:math.prod(x[0])].view(x[0]) for f, x in zip(self.flat, layout)]
         n = len(like.k)
         self.k, self.v, self.conv, self.state = (ts[i * n:(i + 1) * n] for i in range(4))
-        self.mask, self.next_pos, self.next_slot = ts[4 * n:]
+        self.mask, self.next_pos, self.next_slot, self.slot_ids = ts[4 * n:]
+        self.written, self.read, self._reads = like.length, None, {}
         for t in self.tensors():
             torch._dynamo.mark_static_address(t)  # CUDA graphs: read and written in place, never re-allocated
         for t in [t for t in self.k + self.v if t is not None]:
@@ -131,12 +143,24 @@ class StaticCache:
         return [t for t in self.k + self.v + self.conv + self.state + [self.mask, self.next_pos, self.next_slot]
                 if t is not None]
 
+    def window(self):
+        """On the host, before a step: `read` = the slots [0, W) its attention reads, W = bucket_len of the slots
+        written once the step's token is in (capped at S). One view per W, kept: a fixed address for CUDA graphs."""
+        W = min(bucket_len(self.written + 1), self.mask.shape[1])
+        if W not in self._reads:
+            self._reads[W] = read = self.slot_ids[:W]
+            torch._dynamo.mark_static_address(read)
+            torch._dynamo.mark_dynamic(read, 0)   # one graph for every window
+        self.read = self._reads[W]
+        self.written += 1
+
     def update(self, i, k, v):
-        """Layer i's key and value of the one new token (B, nkv, 1, hd) go to next_slot; attention reads every slot
-        (B, nkv, S, hd), the unwritten ones masked."""
+        """Layer i's key and value of the one new token (B, nkv, 1, hd) go to next_slot; attention reads the
+        window's slots (B, nkv, W, hd), the unwritten ones masked."""
         self.k[i].index_copy_(2, self.next_slot, k)
         self.v[i].index_copy_(2, self.next_slot, v)
-        return self.k[i], self.v[i]
+        W = self.read.shape[0]
+        return self.k[i][:, :, :W], self.v[i][:, :, :W]
 
     def update_state(self, i, conv, state):
         """As model.Cache.update_state: Gated DeltaNet layer i's new conv inputs and memory, copied in place."""
@@ -152,6 +176,7 @@ class StaticCache:
         for dst, s in zip(self.tensors()[:-1], cache_tensors(cache)):
             torch.index_select(s, 0, src, out=dst)
         self.next_slot.fill_(cache.length)
+        self.written = cache.length
         return self
 
 
@@ -189,10 +214,16 @@ def release(model):
 def decode_step(model, tokens, cache):
     """One new token per row at fixed shapes: (B,) -> next-token logits (B, V) fp32. Advances cache.next_slot and
     cache.next_pos in place. The same layers as model.Qwen.hidden, with tensor positions and a tensor slot."""
+    cache.window()
+    return _step(model, tokens, cache)
+
+
+def _step(model, tokens, cache):
+    """decode_step once the host has set the read window: what torch.compile compiles."""
     x = model.model.embed_tokens(tokens[:, None])                    # (B, 1, H)
     rope = model.model.rotary(cache.next_pos[:, None], x.dtype)      # the row's next position
     cache.mask.index_fill_(1, cache.next_slot, True)
-    mask = cache.mask[:, None, None, :]                              # (B, 1, 1, S): written slots, real tokens
+    mask = cache.mask[:, None, None, :cache.read.shape[0]]           # (B, 1, 1, W): written slots, real tokens
     for layer in model.model.layers:
         x = layer(x, rope, attn_mask=mask, cache=cache)
     cache.next_pos.add_(1)
@@ -231,11 +262,12 @@ def compiled_step(device, backend="inductor"):
         # between ops, so the sampler's arithmetic drifts from the trainer's eager forward by more than a small
         # LoRA update moves it (the sampled policy is then not the one trained).
         options = {"triton.cudagraphs": graphs, "emulate_precision_casts": True} if backend == "inductor" else None
-        fn = torch.compile(decode_step, fullgraph=True, dynamic=False, backend=backend, options=options)
+        fn = torch.compile(_step, fullgraph=True, dynamic=False, backend=backend, options=options)
 
         def step(model, tokens, cache):
             if graphs:  # a new replay may overwrite the previous step's outputs: the sampler has consumed them
                 torch.compiler.cudagraph_mark_step_begin()
+            cache.window()
             try:  # past torch's recompile limit a shape was not bucketed: an error, not a silent eager fallback
                 with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
                     return fn(model, tokens, cache)

@@ -107,3 +107,52 @@ def test_compiled_step_compiles_once(capsys):
     assert graphs == 1 and not counters["graph_break"]
     for p, out in zip(batches, compiled):
         assert_same(out, sample(model, p, greedy))
+
+
+LONG = replace(GREEDY, n=1, max_new_tokens=260)   # 7/2/4-token prompts + 260: the 384-slot bucket
+
+
+def test_attention_reads_only_the_window_of_written_slots():
+    """Each decode step's attention sees the keys of the length bucket of the slots written so far (its new token
+    included), not the whole cache: 256 keys while at most 256 slots are written, then 384 (the cache's slots).
+    Reading every slot of the cache (384 from the first token) or a window one slot short at a bucket's edge (the
+    new token's own key left out) fails here; the tokens and log-probs stay the ordinary path's."""
+    from minigrpo.run.attention_kernels import Recorder
+    model = load_pretrained("tiny-qwen3.5")
+    attention_layers = sum(t == "full_attention" for t in model.config.layer_types)
+    with Recorder() as rec:
+        static = sample(model, PROMPTS, replace(LONG, static=True))
+    keys = [c.k[0][2] for c in rec.calls if c.mask[0][2] == 1]         # the decode steps' calls: one query
+    L, steps = max(map(len, PROMPTS)), LONG.max_new_tokens - 1          # the last token is sampled, not decoded
+    S = static_decode.bucket_len(L + LONG.max_new_tokens)
+    want = [min(static_decode.bucket_len(L + t + 1), S) for t in range(steps) for _ in range(attention_layers)]
+    assert S == 384 and keys == want and {256, 384} <= set(keys)
+    assert sum(keys) < 0.75 * S * len(keys)                             # a quarter fewer keys read than all slots
+    assert_same(static, sample(model, PROMPTS, LONG))
+
+
+def test_read_windows_compile_one_graph(monkeypatch, capsys):
+    """Compiled (the "eager" backend: dynamo's graphs and guards without inductor's code generation), the read
+    window is a dynamic shape like the slot count: two calls of other cache lengths (384 and 768 slots), whose steps
+    read windows of 256 to 768 slots, some short of the cache's slots and some all of them, run on one graph."""
+    from torch._dynamo.utils import counters
+    real_step = static_decode.compiled_step
+    monkeypatch.setattr(static_decode, "compiled_step", lambda device, backend="inductor": real_step(device, "eager"))
+    windows = []
+    real_window = static_decode.StaticCache.window
+    monkeypatch.setattr(static_decode.StaticCache, "window",
+                        lambda self: (real_window(self), windows.append((self.read.shape[0], self.mask.shape[1]))))
+    model = load_pretrained("tiny-qwen3.5")
+    torch._dynamo.reset()
+    static_decode._compiled.clear()
+    counters.clear()
+    batches = [PROMPTS, [[3] * 300, [4] * 120]]
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        compiled = [sample(model, p, replace(LONG, compile=True)) for p in batches]
+    graphs = counters["stats"]["unique_graphs"]
+    with capsys.disabled():
+        print(f"\n[static decode] read windows (window, cache slots) {sorted(set(windows))}: {graphs} graph(s)")
+    assert graphs == 1 and not counters["graph_break"]
+    assert sorted(set(windows)) == [(256, 384), (384, 384), (384, 768), (512, 768), (768, 768)]
+    for p, out in zip(batches, compiled):
+        assert_same(out, sample(model, p, LONG))
