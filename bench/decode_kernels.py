@@ -12,6 +12,10 @@ revision call: ~1.9k-token prompts + 1,024 new tokens), and the floor such a ste
   floor                  the bytes no step can avoid: the weights once (bf16), the adapters' A and B (fp32), each
                          Gated DeltaNet state read and written once (fp32), its conv inputs, the K/V of the slots
                          written (the call's mean), the logits; and that at one H200's memory bandwidth
+  K/V read               what attention reads a step, over a whole call (the mean of its steps), at soyuz's two
+                         calls: every slot of the cache (the static step before its read window), the read window
+                         (static_decode.StaticCache.window: the length bucket of the slots written), and the slots
+                         written (the floor)
 
 Eager counts are the aten ops the step dispatches (TorchDispatchMode: each is a kernel launch on CUDA, views apart,
 which launch nothing), at full width on the meta device (no memory, no arithmetic), all layers. The compiled counts
@@ -42,6 +46,7 @@ from minigrpo.model import Qwen  # noqa: E402
 from minigrpo.pretrained import QwenConfig  # noqa: E402
 
 ROWS, PROMPT, NEW = 24, 1900, 1024  # soyuz's revision call: 24 rows, ~1.9k-token prompts + 1,024 new tokens
+CALLS = {"turn 0": (300, NEW), "revision": (PROMPT, NEW)}   # soyuz's calls: (prompt tokens, new tokens)
 HBM = 4.8e12  # bytes/s, one H200: the floor's time is its bytes at this rate
 SMALL = dict(hidden_size=128, intermediate_size=256, head_dim=32, linear_key_head_dim=16, linear_value_head_dim=16,
              vocab_size=1024)
@@ -177,6 +182,29 @@ def floor_bytes(model, rows=ROWS):
                 logits=rows * cfg.vocab_size * 4)
 
 
+def kv_read(model, prompt, new, rows=ROWS):
+    """Bytes of K/V attention reads per decode step, the mean over a call of `prompt`-token prompts and `new` new
+    tokens: every slot of its cache, the read window of each step, the slots written (every attention layer, bf16)."""
+    cfg = model.config
+    attn = sum(t == "full_attention" for t in cfg.layer_types)
+    slot = attn * rows * cfg.num_key_value_heads * cfg.head_dim * 2 * 2   # K and V, bf16, one slot, every layer
+    S = static_decode.bucket_len(prompt + new)
+    written = [prompt + t + 1 for t in range(new - 1)]                    # the step's own token included
+    mean = lambda xs: sum(xs) / len(xs)                                     # noqa: E731
+    return dict(all_slots=slot * S, window=slot * mean([min(static_decode.bucket_len(w), S) for w in written]),
+                written=slot * mean(written))
+
+
+def kv_table(model):
+    print(f"\n| K/V read per decode step, {ROWS} rows | cache slots | every slot (before) | read window (now) | "
+          f"slots written (floor) | saved at {HBM / 1e12:.1f} TB/s |\n|---|---|---|---|---|---|")
+    for name, (prompt, new) in CALLS.items():
+        r = kv_read(model, prompt, new)
+        print(f"| {name}: {prompt}-token prompts + {new} new | {static_decode.bucket_len(prompt + new):,} | "
+              f"{r['all_slots'] / 1e9:.3f} GB | {r['window'] / 1e9:.3f} GB | {r['written'] / 1e9:.3f} GB | "
+              f"{(r['all_slots'] - r['window']) / HBM * 1e3:.3f} ms |", flush=True)
+
+
 NO_KERNEL = {"aten::view", "aten::as_strided", "aten::as_strided_", "aten::reshape", "aten::_reshape_alias",
              "aten::empty", "aten::empty_strided", "aten::t", "aten::transpose", "aten::expand", "aten::unsqueeze",
              "aten::slice", "aten::select", "aten::alias", "aten::detach", "aten::resolve_conj", "aten::resolve_neg"}
@@ -204,6 +232,7 @@ def main(args):
         print(f"| {name} | {fmt(today)} | {fmt(fast)} | {kernels} | {moved} | {least / 1e9:.2f} GB | "
               f"{least / HBM * 1e3:.2f} ms |", flush=True)
         print("  floor's parts: " + ", ".join(f"{key} {v / 1e9:.3f} GB" for key, v in floor.items()), flush=True)
+        kv_table(lora)
 
 
 if __name__ == "__main__":
