@@ -1,6 +1,6 @@
 """A busy host never fails an honest answer: the stall and budget clocks measure the answer's own progress (its CPU
-seconds; for a stall, wall time in which none of its threads ran or waited for a CPU, with no reply of its waiting
-in the pipe), and wall time only as the last-resort ceiling.
+seconds; for a stall, the share of the driver's waits on it in which its threads ran or waited for a CPU, with no
+reply of its waiting in the pipe), and wall time only as the last-resort ceiling.
 
 The rule first, against a scripted broker (the readings a starved, a sleeping and a replied answer give); then
 whole answers graded with three CPU burners per core beside them, against the same answers on the idle box."""
@@ -41,15 +41,19 @@ class ScriptedBroker:
         return {}, []
 
 
-def watched(monkeypatch, reading, seconds=1.2, reply=False):
-    """The failure the watch gives an awaited answer with these readings after `seconds` (STALL_S set to 0.4)."""
+def watched(monkeypatch, reading, seconds=1.2, reply=False, wait_every=None):
+    """The failure the watch gives an awaited answer with these readings after `seconds` (STALL_S set to 0.4);
+    `wait_every`: the driver ends one wait and begins the next every so many seconds (an answer that calls back)."""
     monkeypatch.setattr(driver_answer, "STALL_S", 0.4)
     broker = ScriptedBroker(reading)
     answer = driver_answer.Answer(broker, 0, cpu_s=100.0)
     answer.awaiting = True          # as while the driver blocks on the answer's pipe
     if reply:
         os.write(broker.to_driver_w, b"\0")
-    time.sleep(seconds)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(wait_every or seconds)
+        answer.waits += wait_every is not None
     failure = answer.failure
     answer.close()
     for fd in (broker.to_driver_w, broker.to_answer_r):
@@ -59,6 +63,33 @@ def watched(monkeypatch, reading, seconds=1.2, reply=False):
 
 def test_a_sleeping_answer_stalls(monkeypatch):
     assert watched(monkeypatch, lambda t: (1.0, 5_000, False)).startswith("stalled")
+
+
+def test_an_answer_that_sleeps_and_spins_stalls(monkeypatch):
+    # 2 ms of CPU every 0.1 s: its readings change at most looks, yet it ran for 2% of the window
+    assert watched(monkeypatch, lambda t: (1.0 + 0.002 * int(t / 0.1), 5_000, False)).startswith("stalled")
+
+
+def test_an_answer_that_runs_most_of_the_window_is_not_stalled(monkeypatch):
+    # 0.7 CPU seconds a second (it blocks on its own I/O for the rest): over the 50% the window asks
+    assert watched(monkeypatch, lambda t: (1.0 + 0.7 * t, 5_000, False)) is None
+
+
+def test_a_burst_of_threads_woken_together_buys_at_most_the_look_it_falls_in(monkeypatch):
+    # every 0.2 s a hundred threads wake at once and queue behind each other: 2 s of run-queue wait summed over
+    # them, at almost no CPU; counted in full, one burst would fill the window
+    assert watched(monkeypatch, lambda t: (1.0, 5_000 + int(t / 0.2) * 2_000_000_000, False)).startswith("stalled")
+
+
+def test_cpu_counts_where_the_kernel_keeps_no_run_queue_wait(monkeypatch):
+    # no schedstat (waited is None): 0.7 CPU seconds a second still meets the share
+    assert watched(monkeypatch, lambda t: (1.0 + 0.7 * t, None, False)) is None
+
+
+def test_idle_time_between_the_drivers_waits_is_not_a_stall(monkeypatch):
+    # an answer that polls a stand-in of the driver's every 20 ms and sleeps between (asyncio-bounded-fetch): each
+    # wait of the driver is shorter than a look, and the driver's own time between them is not the answer's
+    assert watched(monkeypatch, lambda t: (1.0, 5_000, False), wait_every=0.02) is None
 
 
 def test_an_answer_waiting_for_a_cpu_is_not_stalled(monkeypatch):
@@ -76,27 +107,42 @@ def test_a_reply_the_driver_has_not_read_is_not_the_answers_stall(monkeypatch):
     assert watched(monkeypatch, lambda t: (1.0, 5_000, False), reply=True) is None
 
 
-def test_demand_is_read_from_the_hosts_proc():
-    # what the broker reads for the watch: a busy loop is runnable (R) at every look, a sleeper never is and its
-    # run-queue wait does not grow
+# a vfork parent (glibc's posix_spawn) waits in uninterruptible sleep (D) until its child execs; the child blocks
+# opening a FIFO no one writes, so the parent is in D for as long as the child likes
+VFORK_WAIT = """
+import os, sys
+os.mkfifo(sys.argv[1])
+print(1, flush=True)
+os.posix_spawn("/bin/true", ["true"], {}, file_actions=[(os.POSIX_SPAWN_OPEN, 0, sys.argv[1], os.O_RDONLY, 0)])
+"""
+
+
+def test_demand_is_read_from_the_hosts_proc(tmp_path):
+    # what the broker reads for the watch: a busy loop is runnable (R) at every look; a sleeper and a vfork parent
+    # waiting in D never are, and their run-queue wait does not grow
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    sleeper = subprocess.Popen([sys.executable, "-c", "print(1, flush=True); import time; time.sleep(600)"],
-                               stdout=subprocess.PIPE)
+    sleepers = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "fifo")], stdout=subprocess.PIPE)
+                for code in ("print(1, flush=True); import time; time.sleep(600)", VFORK_WAIT)]
     try:
-        sleeper.stdout.readline()
-        quiet = False
-        for _ in range(50):             # on a loaded host it may take a moment to reach its sleep
-            first = demand([sleeper.pid])
-            time.sleep(0.1)
-            quiet = first[1] is False and demand([sleeper.pid]) == first
-            if quiet:
-                break
-        assert quiet
+        for sleeper in sleepers:
+            sleeper.stdout.readline()
+            quiet = False
+            for _ in range(50):             # on a loaded host it may take a moment to reach its sleep
+                first = demand([sleeper.pid])
+                time.sleep(0.1)
+                quiet = first[1] is False and demand([sleeper.pid]) == first
+                if quiet:
+                    break
+            assert quiet
         assert all(demand([busy.pid])[1] is True for _ in range(20))
     finally:
-        for p in (busy, sleeper):
+        for p in [busy] + sleepers:
             p.kill()
             p.wait()
+        try:                                # the vfork child outlives its parent: opening the FIFO releases it
+            os.close(os.open(tmp_path / "fifo", os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
 
 
 def test_the_wall_clock_is_only_a_ceiling_far_above_the_cpu_limit():
