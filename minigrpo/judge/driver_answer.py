@@ -203,9 +203,9 @@ class StallWindow:
 def _busy(before, cpu, waited, runnable, wall):
     """Seconds of `wall` in which the answer ran or waited for a CPU between two looks: its CPU seconds plus its
     threads' run-queue wait (none where the kernel keeps no schedstat), at most `wall`, since a hundred threads
-    woken together wait in the queue a hundred times over; a thread runnable at the look counts the whole interval
-    (a thread that exited took its wait with it). A thread in uninterruptible wait (D) counts nothing: a vfork
-    parent waits in D for as long as its child likes."""
+    woken together wait in the queue a hundred times over. A thread runnable or in the kernel's uninterruptible wait
+    at the look counts the whole interval (a thread that exited took its wait with it; D is a wait the host imposes,
+    a kernel lock a fork bomb beside it holds busy)."""
     if runnable:
         return wall
     queued = max(0, waited - before[1]) / 1e9 if waited is not None and before[1] is not None else 0.0

@@ -3,8 +3,8 @@ reads of them in the host's /proc, where nothing the payload does inside its own
 
 - tree_pids / tree_ticks: a process and its live descendants, and their CPU ticks (the clock where there is no
   cgroup).
-- demand: how long the processes' threads have waited for a CPU, and whether one is runnable (the stall clock: a
-  starved answer is not a sleeping one).
+- demand: whether the processes ran or waited for a CPU since the last look (the stall clock: a starved answer is
+  not a sleeping one).
 - open_files: the regular files their descriptors hold open (an answer's closing, observed, never reported).
 
 The host's /proc names each process by its host pid, whatever pid namespace it lives in, so a payload that mounts
@@ -84,10 +84,10 @@ def _tasks(pid):
 
 
 def demand(pids):
-    """(nanoseconds the processes' threads have waited in a run queue, whether one is runnable now). The wait is
-    the kernel's schedstat (None where the kernel keeps none); runnable is state R in each thread's stat. A thread
-    in uninterruptible wait (D) is not runnable: most such waits are short (a disk read, a kernel lock), and one the
-    process can make last (a vfork parent waits in D until its child execs) is not progress."""
+    """(nanoseconds the processes' threads have waited in a run queue, whether one is runnable or in the kernel's
+    uninterruptible wait now). The wait is the kernel's schedstat (None where the kernel keeps none); the state (R,
+    D) is read from each thread's stat. D is a wait the kernel imposes (disk, a lock a fork bomb beside it holds
+    busy), not one the process chose, as a sleep or a blocking read is."""
     waited, active, have = 0, False, False
     for pid in pids:
         for tid in _tasks(pid):
@@ -101,7 +101,7 @@ def demand(pids):
             try:
                 with open(base + "/stat", "rb") as f:
                     data = f.read()
-                active = active or data[data.rfind(b")") + 2:][:1] == b"R"
+                active = active or data[data.rfind(b")") + 2:][:1] in (b"R", b"D")
             except OSError:
                 pass
     return (waited if have else None), active
