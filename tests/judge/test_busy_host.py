@@ -66,7 +66,7 @@ def test_a_sleeping_answer_stalls(monkeypatch):
 
 
 def test_an_answer_that_sleeps_and_spins_stalls(monkeypatch):
-    # 2 ms of CPU every 0.1 s: its readings change at most looks, yet it ran for 2% of the window
+    # 2 ms of CPU every 0.1 s: its readings change at every other look, yet it ran for 2% of the window
     assert watched(monkeypatch, lambda t: (1.0 + 0.002 * int(t / 0.1), 5_000, False)).startswith("stalled")
 
 
