@@ -44,7 +44,7 @@ Helpers a test sees besides the answer's names:
 
 One budget per answer: what its failing criteria may cost together is ANSWER_BUDGET times its largest criterion
 timeout, in CPU seconds. A criterion that fails is charged the CPU it used, and its whole timeout when it timed out
-or stalled (neither running nor waiting for a CPU for STALL_S while the driver waits for it); a passing
+or stalled (running or waiting for a CPU for under half of STALL_S while the driver waits for it); a passing
 one costs nothing (it did the work it was given). Once the budget is spent the remaining criteria fail at once, so a
 sleeping or spinning answer costs about ANSWER_BUDGET criteria's time, not one time-out per criterion, and an honest
 answer that is slow on one performance criterion is still graded on the rest. The answer's module itself (its

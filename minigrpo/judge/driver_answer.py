@@ -2,7 +2,8 @@
 
 `Answer` asks the judge's broker (driver_host.py) for a sandbox running the answer, holds the driver's end
 of its channel (wire_rpc.Endpoint) and watches its time: its CPU seconds as the broker reads them from the
-sandbox's cgroup, stalls (its threads neither run nor wait for a CPU), and a last-resort wall-clock ceiling.
+sandbox's cgroup, stalls (while the driver waits on it, its threads mostly neither run nor wait for a CPU), and a
+last-resort wall-clock ceiling.
 `Remote` stands in for an object living in the sandbox; `_serve` answers the answer's callbacks into what the
 test handed it -- calling a function or stepping an iterator, nothing else of the driver (wire.Codec's call_only
 encodes nothing but those and plain data).
@@ -18,14 +19,16 @@ import time
 
 from minigrpo.judge import wire, wire_rpc
 
-# The clocks (docs/judge.md, "A busy host"): CPU seconds for every budget; for a stall, wall seconds in which no
-# thread of the answer ran or waited for a CPU; wall time only as the last-resort ceiling below.
+# The clocks (docs/judge.md, "A busy host"): CPU seconds for every budget; for a stall, the share of the driver's
+# wait on the answer in which the answer's threads ran or waited for a CPU; wall time only as the ceiling below.
 WALL_FACTOR = 10        # the ceiling: WALL_FACTOR x the criterion's CPU seconds + WALL_SLACK_S, in wall seconds
 WALL_SLACK_S = 10.0     # the sandbox's start and the answer's import, on a loaded host
 WATCH_EVERY = 0.05      # seconds between two readings of the sandbox's CPU and demand
-STALL_S = 3.0           # wall seconds the answer may neither run nor wait for a CPU while the driver awaits it
+STALL_S = 3.0           # the stall window: the last STALL_S wall seconds of the driver's waits on the answer
+STALL_SHARE = 0.5       # stalled when the answer ran or waited for a CPU under this share of a full window
 TOO_LARGE = "the answer's reply is too large (over the message cap, counted as if copied)"
 NOT_PLAIN = "the answer's reply is not plain data"
+STALLED = f"stalled: it ran or waited for a CPU for under {STALL_SHARE:.0%} of {STALL_S:g}s (it sleeps or blocks)"
 
 
 def wall_ceiling(cpu_s):
@@ -176,6 +179,39 @@ class Broker:
 
 OVER_LIMIT = "over the criterion's CPU-time limit"
 
+class StallWindow:
+    """The stall rule: of the last STALL_S seconds the driver spent inside single waits on the answer, the answer
+    must have run or waited for a CPU for at least STALL_SHARE (its CPU seconds plus its threads' run-queue wait).
+    A sleep, a blocking read, or a sleep broken by a spin of a few milliseconds gains neither and fills the window
+    at once; a busy host only adds run-queue wait. Only a look interval that lies inside one wait counts, so the
+    driver's own work and its wake-up after a reply (between waits) never do, nor do waits shorter than a look: an
+    answer polling a stand-in of the driver's every few milliseconds asks for something each time."""
+
+    def __init__(self):
+        self.samples = collections.deque()      # (wall seconds, busy seconds) per look interval inside a wait
+
+    def add(self, wall, busy):
+        self.samples.append((wall, busy))
+        while sum(w for w, _ in self.samples) - self.samples[0][0] >= STALL_S:
+            self.samples.popleft()
+
+    def stalled(self):
+        wall = sum(w for w, _ in self.samples)
+        return wall >= STALL_S and sum(b for _, b in self.samples) < STALL_SHARE * wall
+
+
+def _busy(before, cpu, waited, runnable, wall):
+    """Seconds of `wall` in which the answer ran or waited for a CPU between two looks: its CPU seconds plus its
+    threads' run-queue wait (none where the kernel keeps no schedstat), at most `wall`, since a hundred threads
+    woken together wait in the queue a hundred times over. A thread runnable or in the kernel's uninterruptible wait
+    at the look counts the whole interval (a thread that exited took its wait with it; D is a wait the host imposes,
+    a kernel lock a fork bomb beside it holds busy)."""
+    if runnable:
+        return wall
+    queued = max(0, waited - before[1]) / 1e9 if waited is not None and before[1] is not None else 0.0
+    return min(wall, max(0.0, cpu - before[0]) + queued)
+
+
 class _Awaited:
     """One end of the answer's pipe, as the driver uses it: the answer is awaited only while the driver blocks in
     a read or write here, so the driver's own work in between (decoding a reply, running a callback, comparing)
@@ -185,6 +221,7 @@ class _Awaited:
         self.f, self.answer = f, answer
 
     def _blocking(self, op, *args):
+        self.answer.waits += 1          # the watch judges only time inside one wait (StallWindow)
         self.answer.awaiting = True
         try:
             return op(*args)
@@ -206,15 +243,15 @@ class _Awaited:
 
 class Answer:
     """The answer's sandboxed process (made by the broker) and the driver's end of its channel, with its time
-    limits: `cpu_s` CPU seconds of the whole sandbox, no stall longer than STALL_S while the driver waits for the
-    answer, and wall_ceiling(cpu_s) as the last resort. None of them runs faster on a busy host: CPU time does not
-    grow while the answer waits for a CPU, and a stall is time in which it neither ran nor waited to run (read by
-    the broker from the host's /proc), with no reply of its waiting in the pipe. `share`: containers keep reference
+    limits: `cpu_s` CPU seconds of the whole sandbox, no stall (StallWindow) while the driver waits for the answer,
+    and wall_ceiling(cpu_s) as the last resort. None of them runs faster on a busy host: CPU time does not grow
+    while the answer waits for a CPU, and a stall counts only time in which it neither ran nor waited to run (read
+    by the broker from the host's /proc), with no reply of its waiting in the pipe. `share`: containers keep reference
     semantics (a criterion about mutation); else they cross as copies."""
 
     def __init__(self, broker, index, cpu_s, role="answer", share=False):
         self.broker, self.index, self.cpu_s, self.failure, self.stalled = broker, index, cpu_s, None, False
-        self.share, self.awaiting = share, False
+        self.share, self.awaiting, self.waits = share, False, 0    # waits: how many the driver has begun
         self.companions = []            # other sandboxes of the same criterion (an implementation), closed with it
         reply, fds = broker.ask(op="start", criterion=index, cpu_s=cpu_s, role=role)
         if len(fds) != 2:
@@ -229,16 +266,20 @@ class Answer:
         threading.Thread(target=self._watch, daemon=True).start()
 
     def _watch(self):
-        last, last_progress = None, time.monotonic()
+        window, last = StallWindow(), None      # last look: (cpu, waited, time, the wait it fell in or None)
         while not self.closed.wait(WATCH_EVERY):
-            now = time.monotonic()
             cpu, waited, runnable = self.activity()
-            if (cpu, waited) != last or runnable or not self.awaiting or self._reply_waiting():
-                last, last_progress = (cpu, waited), now
+            now = time.monotonic()
+            wait = self.waits       # read before `awaiting`: a wait that began since is then a new one, not counted
+            if not self.awaiting or self._reply_waiting():
+                wait = None
+            if wait is not None and last is not None and last[3] == wait:
+                window.add(now - last[2], _busy(last, cpu, waited, runnable, now - last[2]))
+            last = (cpu, waited, now, wait)
             reason = self._over_limit(cpu, now)
-            if reason is None and now - last_progress > STALL_S:
+            if reason is None and window.stalled():
                 self.stalled = True
-                reason = f"stalled: it neither ran nor waited for a CPU for {STALL_S:g}s (it sleeps or blocks)"
+                reason = STALLED
             if reason is not None:
                 self.failure = self.failure or reason
                 self.close()

@@ -234,7 +234,7 @@ _REASONS = [re.compile(p + _WHERE) for p in (
     r"tests passed", r"assertion failed", r"[A-Z][A-Za-z]{0,40}",
     r"an exception of the answer's own class \([A-Z][A-Za-z]{0,40} subclass\)",
     rf"timed out: used its {_NUMBER}s of CPU", rf"timed out at the last-resort wall-clock ceiling \({_NUMBER}s\)",
-    rf"stalled: it neither ran nor waited for a CPU for {_NUMBER}s \(it sleeps or blocks\)",
+    rf"stalled: it ran or waited for a CPU for under {_NUMBER}% of {_NUMBER}s \(it sleeps or blocks\)",
     r"the answer's process exited or was killed \(an exit is never a pass\)", r"over the criterion's CPU-time limit",
     r"the answer's module did not list its names", r"not run: the answer spent its time budget on earlier criteria",
     rf"timed out: its module's top-level code used over {_NUMBER}s of CPU",

@@ -1,6 +1,6 @@
 """A busy host never fails an honest answer: the stall and budget clocks measure the answer's own progress (its CPU
-seconds; for a stall, wall time in which none of its threads ran or waited for a CPU, with no reply of its waiting
-in the pipe), and wall time only as the last-resort ceiling.
+seconds; for a stall, the share of the driver's waits on it in which its threads ran or waited for a CPU, with no
+reply of its waiting in the pipe), and wall time only as the last-resort ceiling.
 
 The rule first, against a scripted broker (the readings a starved, a sleeping and a replied answer give); then
 whole answers graded with three CPU burners per core beside them, against the same answers on the idle box."""
@@ -41,15 +41,19 @@ class ScriptedBroker:
         return {}, []
 
 
-def watched(monkeypatch, reading, seconds=1.2, reply=False):
-    """The failure the watch gives an awaited answer with these readings after `seconds` (STALL_S set to 0.4)."""
+def watched(monkeypatch, reading, seconds=1.2, reply=False, wait_every=None):
+    """The failure the watch gives an awaited answer with these readings after `seconds` (STALL_S set to 0.4);
+    `wait_every`: the driver ends one wait and begins the next every so many seconds (an answer that calls back)."""
     monkeypatch.setattr(driver_answer, "STALL_S", 0.4)
     broker = ScriptedBroker(reading)
     answer = driver_answer.Answer(broker, 0, cpu_s=100.0)
     answer.awaiting = True          # as while the driver blocks on the answer's pipe
     if reply:
         os.write(broker.to_driver_w, b"\0")
-    time.sleep(seconds)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(wait_every or seconds)
+        answer.waits += wait_every is not None
     failure = answer.failure
     answer.close()
     for fd in (broker.to_driver_w, broker.to_answer_r):
@@ -59,6 +63,33 @@ def watched(monkeypatch, reading, seconds=1.2, reply=False):
 
 def test_a_sleeping_answer_stalls(monkeypatch):
     assert watched(monkeypatch, lambda t: (1.0, 5_000, False)).startswith("stalled")
+
+
+def test_an_answer_that_sleeps_and_spins_stalls(monkeypatch):
+    # 2 ms of CPU every 0.1 s: its readings change at every other look, yet it ran for 2% of the window
+    assert watched(monkeypatch, lambda t: (1.0 + 0.002 * int(t / 0.1), 5_000, False)).startswith("stalled")
+
+
+def test_an_answer_that_runs_most_of_the_window_is_not_stalled(monkeypatch):
+    # 0.7 CPU seconds a second (it blocks on its own I/O for the rest): over the 50% the window asks
+    assert watched(monkeypatch, lambda t: (1.0 + 0.7 * t, 5_000, False)) is None
+
+
+def test_a_burst_of_threads_woken_together_buys_at_most_the_look_it_falls_in(monkeypatch):
+    # every 0.2 s a hundred threads wake at once and queue behind each other: 2 s of run-queue wait summed over
+    # them, at almost no CPU; counted in full, one burst would fill the window
+    assert watched(monkeypatch, lambda t: (1.0, 5_000 + int(t / 0.2) * 2_000_000_000, False)).startswith("stalled")
+
+
+def test_cpu_counts_where_the_kernel_keeps_no_run_queue_wait(monkeypatch):
+    # no schedstat (waited is None): 0.7 CPU seconds a second still meets the share
+    assert watched(monkeypatch, lambda t: (1.0 + 0.7 * t, None, False)) is None
+
+
+def test_idle_time_between_the_drivers_waits_is_not_a_stall(monkeypatch):
+    # an answer that polls a stand-in of the driver's every 20 ms and sleeps between (asyncio-bounded-fetch): each
+    # wait of the driver is shorter than a look, and the driver's own time between them is not the answer's
+    assert watched(monkeypatch, lambda t: (1.0, 5_000, False), wait_every=0.02) is None
 
 
 def test_an_answer_waiting_for_a_cpu_is_not_stalled(monkeypatch):
