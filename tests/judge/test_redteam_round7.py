@@ -13,7 +13,9 @@ Groups:
                                        answer that runs the honest code on small inputs and a fast wrong one on
                                        large inputs was paid the speed criterion, as the reference is (1.0 on it;
                                        an honest but slow answer fails it). Fixed in the task file: each compares
-                                       the whole output with one computed in the test.
+                                       the whole output with one computed in the test. Likewise a fetcher
+                                       that made up the values of the urls it never waited for (one reply gave
+                                       away all the others): each url's value now has a secret of its own.
 """
 
 import pytest
@@ -142,15 +144,39 @@ def from_base(s, base):
 }
 
 
+# asyncio-bounded-fetch c3 ("20 fetches of 50 ms with limit 5 take ~0.2 s"): every url's value was its name and one
+# token, so one reply gave away all the others. Fetching one url, starting and at once cancelling the rest (each
+# counted as called, peak in flight > 1) and making up their values passed c3 in 0.05 s, where the honest sequential
+# loop takes 1 s and fails it. Fixed in the task file: each url's value carries a secret of its own.
+MADE_UP = '''
+import asyncio
+
+
+async def fetch_all(urls, fetch, limit=10, timeout=None):
+    if limit < 1:
+        raise ValueError("limit must be >= 1")
+    if not urls:
+        return []
+    out = [await fetch(urls[0])]              # one real reply: its form gives away every other value
+    tail = out[0][len(urls[0]):]
+    tasks = [asyncio.ensure_future(fetch(u)) for u in urls[1:]]
+    await asyncio.sleep(0)                     # each request reaches the server, counted as made ...
+    for t in tasks:
+        t.cancel()                             # ... and none is waited for
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return out + [u.upper() + tail for u in urls[1:]]
+'''
+
+
 def test_a_fast_wrong_answer_on_the_large_input_fails_the_speed_criterion(judge):
-    answers = {}
-    for task_id, cid in FAST_WRONG:
-        ref = extract_code(reference(task_id))
-        answers[task_id, cid, "reference"] = ref
-        answers[task_id, cid, "fast_wrong"] = ref + "\n" + FAST_WRONG[task_id, cid]
+    attacks = {key: extract_code(reference(key[0])) + "\n" + trick for key, trick in FAST_WRONG.items()}
+    attacks["asyncio-bounded-fetch", "c3"] = MADE_UP
+    answers = {(*key, "attack"): code for key, code in attacks.items()}
+    answers.update({(*key, "reference"): extract_code(reference(key[0])) for key in attacks})
     futures = {key: judge.submit(only(key[0], [key[1]]), fenced(code)) for key, code in answers.items()}
     got = {key: fut.result() for key, fut in futures.items()}
-    assert all(v.score == 1.0 for (_, _, who), v in got.items() if who == "reference"), \
+    scores = {key: v.score for key, v in got.items()}
+    assert all(scores[key] == 1.0 for key in scores if key[2] == "reference"), \
         {k: explain(v) for k, v in got.items() if k[2] == "reference"}
-    assert all(v.score == 0.0 for (_, _, who), v in got.items() if who == "fast_wrong"), \
-        {k: explain(v) for k, v in got.items() if k[2] == "fast_wrong"}
+    assert all(scores[key] == 0.0 for key in scores if key[2] == "attack"), \
+        {k: explain(v) for k, v in got.items() if k[2] == "attack"}
