@@ -16,13 +16,21 @@ Groups:
                                        the whole output with one computed in the test. Likewise a fetcher
                                        that made up the values of the urls it never waited for (one reply gave
                                        away all the others): each url's value now has a secret of its own.
+  the SQL's text                       sqlalchemy-top-customers c9 and c10 read the SQL an engine in the answer's
+                                       process recorded: spelling (`status = status`, `LIMIT 1000000`, a sum
+                                       grouped per order) paid a query that filters, limits and sums nothing.
+                                       Fixed: they read the rows the driver's database returned.
 """
 
 import pytest
 
 from judging import fenced, reference
 from minigrpo.judge.answer_code import extract_code
+from minigrpo.judge.checks import missing_packages
 from redteam import explain, only
+
+
+TASKS_CAN_RUN_SQLALCHEMY = not missing_packages({"requires": ["sqlalchemy"]})
 
 
 def works(reason):
@@ -180,3 +188,34 @@ def test_a_fast_wrong_answer_on_the_large_input_fails_the_speed_criterion(judge)
         {k: explain(v) for k, v in got.items() if k[2] == "reference"}
     assert all(scores[key] == 0.0 for key in scores if key[2] == "attack"), \
         {k: explain(v) for k, v in got.items() if k[2] == "attack"}
+
+
+# =================================================================================================================
+# The SQL's text. sqlalchemy-top-customers: a query that fetches every order and filters, sums and cuts in Python
+# fails c9 ("limits and filters status in SQL") and c10 ("no sum in Python"); the same query with
+# `.where(Order.status == Order.status)`, `.group_by(Order.id)`, `func.sum(Order.amount)` per order and
+# `.limit(1_000_000)` -- words in the SQL that do none of it -- passed both (1.0 against 0.5 on c1, c5, c9 and c10).
+# Fixed: c9 and c10 read what the driver's database returned.
+
+def python_side_query(decorated):
+    code = extract_code(reference("sqlalchemy-top-customers"))
+    models = code[:code.index("def top_customers")]
+    amount, where = ("func.sum(Order.amount)", ".where(Order.status == Order.status).group_by(Order.id)"
+                     ".limit(1_000_000)") if decorated else ("Order.amount", "")
+    return models + f'''def top_customers(session, since, n=5):
+    if n < 1:
+        raise ValueError(f"top_customers: n must be >= 1, got {{n}}")
+    stmt = select(Customer.name, {amount}, Order.status, Order.placed_on).join(
+        Order, Order.customer_id == Customer.id){where}
+    totals = {{}}
+    for name, amount, status, placed_on in session.execute(stmt):      # filtered, summed and cut here, in Python
+        if status == "paid" and placed_on >= since:
+            totals[name] = totals.get(name, Decimal(0)) + Decimal(amount)
+    return sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+'''
+
+
+@pytest.mark.skipif(not TASKS_CAN_RUN_SQLALCHEMY, reason="sqlalchemy is not installed")
+def test_words_in_the_sql_that_do_nothing_pay_nothing(judge):
+    assert_no_more_than_control(judge, "sqlalchemy-top-customers", ["c1", "c5", "c9", "c10"],
+                                python_side_query(True), python_side_query(False))
