@@ -19,7 +19,12 @@ Groups:
   the SQL's text                       sqlalchemy-top-customers c9 and c10 read the SQL an engine in the answer's
                                        process recorded: spelling (`status = status`, `LIMIT 1000000`, a sum
                                        grouped per order) paid a query that filters, limits and sums nothing.
-                                       Fixed: they read the rows the driver's database returned.
+                                       Fixed: they read the rows the driver's database returned. Likewise
+                                       sql-injection-fix c10 ("? placeholders and an ESCAPE clause") read the
+                                       SQL's text: now left to the LLM (c7 and c9 are its behaviour).
+  a name any prose holds               topological-sort c5 ("the message names a node on the cycle") named its
+                                       nodes a, b and c: "graph has a cycle" named them all. Fixed: names no
+                                       prose holds.
 """
 
 import pytest
@@ -219,3 +224,29 @@ def python_side_query(decorated):
 def test_words_in_the_sql_that_do_nothing_pay_nothing(judge):
     assert_no_more_than_control(judge, "sqlalchemy-top-customers", ["c1", "c5", "c9", "c10"],
                                 python_side_query(True), python_side_query(False))
+
+
+# sql-injection-fix c10 ("uses ? placeholders with a parameters argument and an ESCAPE clause") matched the SQL the
+# driver's database received against `LIKE ? ESCAPE`: a search that escapes no wildcard (it fails c7, "user-typed %
+# and _ are literal") passed c10 by writing `ESCAPE '!'` into its SQL (0.5 against 0.0 on c7 and c10). Fixed: c10
+# has no machine check (c9 reads the binding from the statements, c7 the escaping from the rows).
+def test_an_escape_clause_that_escapes_nothing_pays_nothing(judge):
+    code = extract_code(reference("sql-injection-fix"))
+    query = '''"SELECT name, price FROM products WHERE name LIKE ? ESCAPE ? AND price <= ? ORDER BY name",
+        (_like_literal(term), LIKE_ESCAPE, max_price),'''
+    assert query in code, "the reference's search moved: update this attack"
+    plain = code.replace(query, '''"SELECT name, price FROM products WHERE name LIKE ? AND price <= ? ORDER BY name",
+        (f"%{term}%", max_price),''')
+    worded = plain.replace("LIKE ? AND", "LIKE ? ESCAPE '!' AND")
+    assert_no_more_than_control(judge, "sql-injection-fix", ["c7", "c10"], worded, plain)
+
+
+# topological-sort c5 looked for "a", "b" or "c" in the message: `ValueError("graph has a cycle")`, naming no node,
+# passed (1.0 against 0.5 for "loop found" on c5 and c2 beside it). Fixed: the cycle's nodes have names no prose
+# holds.
+def test_a_cycle_message_that_names_no_node_fails_the_naming_criterion(judge):
+    code = extract_code(reference("topological-sort"))
+    message = 'f"topological_sort: graph has a cycle through {\', \'.join(stuck[:5])}"'
+    assert message in code, "the reference's message moved: update this attack"
+    assert_no_more_than_control(judge, "topological-sort", ["c5"], code.replace(message, '"graph has a cycle"'),
+                                code.replace(message, '"loop found"'))
