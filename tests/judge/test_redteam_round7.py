@@ -24,10 +24,15 @@ Groups:
                                        SQL's text: now left to the LLM (c7 and c9 are its behaviour).
   a name any prose holds               topological-sort c5 ("the message names a node on the cycle") named its
                                        nodes a, b and c: "graph has a cycle" named them all. Fixed: names no
-                                       prose holds.
+                                       prose holds. click-wordfreq-cli c8 ("--help documents every option")
+                                       found the option names in the help, which click prints for every
+                                       declared option, help text or none. Fixed: each option's entry says
+                                       something beyond its spec and default.
 """
 
 import pytest
+
+import re
 
 from judging import fenced, reference
 from minigrpo.judge.answer_code import extract_code
@@ -250,3 +255,15 @@ def test_a_cycle_message_that_names_no_node_fails_the_naming_criterion(judge):
     assert message in code, "the reference's message moved: update this attack"
     assert_no_more_than_control(judge, "topological-sort", ["c5"], code.replace(message, '"graph has a cycle"'),
                                 code.replace(message, '"loop found"'))
+
+
+# click-wordfreq-cli c8 ("--help documents every option") looked for the option names in the help output, which
+# click prints for every declared option with its type and default: the reference with every `help=` removed, and
+# its docstring too, passed (1.0, as the reference). Fixed: each option's entry carries words of its own.
+def test_options_without_help_text_fail_the_documentation_criterion(judge):
+    code = extract_code(reference("click-wordfreq-cli"))
+    bare = re.sub(r",\s*help=\"[^\"]*\"", "", code)
+    assert bare.count("@click.option") == 3 and "help=" not in bare, "the reference's options moved: update this"
+    got = grade_side_by_side(judge, "click-wordfreq-cli", ["c8"], {"reference": code, "bare": bare})
+    assert got["reference"].score == 1.0, explain(got["reference"])
+    assert got["bare"].score == 0.0, explain(got["bare"])
