@@ -28,6 +28,9 @@ Groups:
                                        found the option names in the help, which click prints for every
                                        declared option, help text or none. Fixed: each option's entry says
                                        something beyond its spec and default.
+  an exception by its name             retry-bug-fix c3 ("re-raises the last exception itself, not a new one")
+                                       sees an exception as its class and message: a new exception made from
+                                       them passes (strict xfail: the wire carries no exception's identity).
 """
 
 import pytest
@@ -267,3 +270,22 @@ def test_options_without_help_text_fail_the_documentation_criterion(judge):
     got = grade_side_by_side(judge, "click-wordfreq-cli", ["c8"], {"reference": code, "bare": bare})
     assert got["reference"].score == 1.0, explain(got["reference"])
     assert got["bare"].score == 0.0, explain(got["bare"])
+
+
+# retry-bug-fix c3 ("re-raises the last exception itself instead of returning None"; the prompt: "not a new one,
+# not None"). An exception crosses the channel as its class name and message, so a new exception of the same class
+# and message is the same to the test as the one fn raised: 1.0 against 0.0 for a new RuntimeError on c3.
+def reraised_as_new(exc):
+    code = extract_code(reference("retry-bug-fix"))
+    reraise = "                raise  # out of attempts: the caller sees the real error and its traceback\n"
+    assert reraise in code, "the reference's re-raise moved: update this attack"
+    return code.replace("        except exceptions:\n", "        except exceptions as e:\n").replace(
+        reraise, f"                raise {exc} from None\n")
+
+
+@works("an exception crosses the channel as (class, message): a new exception made from the last one's class and "
+       "message passes c3 as the last exception itself (measured: 1.0 against 0.0 for a new RuntimeError). Fix: the "
+       "channel carries an exception the driver raised by identity (a handle), so the test can compare it with `is`")
+def test_a_new_exception_copied_from_the_last_is_not_the_last_exception_itself(judge):
+    assert_no_more_than_control(judge, "retry-bug-fix", ["c3"], reraised_as_new("type(e)(*e.args)"),
+                                reraised_as_new('RuntimeError("all attempts failed")'))
