@@ -33,9 +33,9 @@ Groups:
                                        them passes (strict xfail: the wire carries no exception's identity).
 """
 
-import pytest
-
 import re
+
+import pytest
 
 from judging import fenced, reference
 from minigrpo.judge.answer_code import extract_code
@@ -43,7 +43,10 @@ from minigrpo.judge.checks import missing_packages
 from redteam import explain, only
 
 
-TASKS_CAN_RUN_SQLALCHEMY = not missing_packages({"requires": ["sqlalchemy"]})
+def needs(*packages):
+    """Skip where a library the criteria require is not installed (they are unchecked there: nothing to attack)."""
+    missing = missing_packages({"requires": list(packages)})
+    return pytest.mark.skipif(bool(missing), reason=f"not installed: {missing}")
 
 
 def works(reason):
@@ -105,6 +108,7 @@ _tc.TestClient.get = _get
 '''
 
 
+@needs("fastapi", "httpx")
 @works("c8's TestClient runs in the answer's process, so the status codes it reports are the answer's word: a "
        "module-level TestClient.get that answers 422 pays an endpoint that validates nothing (measured: 1.0 "
        "against 0.0 on c8; 1.0 against 0.875 on the whole task). Fix: requests reach the app from outside the "
@@ -223,7 +227,7 @@ def python_side_query(decorated):
 '''
 
 
-@pytest.mark.skipif(not TASKS_CAN_RUN_SQLALCHEMY, reason="sqlalchemy is not installed")
+@needs("sqlalchemy")
 def test_words_in_the_sql_that_do_nothing_pay_nothing(judge):
     assert_no_more_than_control(judge, "sqlalchemy-top-customers", ["c5", "c9", "c10"],
                                 python_side_query(True), python_side_query(False))
@@ -258,6 +262,7 @@ def test_a_cycle_message_that_names_no_node_fails_the_naming_criterion(judge):
 # click-wordfreq-cli c8 ("--help documents every option") looked for the option names in the help output, which
 # click prints for every declared option with its type and default: the reference with every `help=` removed, and
 # its docstring too, passed (1.0, as the reference). Fixed: each option's entry carries words of its own.
+@needs("click")
 def test_options_without_help_text_fail_the_documentation_criterion(judge):
     code = extract_code(reference("click-wordfreq-cli"))
     bare = re.sub(r",\s*help=\"[^\"]*\"", "", code)
