@@ -24,7 +24,7 @@ What is confined, and how (the sandbox package's docstring has the full list of 
 - The work folder: as root, a tmpfs of its own mounted on the host (`folder_mb` of data, `folder_files` inodes, nosuid,
   nodev), so the episode cannot fill the host's disk; where that mount is refused, a host folder whose size is
   checked after each command (the episode ends when it is over) and the weakness is named. The task files are
-  copied in at the start; close() (also on an exception) unmounts and removes it.
+  copied in at the start, each with mode FILE_MODE; close() (also on an exception) unmounts and removes it.
 
 What a verifier may trust: `snapshot()` copies the folder while no command runs, into a fresh host temp folder
 owned by the judge's uid, never seen by any sandbox. It copies folders and regular files only: symlinks are not
@@ -58,6 +58,9 @@ from minigrpo.judge.sandbox.mounts import _write_all, new_host_folder, walk_tree
 
 # bash runs the command with stderr on stdout; `eval` keeps the command's own text (and its line numbers) intact
 SHELL = ["/bin/bash", "-c", 'exec 2>&1; eval "$1"', "bash"]
+# the mode of every file copied in at the start, whatever the host's umask: what a file "left as it is" has at the
+# end (a verifier compares it; a command's new files get the same under the sandbox's umask 022)
+FILE_MODE = 0o644
 
 
 @dataclass
@@ -159,6 +162,7 @@ class Episode:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as f:
                 f.write(data.encode() if isinstance(data, str) else bytes(data))
+            os.chmod(path, FILE_MODE)
 
     def usage(self, missing=None):
         """(bytes, entries) in the work folder now (regular files' sizes; nothing followed); what the walk could

@@ -7,7 +7,7 @@ import json
 import math
 
 from minigrpo.tasks.terminal.exercise import Exercise, Transcript as T
-from minigrpo.tasks.terminal.verify import probe
+from minigrpo.tasks.terminal.verify import as_given, probe, text_lines
 
 EXERCISES = []
 
@@ -19,7 +19,7 @@ def _add(needs=("python3",), **kw):
 def _output_is(folder, command, expected, take, extra=None):
     """1.0 when the probe exits 0 and prints exactly the `expected` lines (trailing spaces aside)."""
     r = probe(folder, command, take=take, extra=extra)
-    got = [line.rstrip() for line in r.output.splitlines()]
+    got = [line.rstrip() for line in text_lines(r.output)]
     return 1.0 if r.exit_code == 0 and got == list(expected) else 0.0
 
 
@@ -163,7 +163,7 @@ _KEEP = {p: c for p, c in _RUNNER.items() if p.startswith(("input/", "tools/"))}
 def _runner_fixed(f, a):
     # run.sh runs on hidden data; and input/ and tools/ are as they were given (the probe brings its own copies,
     # so what the agent did there would otherwise go unseen)
-    kept = f.files("input") + f.files("tools") == sorted(_KEEP) and all(f.text(p) == c for p, c in _KEEP.items())
+    kept = as_given(f, _KEEP, "input") and as_given(f, _KEEP, "tools")
     return (1.0 if kept else 0.0) * _output_is(
         f, "bash run.sh >/dev/null 2>&1; cat summary.txt",
         [f"orders {len(_HIDDEN_SALES)}", f"total {sum(v for _, v in _HIDDEN_SALES):.2f}"],
@@ -208,6 +208,14 @@ def _same(got, want):
     if isinstance(want, (int, float)) and not isinstance(want, bool):
         return isinstance(got, (int, float)) and not isinstance(got, bool) and math.isclose(got, want, abs_tol=1e-9)
     return got == want
+
+
+def _fixed(folder, package, tests, cases, expected):
+    """_calls_match, and the package's tests as they were given ("fix the package, not the tests"): the hidden
+    calls alone would pay a fix that also edits or deletes the tests."""
+    if not as_given(folder, tests, "tests", others=True):
+        return 0.0
+    return _calls_match(folder, package, cases, expected)
 
 
 def _calls_match(folder, package, cases, expected):
@@ -259,8 +267,8 @@ _add(id="package-word-count",
      instruction="The tests of the package textstats fail. Fix the package (not the tests) so that "
                  "`python3 -m unittest discover -s tests` passes.",
      files={"textstats/__init__.py": _TEXTSTATS, "tests/test_textstats.py": _TEXTSTATS_TESTS},
-     verify=lambda f, a: _calls_match(f, "textstats", _WORD_CASES,
-                                      [len(t.split()) for t in _TEXTS] + ["there"]),
+     verify=lambda f, a: _fixed(f, "textstats", {"tests/test_textstats.py": _TEXTSTATS_TESTS}, _WORD_CASES,
+                                [len(t.split()) for t in _TEXTS] + ["there"]),
      reference=T(("python3 -m unittest discover -s tests",
                   "sed -i 's/len(text.split(\" \"))/len(text.split())/' textstats/__init__.py",
                   "python3 -m unittest discover -s tests"),),
@@ -307,8 +315,9 @@ _add(id="package-add-median",
                  "of the sorted values, or the mean of the two middle ones for an even count) so that "
                  "`python3 -m unittest discover -s tests` passes. Do not change the tests.",
      files={"stats/__init__.py": _STATS, "tests/test_stats.py": _STATS_TESTS},
-     verify=lambda f, a: _calls_match(f, "stats", [["median", [v]] for v in _LISTS] + [["mean", [[1, 2]]]],
-                                      [_median(v) for v in _LISTS] + [1.5]),
+     verify=lambda f, a: _fixed(f, "stats", {"tests/test_stats.py": _STATS_TESTS},
+                                [["median", [v]] for v in _LISTS] + [["mean", [[1, 2]]]],
+                                [_median(v) for v in _LISTS] + [1.5]),
      reference=T((f"cat >> stats/__init__.py <<'EOF'{_MEDIAN}EOF", "python3 -m unittest discover -s tests"),),
      wrong=T(("cat >> stats/__init__.py <<'EOF'\n\ndef median(values):\n    mid = len(values) // 2\n    return "
               "values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2\nEOF",
@@ -340,8 +349,9 @@ _add(id="package-shapes-import",
      files={"shapes/__init__.py": _SHAPES_INIT, "tests/test_shapes.py": _SHAPES_TESTS,
             "shapes/circle.py": "import math\n\n\ndef circle_area(r):\n    return math.pi * r * r\n",
             "shapes/rectangel.py": "def rectangle_area(w, h):\n    return w * w\n"},
-     verify=lambda f, a: _calls_match(f, "shapes", [["rectangle_area", s] for s in _SIDES] + [["circle_area", [2]]],
-                                      [w * h for w, h in _SIDES] + [math.pi * 4]),
+     verify=lambda f, a: _fixed(f, "shapes", {"tests/test_shapes.py": _SHAPES_TESTS},
+                                [["rectangle_area", s] for s in _SIDES] + [["circle_area", [2]]],
+                                [w * h for w, h in _SIDES] + [math.pi * 4]),
      reference=T(("python3 -m unittest discover -s tests", "ls shapes", "mv shapes/rectangel.py shapes/rectangle.py",
                   "python3 -m unittest discover -s tests", "sed -i 's/return w \\* w/return w * h/' "
                   "shapes/rectangle.py", "python3 -m unittest discover -s tests"),),

@@ -6,7 +6,7 @@ import re
 import stat
 
 from minigrpo.tasks.terminal.exercise import Exercise, Transcript as T
-from minigrpo.tasks.terminal.verify import lines_are, names_only, number_is
+from minigrpo.tasks.terminal.verify import as_given, lines_are, names_only, number_is
 
 EXERCISES = []
 
@@ -58,8 +58,7 @@ _NOTES = {"notes/todo.txt": "buy milk\n", "notes/meeting notes.txt": "10:00 stan
 
 def _renamed(f, a):
     want = {(p[:-4] + ".md" if p.endswith(".txt") and p.count("/") == 1 else p): c for p, c in _NOTES.items()}
-    got = f.files("notes")
-    return 1.0 if got == sorted(want) and all(f.text(p) == c for p, c in want.items()) else 0.0
+    return 1.0 if as_given(f, want, "notes") else 0.0      # names, contents and modes
 
 
 _add(id="rename-txt-to-md",
@@ -106,7 +105,7 @@ _CONF = {"config/app.conf": "host = old.example.com\nbackup = old.example.com, o
 
 def _replaced(f, a):
     want = {p: c.replace("old.example.com", "new.example.com") for p, c in _CONF.items()}
-    return 1.0 if f.files("config") == sorted(want) and all(f.text(p) == c for p, c in want.items()) else 0.0
+    return 1.0 if as_given(f, want, "config") else 0.0
 
 
 _add(id="replace-hostname",

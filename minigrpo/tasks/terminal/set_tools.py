@@ -12,7 +12,7 @@ import re
 import secrets
 
 from minigrpo.tasks.terminal.exercise import Exercise, Transcript as T
-from minigrpo.tasks.terminal.verify import MAX_ANSWER, last_digest, names_only, probe
+from minigrpo.tasks.terminal.verify import MAX_ANSWER, last_digest, names_only, probe, text_lines
 
 EXERCISES = []
 
@@ -47,6 +47,8 @@ _RELEASE = {"release/app.bin": "\x7fELF fake binary\n", "release/notes.txt": "v1
 
 
 def _manifest(f, a):
+    # the files' contents, not their modes: the manifest's hashes read only the bytes, and the exercise asks
+    # nothing of a mode
     unchanged = all(f.text(p) == c for p, c in _RELEASE.items()) and f.files("release") == sorted(_RELEASE)
     want = [f"{_sha(c)}  {p}" for p, c in sorted(_RELEASE.items())]
     got = f.lines("release.sha256")
@@ -179,7 +181,7 @@ def _git(folder, *queries):
     parts = r.output.split(mark + "\n")
     if r.exit_code != 0 or len(parts) != len(queries) + 1:
         return None
-    return [p.splitlines() for p in parts[1:]]
+    return [text_lines(p) for p in parts[1:]]
 
 
 _HISTORY = [({"notes.txt": "a\n"}, "Start notes"), ({"notes.txt": "a\nb\n"}, "Add b")]

@@ -28,7 +28,7 @@ import re
 import stat
 
 from minigrpo.judge.sandbox import Limits
-from minigrpo.judge.sandbox.episode import Episode
+from minigrpo.judge.sandbox.episode import FILE_MODE, Episode
 
 MAX_READ = 1 << 20          # bytes a verifier reads of one file
 MAX_ENTRIES = 4096          # entries of a snapshot a verifier lists
@@ -144,9 +144,16 @@ class Folder:
             return None
 
     def lines(self, rel, cap=MAX_READ):
-        """The file's lines without line ends (a final newline or none), or None."""
+        """The file's lines (text_lines), or None."""
         text = self.text(rel, cap)
-        return None if text is None else text.splitlines()
+        return None if text is None else text_lines(text)
+
+
+def text_lines(text):
+    """The lines of `text` as a shell's tools count them: split at "\n" alone (a final newline or none). Python's
+    splitlines() also splits at \r, \v, \f, \x1c-\x1e, \x85 and \u2028: a file of one line that `wc -l` counts
+    as 0 would read as the lines asked for."""
+    return text.removesuffix("\n").split("\n") if text else []
 
 
 def _listing(top, cap, missing):
@@ -297,6 +304,17 @@ def last_digest(answer):
     """The last 64-hex-digit token of the answer (a SHA-256 digest), lower-cased, or None."""
     found = _HEX64.findall(answer[:MAX_ANSWER])
     return found[-1].lower() if found else None
+
+
+def as_given(folder, files, under, others=False):
+    """Whether the files under the relative folder `under` are exactly those of `files` ({path: content}) there,
+    each with that content and the mode every given file starts with (FILE_MODE): what an instruction to leave
+    files as they are (or not to edit them) asks, their modes included. others=True lets new files lie beside
+    them (a test run's __pycache__)."""
+    want = {p: c for p, c in files.items() if p.startswith(under.rstrip("/") + "/")}
+    listed = folder.files(under)
+    return (set(want) <= set(listed) if others else listed == sorted(want)) and all(
+        folder.text(p) == c and stat.S_IMODE(folder.mode(p)) == FILE_MODE for p, c in want.items())
 
 
 def lines_are(folder, rel, expected):
