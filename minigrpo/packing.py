@@ -1,4 +1,5 @@
-"""Packed micro-batches: the sequences of a micro-batch concatenated into one row, with no padding.
+"""The two layouts of a batch of token sequences: left-padded rows (`left_pad`), and packed: the sequences of a
+micro-batch concatenated into one row, with no padding.
 
 A padded micro-batch runs every layer over B x (its longest sequence) tokens; packed, the layers run over the
 sum of the sequences' lengths. What keeps the sequences ("documents") apart inside the one row:
@@ -23,6 +24,18 @@ from dataclasses import dataclass
 import torch
 
 from minigrpo.attention import attend
+
+
+def left_pad(seqs, pad_id, device=None):
+    """Token-id lists -> ids (B, L) padded on the left with pad_id and attention mask (B, L), 1 = real token. Left
+    padding puts every row's last token in the last column: where generation continues and completions end."""
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(seqs), L, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, L - len(s):] = torch.tensor(s, dtype=torch.long)
+        mask[i, L - len(s):] = 1
+    return ids.to(device), mask.to(device)
 
 
 @dataclass

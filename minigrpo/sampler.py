@@ -42,7 +42,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from minigrpo import prefix, static_decode
-from minigrpo.common import _shr, derive_seed, left_pad, splitmix64  # noqa: F401  (sampler.splitmix64)
+from minigrpo.packing import left_pad
+from minigrpo.seeds import derive_seed, logical_shr as _shr, splitmix64  # noqa: F401  (sampler.splitmix64)
 
 
 @dataclass

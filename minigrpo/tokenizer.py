@@ -32,7 +32,7 @@ import shutil
 from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
 from tokenizers.decoders import DecodeStream
 
-from minigrpo.common import first_line
+from minigrpo.errors import first_line
 from minigrpo.pretrained import TOKENIZER_FILES, local_folder
 from minigrpo.toolcalls import calls_json, calls_xml, check_tool_calls, parse_tool_calls, tool_response, \
     tools_system_json, tools_system_xml
