@@ -67,8 +67,9 @@ def decode_delta_rule(q, k, v, g, beta, state):
 def chunked_delta_rule(q, k, v, g, beta, state, chunk=CHUNK):
     """The same recurrence as recurrent_delta_rule, 64 tokens per step (the WY / UT-transform form).
     Within a chunk with incoming state S0 and cumulative log-decay gam_i = sum_{s<=i} g_s:
-      A = strictly-lower beta_i e^(gam_i-gam_j) k_i.k_j,  T = (I + A)^-1
-      U = T (beta v),  W = T (beta e^gam k),  Delta = U - W S0           (the chunk's delta_i, all at once)
+      A = strictly-lower beta_i e^(gam_i-gam_j) k_i.k_j
+      U = (I + A)^-1 (beta v),  W = (I + A)^-1 (beta e^gam k)           (one unit-triangular solve: chunk_terms)
+      Delta = U - W S0                                                   (the chunk's delta_i, all at once)
       O = (e^gam q) S0 + ((q k^T) * M) Delta,  M_ij = e^(gam_i-gam_j) for j <= i
       S0 <- e^gam_last S0 + (e^(gam_last-gam) k)^T Delta
     Same arguments and results as recurrent_delta_rule."""
