@@ -2,18 +2,13 @@
 
 A GDN layer keeps, per value head, a fixed-size memory S (dk x dv) instead of a growing KV cache. Each token
 decays the memory, corrects what it recalls for its key towards its value (the "delta rule"), then reads it with its
-query. The math follows transformers' torch fallback; the dtype rules are docs/qwen.md's ("Precision").
+query. The math follows transformers' torch fallback; its steps and dtype rules: docs/qwen.md ("Gated DeltaNet",
+"Precision"). Three forms of the same recurrence, which the tests hold equal: recurrent_delta_rule (token by token:
+the definition, the naive twin), decode_delta_rule (one token: the decode step) and chunked_delta_rule (64 tokens
+at a time with matrix products: prefill and any multi-token call).
 
-Shape letters:
-  B batch, T tokens in this call, H hidden size, C conv channels (2*nk*dk + nv*dv), K conv kernel width,
-  nk / nv key / value heads, dk / dv key / value head dim, N chunks, L chunk length (64).
-
-Three forms of the same recurrence live here, and tests check that they agree:
-  recurrent_delta_rule  token by token: the definition (the naive twin of the other two)
-  decode_delta_rule     one token, reordered so that both of its reads of the memory see the old state: the
-                        decode step, which a memory-bound step pays for in passes over the fp32 state
-  chunked_delta_rule    64 tokens at a time with matrix products: prefill and any multi-token call
-                        (row_chunked_delta_rule: each row's chunks from its own first token, padding or not)
+Shape letters: B batch, T tokens in this call, H hidden size, C conv channels (2*nk*dk + nv*dv), K conv kernel
+width, nk / nv key / value heads, dk / dv key / value head dim, N chunks, L chunk length (64).
 """
 
 import torch

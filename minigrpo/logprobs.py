@@ -1,19 +1,12 @@
-"""
-Token log-probs of a sequence under the model: what the policy loss, the KL and the sampler check are built on.
+"""Token log-probs of a sequence under the model: what the policy loss, the KL and the sampler check are built on.
 
     logp[b, t] = log softmax(logits[b, t] / temperature)[ids[b, t + 1]]   (B, T-1), fp32: column t scores token t+1
 
-Two versions of the same function, the plain one first:
-- `naive_token_logprobs`: the whole (B, T, V) logits, log_softmax in fp32, gather. Easy to read, and the reference
-  the fast version is tested against; at Qwen's V = 151936 it holds B x T x 152k fp32 values (1024 tokens x 8
-  sequences: 5 GB, with a second copy saved for backward).
-- `token_logprobs`: the same numbers in chunks over the sequence, with the lm_head fused in (`_LinearLogprob`:
-  d logp / d h is formed while the chunk's softmax is at hand), so neither the forward nor the stored activations
-  ever hold the full (B, T, V) fp32 tensor (bench/logprobs.py: 20x less peak memory, same time).
-
-Both take the sampler's temperature, and optional `vocab_size` masks the embedding's padding rows (ids >= the
-tokenizer's size) to -inf, as the sampler does: trainer and sampler score one distribution (docs/pitfalls.md 5, 6, 9).
-`token_logprobs` takes the two as one argument, scale = (temperature, vocab_size or None): they are the run's, fixed.
+Two versions of the same function, the plain one first: `naive_token_logprobs` (the whole (B, T, V) logits: the
+reference the fast one is tested against) and `token_logprobs` (chunks over the sequence with the lm_head fused in,
+so no (B, T, V) fp32 tensor is ever held). Both take the sampler's temperature and mask the embedding's padding rows
+(ids >= the tokenizer's `vocab_size`) to -inf, as the sampler does: trainer and sampler score one distribution
+(docs/pitfalls.md 5, 6, 9). What each costs: docs/losses.md, "What every objective shares".
 
 Letters: B batch (sequences), T sequence length, V vocabulary (embedding rows), H hidden size.
 """
