@@ -14,11 +14,20 @@ class PhaseClock:
     ...`): train.py's one clock, used by its loop and by the functions that run inside a phase of it."""
 
     def __init__(self):
-        self.times = {}
+        self.times, self.opened = {}, {}
 
     def reset(self):
         """Start a new record (`times` of the one before stays as it was)."""
-        self.times = {}
+        self.times, self.opened = {}, {}
+
+    def open(self, name):
+        """Start a stretch of `name` that close(name) ends: one that begins in a callback and ends in its caller."""
+        self.opened[name] = time.perf_counter()
+
+    def close(self, name):
+        t0 = self.opened.pop(name, None)
+        if t0 is not None:          # never opened (the callback did not run): nothing spent
+            self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
 
     @contextlib.contextmanager
     def __call__(self, name):
