@@ -3,8 +3,8 @@ that `torch.compile(fullgraph=True)` compiles it once and, on CUDA, mode="reduce
 graph. The ordinary step (sampler.decode_step) cannot be captured: attention reads `k[:, :, :length]`, so the key
 length grows by one every token, and batch compaction changes the batch size.
 
-What changes here (the model's modules and weights are the same): attention reads every slot of the preallocated
-cache under a mask, the new K/V go to `next_slot`, a tensor the step advances in place; the batch has the run's row
+What changes here (the model's modules and weights are the same): attention reads the preallocated cache's slots
+under a mask, the new K/V go to `next_slot`, a tensor the step advances in place; the batch has the run's row
 count and max_len is one of a few buckets (`bucket_len`); finished rows stay; nothing is merged (a LoRA model decodes
 as itself). Why each, and the tests that hold it to the ordinary path: docs/benchmarks.md, "The fast decode path".
 
