@@ -40,7 +40,7 @@ import torch
 
 from minigrpo.evals import gsm8k, mdp, revise, soyuz, synthetic, terminal
 from minigrpo.evals.common import UsageError, adapter_base, resolve_adapter, resolve_model
-from minigrpo.common import Refusal
+from minigrpo.errors import Refusal
 from minigrpo.run import cli, lock
 from minigrpo.run.folder import RunFolder
 from minigrpo.run.flags import WEAK_SANDBOX_HELP, sandbox_refusal

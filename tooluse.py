@@ -8,7 +8,7 @@ measured run: docs/agentic.md. A rerun into the same run folder skips the stages
 """
 import argparse
 
-from minigrpo.common import pick_device, set_cpu_threads
+from minigrpo.machine import pick_device, set_cpu_threads
 from minigrpo.experiments.tool_pipeline import run_experiment
 from minigrpo.run.flags import check_device
 from train import train

@@ -32,8 +32,11 @@ import torch
 
 from minigrpo import grpo
 from minigrpo.run import checkpoints
-from minigrpo.common import (PhaseClock, UsageError, catch_ctrl_c, derive_seed, first_line, mean, pick_device,
-                             pick_dtype, seed_everything, set_cpu_threads, stop_if_ctrl_c, threads_note)
+from minigrpo.errors import UsageError, first_line
+from minigrpo.machine import pick_device, pick_dtype, set_cpu_threads, threads_note
+from minigrpo.metrics import PhaseClock, mean
+from minigrpo.seeds import derive_seed, seed_everything
+from minigrpo.signals import catch_ctrl_c, stop_if_ctrl_c
 from minigrpo.run.dist import all_gather_objects, assert_replicas_in_sync, finish_distributed, init_distributed
 from minigrpo.lora import inject_lora
 from minigrpo.model import enable_activation_checkpointing

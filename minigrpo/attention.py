@@ -1,29 +1,11 @@
-"""Softmax attention through torch's fused kernels.
+"""Softmax attention through torch's fused kernels (F.scaled_dot_product_attention, SDPA).
 
-On CUDA, F.scaled_dot_product_attention picks a kernel per call: cuDNN (first on H100/H200 when torch prefers it;
-never for a masked call of several queries here: WITHOUT_CUDNN), then flash, then memory-efficient, and where none
-accepts the call the math kernel, which materialises the (B, nh, T, S) scores in fp32, for the forward and again for the backward. The rules of torch 2.13
-(aten/src/ATen/native/transformers/cuda/sdp_utils.cpp) that decide our calls:
-
-  flash             no mask; fp16/bf16; q, k, v head dims equal and <= 256; GQA (enable_gqa: nh a multiple of
-                    nkv); is_causal only with as many queries as keys (its causal mask is top-left aligned)
-  memory-efficient  a mask allowed; fp32 too; q, k, v with EQUAL head counts (no GQA in 2.13); head dims and
-                    storage offsets multiples of 8 elements (fp16/bf16) or 4 (fp32); last dims of q, k, v and the
-                    mask contiguous
-
-A boolean mask passed with enable_gqa therefore always falls to math. So `attend`
-never passes a mask it does not need, and passes a needed one only with equal head counts:
-
-  no padding, T == S     is_causal, enable_gqa: flash (training and prefill of unpadded rows)
-  no padding, T == 1     no mask at all (one new token attends to every slot), enable_gqa: flash (decode)
-  a mask, T == 1         the r = nh / nkv query heads that share a K/V head become r query rows of that head:
-                         q (B, nkv, r, hd) against k, v (B, nkv, S, hd), the (B, 1, 1, S) mask broadcast over the
-                         rows; equal head counts with no copy of K/V: memory-efficient (padded or static decode)
-  a mask, T > 1          K and V expanded to nh heads (a copy): memory-efficient (training, prefill with padding)
-  fp32 without a mask    flash has no fp32: K/V expanded when nh != nkv, no mask: memory-efficient
-
-minigrpo/run/attention_kernels.py restates those rules over a call's shapes, dtypes and strides (no GPU needed), so
-the CPU tests hold every call of the model to them, and the memory plan names the kernel a run's calls take.
+On CUDA, SDPA picks a kernel per call: cuDNN, flash, memory-efficient, and where none accepts the call the math
+kernel, which materialises the (B, nh, T, S) scores in fp32, for the forward and again for the backward. Flash
+takes no mask and memory-efficient no GQA (torch 2.13), so a boolean mask passed with enable_gqa always falls to
+math: `attend` passes a mask only where padding needs one, and then only with equal head counts (`layout`). The
+rules and the kernel each layout takes: docs/qwen.md, "Which fused kernel a call takes". run/attention_kernels.py
+restates them over a call's shapes, dtypes and strides, so the CPU tests hold every call of the model to them.
 
 Shape letters: B batch, nh query heads, nkv key/value heads, r = nh / nkv, T queries, S keys, hd head dim.
 """

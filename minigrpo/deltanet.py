@@ -2,18 +2,13 @@
 
 A GDN layer keeps, per value head, a fixed-size memory S (dk x dv) instead of a growing KV cache. Each token
 decays the memory, corrects what it recalls for its key towards its value (the "delta rule"), then reads it with its
-query. The math follows transformers' torch fallback; the dtype rules are docs/qwen.md's ("Precision").
+query. The math follows transformers' torch fallback; its steps and dtype rules: docs/qwen.md ("Gated DeltaNet",
+"Precision"). Three forms of the same recurrence, which the tests hold equal: recurrent_delta_rule (token by token:
+the definition, the naive twin), decode_delta_rule (one token: the decode step) and chunked_delta_rule (64 tokens
+at a time with matrix products: prefill and any multi-token call).
 
-Shape letters:
-  B batch, T tokens in this call, H hidden size, C conv channels (2*nk*dk + nv*dv), K conv kernel width,
-  nk / nv key / value heads, dk / dv key / value head dim, N chunks, L chunk length (64).
-
-Three forms of the same recurrence live here, and tests check that they agree:
-  recurrent_delta_rule  token by token: the definition (the naive twin of the other two)
-  decode_delta_rule     one token, reordered so that both of its reads of the memory see the old state: the
-                        decode step, which a memory-bound step pays for in passes over the fp32 state
-  chunked_delta_rule    64 tokens at a time with matrix products: prefill and any multi-token call
-                        (row_chunked_delta_rule: each row's chunks from its own first token, padding or not)
+Shape letters: B batch, T tokens in this call, H hidden size, C conv channels (2*nk*dk + nv*dv), K conv kernel
+width, nk / nv key / value heads, dk / dv key / value head dim, N chunks, L chunk length (64).
 """
 
 import torch
@@ -67,8 +62,9 @@ def decode_delta_rule(q, k, v, g, beta, state):
 def chunked_delta_rule(q, k, v, g, beta, state, chunk=CHUNK):
     """The same recurrence as recurrent_delta_rule, 64 tokens per step (the WY / UT-transform form).
     Within a chunk with incoming state S0 and cumulative log-decay gam_i = sum_{s<=i} g_s:
-      A = strictly-lower beta_i e^(gam_i-gam_j) k_i.k_j,  T = (I + A)^-1
-      U = T (beta v),  W = T (beta e^gam k),  Delta = U - W S0           (the chunk's delta_i, all at once)
+      A = strictly-lower beta_i e^(gam_i-gam_j) k_i.k_j
+      U = (I + A)^-1 (beta v),  W = (I + A)^-1 (beta e^gam k)           (one unit-triangular solve: chunk_terms)
+      Delta = U - W S0                                                   (the chunk's delta_i, all at once)
       O = (e^gam q) S0 + ((q k^T) * M) Delta,  M_ij = e^(gam_i-gam_j) for j <= i
       S0 <- e^gam_last S0 + (e^(gam_last-gam) k)^T Delta
     Same arguments and results as recurrent_delta_rule."""

@@ -192,10 +192,11 @@ def _aggregate(per_token, mask, agg, normalizer):
 
 @dataclass(frozen=True)
 class LossSettings:
-    """A run's loss choices (docs/losses.md), fixed for the run; the defaults are plain GRPO."""
+    """A run's loss choices (docs/losses.md), fixed for the run. The defaults are train.py's flags' (run/flags.py;
+    a test holds them equal): GRPO's token-level clip with DAPO's higher upper epsilon, no KL."""
     loss: str = "grpo"              # the objective: "grpo" | "gspo" | "gspo-token" | "cispo"
     eps_low: float = 0.2            # that objective's clip: [1 - eps_low, 1 + eps_high]
-    eps_high: float = 0.2
+    eps_high: float = 0.28          # DAPO's clip-higher (PPO's symmetric clip is 0.2)
     agg: str = "token"              # "token" | "seq" | "const": how the step's terms are summed (loss_normalizer)
     max_tokens: int | None = None   # "const"'s tokens per sequence (the sampler's max_new_tokens)
     beta: float = 0.0               # the KL term's coefficient

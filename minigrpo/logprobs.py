@@ -1,19 +1,12 @@
-"""
-Token log-probs of a sequence under the model: what the policy loss, the KL and the sampler check are built on.
+"""Token log-probs of a sequence under the model: what the policy loss, the KL and the sampler check are built on.
 
-    logp[b, t] = log softmax(logits[b, t] / T)[ids[b, t + 1]]        (B, T-1), fp32, column t scores token t + 1
+    logp[b, t] = log softmax(logits[b, t] / temperature)[ids[b, t + 1]]   (B, T-1), fp32: column t scores token t+1
 
-Two versions of the same function, the plain one first:
-- `naive_token_logprobs`: the whole (B, T, V) logits, log_softmax in fp32, gather. Easy to read, and the reference
-  the fast version is tested against; at Qwen's V = 151936 it holds B x T x 152k fp32 values (1024 tokens x 8
-  sequences: 5 GB, with a second copy saved for backward).
-- `token_logprobs`: the same numbers in chunks over the sequence, with the lm_head fused in (`_LinearLogprob`:
-  d logp / d h is formed while the chunk's softmax is at hand), so neither the forward nor the stored activations
-  ever hold the full (B, T, V) fp32 tensor (bench/logprobs.py: 20x less peak memory, same time).
-
-Both take T = the sampler's temperature, and optional `vocab_size` masks the embedding's padding rows (ids >= the
-tokenizer's size) to -inf, as the sampler does: trainer and sampler score one distribution (docs/pitfalls.md 5, 6, 9).
-`token_logprobs` takes the two as one argument, scale = (T, vocab_size or None): they are the run's, fixed.
+Two versions of the same function, the plain one first: `naive_token_logprobs` (the whole (B, T, V) logits: the
+reference the fast one is tested against) and `token_logprobs` (chunks over the sequence with the lm_head fused in,
+so no (B, T, V) fp32 tensor is ever held). Both take the sampler's temperature and mask the embedding's padding rows
+(ids >= the tokenizer's `vocab_size`) to -inf, as the sampler does: trainer and sampler score one distribution
+(docs/pitfalls.md 5, 6, 9). What each costs: docs/losses.md, "What every objective shares".
 
 Letters: B batch (sequences), T sequence length, V vocabulary (embedding rows), H hidden size.
 """
@@ -26,7 +19,7 @@ def _fp32(x):
 
 
 def naive_token_logprobs(model, input_ids, attention_mask=None, temperature=1.0, vocab_size=None):
-    """The plain version of `token_logprobs` (B, T-1): full logits, fp32 log-softmax of logits / T, gather."""
+    """The plain version of `token_logprobs` (B, T-1): full logits, fp32 log-softmax of logits / temperature, gather."""
     logits = _fp32(model(input_ids, attention_mask=attention_mask)[:, :-1]) / temperature  # (B, T-1, V)
     if vocab_size is not None and vocab_size < logits.shape[-1]:
         logits[..., vocab_size:] = float("-inf")  # embedding padding rows are never sampled
@@ -46,7 +39,8 @@ def _lm_head(model):
 
 
 def _scaled_logits(h, weight, temperature, vocab_size):
-    """fp32 logits / T of h (c, H), padding rows at -inf: one fresh (c, V) buffer, scaled and masked in place."""
+    """fp32 logits / temperature of h (c, H), padding rows at -inf: one fresh (c, V) buffer, scaled and masked in
+    place."""
     z = _fp32(h @ weight.T)  # in the model dtype first, as lm_head computes it; softmax in fp32 (bf16 is noisy)
     if temperature != 1.0:
         z = z.div_(temperature)
@@ -56,19 +50,21 @@ def _scaled_logits(h, weight, temperature, vocab_size):
 
 
 def _onehot_minus_(p, targets, temperature):
-    """(onehot(targets) - p) / T, in p's buffer: d log p(target) / d logits, for a softmax p of logits / T."""
+    """(onehot(targets) - p) / temperature, in p's buffer: d log p(target) / d logits, for a softmax p of
+    logits / temperature."""
     g = p.neg_().scatter_add_(-1, targets, torch.ones_like(targets, dtype=p.dtype))  # (c, V)
     return g.div_(temperature) if temperature != 1.0 else g
 
 
 class _LinearLogprob(torch.autograd.Function):
     """
-    log p(target) = z[target] - logsumexp(z), z = (h W^T) / T, with the lm_head fused in, so that no (N, V) tensor
-    is saved for backward. d logp / d logits = (onehot - softmax) / T, and the loss reaches each row's log-prob
-    through one scalar (grad_output[n]), which gives two cases:
+    log p(target) = z[target] - logsumexp(z), z = (h W^T) / temperature, with the lm_head fused in, so that no (N, V)
+    tensor is saved for backward. d logp / d logits = (onehot - softmax) / temperature, and the loss reaches each
+    row's log-prob through one scalar (grad_output[n]), which gives two cases:
       - frozen head (LoRA): while a chunk's softmax is at hand, forward also computes d logp / d h =
-        ((onehot - softmax) / T) W and keeps only that (N, H); backward scales it by grad_output. One (N, V) x
-        (V, H) product in all, as plain autograd needs, and none of the recomputation that checkpointing costs.
+        ((onehot - softmax) / temperature) W and keeps only that (N, H); backward scales it by grad_output. One
+        (N, V) x (V, H) product in all, as plain autograd needs, and none of the recomputation that checkpointing
+        costs.
       - trainable head (full fine-tune): W's gradient needs grad_output inside the (V, H) sum, so backward
         recomputes each chunk's logits from the saved h and the per-row logsumexp.
     The logits are computed in the model dtype and cast to fp32, the gradient cast back before its product with W,
@@ -77,9 +73,9 @@ class _LinearLogprob(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, weight, targets, scale, rows, with_entropy):
-        # h (N, H): every row's positions flattened; targets (N,); scale (T, vocab_size or None). Grad mode is off in
-        # here; needs_input_grad is the inputs' requires_grad, and h made under the caller's no_grad has none: no
-        # gradient is formed for a forward that no backward follows (the reference's, the behaviour policy's).
+        # h (N, H): every row's positions flattened; targets (N,); scale (temperature, vocab_size or None). Grad mode
+        # is off in here; needs_input_grad is the inputs' requires_grad, and h made under the caller's no_grad has
+        # none: no gradient is formed for a forward that no backward follows (the reference's, the behaviour policy's).
         temperature, vocab_size = scale
         N = h.shape[0]
         need_h = ctx.needs_input_grad[0]
@@ -143,8 +139,8 @@ def token_logprobs(model, input_ids, attention_mask=None, scale=(1.0, None), chu
     ids[:, 1:] (column t scores the token at position t+1). With return_entropy, also the entropy (B, T-1) of each
     next-token distribution (for logging: it carries no gradient). attention_mask (B, T): 1 = real token, 0 = left
     padding; the model derives positions from it. Gradients flow to the model.
-    scale: (temperature, vocab_size): the sampler's T, and the tokenizer's vocabulary size (logits of ids >= it are
-    masked, as the sampler masks them) or None.
+    scale: (temperature, vocab_size): the sampler's temperature, and the tokenizer's vocabulary size (logits of
+    ids >= it are masked, as the sampler masks them) or None.
     The model's lm_head must be a plain bias-free nn.Linear (Qwen's is; LoRA never wraps it): its weight is fused
     into the log-softmax (_LinearLogprob), which keeps only (rows, H) tensors for backward, never (B, T, V).
     chunk: logit rows (batch x positions) materialised at once, "auto" = as many as LOGIT_BYTES of fp32 hold.

@@ -5,21 +5,9 @@ LoRA (Hu et al. 2021) freezes a linear layer W (out × in) and learns a low-rank
     y = x Wᵀ + (α / r) · dropout(x) Aᵀ Bᵀ        A: (r, in), B: (out, r)
 
 A starts as PEFT initialises it (kaiming_uniform_ with a=√5, like nn.Linear) and B at zero, so an injected model
-computes exactly the base model until the first optimizer step.
-
-Choices, written where the code is:
-- Precision: the frozen W stays in the model dtype (bf16 on GPU); A and B (and so the optimizer state) are fp32.
-  The LoRA branch runs in fp32 and is added to the base output like PEFT does (base + fp32 delta, then cast back).
-- Names: a wrapped layer keeps its attribute path and holds `base_layer`, `lora_A`, `lora_B`, so the state_dict keys
-  are `<path>.base_layer.weight`, `<path>.lora_A.weight`, `<path>.lora_B.weight`, which PEFT's adapter file
-  spells with a prefix only (run/lora_files.py).
-- The reference model for the KL term is `with adapters_disabled(model):` — a flag on every LoRA layer, no second
-  copy of the weights, bit-exact base outputs.
-- Merging adds (α/r)·B A into W in place. In bf16, merge then unmerge is not bit-exact (rounding), as in PEFT.
-- Projections that read the same input (q, k, v; gate, up; Gated DeltaNet's four input projections) run their A as
-  one matmul (`shared_input`): the A matrices concatenated, (Σr, in), then each adapter's own B. The parameters
-  (and so the optimizer, the gradients and the adapter files) stay one A and one B per layer; training and decoding
-  call the same function, so the sampler and the trainer compute the same thing.
+computes exactly the base model until the first optimizer step. Each choice is written where its code is: precision
+and state_dict names at LoRALinear, the KL reference at adapters_disabled, merging at merge_lora, the projections
+that read one input at shared_input.
 """
 
 import math
@@ -38,7 +26,13 @@ DEFAULT_TARGETS = (
 
 
 class LoRALinear(nn.Module):
-    """A frozen nn.Linear plus a trainable low-rank update in fp32."""
+    """A frozen nn.Linear plus a trainable low-rank update in fp32.
+
+    Precision: the frozen W stays in the model dtype (bf16 on GPU); A and B (and so the optimizer state) are fp32.
+    The branch runs in fp32 and is added to the base output like PEFT does (base + fp32 delta, then cast back).
+    Names: the layer keeps its attribute path and holds `base_layer`, `lora_A`, `lora_B`, so the state_dict keys are
+    `<path>.base_layer.weight`, `<path>.lora_A.weight`, `<path>.lora_B.weight`, which PEFT's adapter file spells
+    with a prefix only (run/lora_files.py)."""
 
     def __init__(self, base_layer: nn.Linear, r: int, alpha: float, dropout: float = 0.0):
         super().__init__()
@@ -76,7 +70,9 @@ def shared_input(x, *layers):
     """The outputs of linear layers that all read x, [layer(x) for layer in layers], with one matmul for the A of
     every active adapter among them: x Aᵀ for A = [A_1; A_2; ...] (Σr, in), split into each adapter's h. A step
     then launches one small matmul per shared input instead of one per adapter (decoding is launch-bound there).
-    An adapter with dropout draws its own mask, so it runs alone, as do plain, disabled and merged layers."""
+    An adapter with dropout draws its own mask, so it runs alone, as do plain, disabled and merged layers. The
+    parameters (and so the optimizer, the gradients and the adapter files) stay one A and one B per layer; training
+    and decoding call this same function, so the sampler and the trainer compute the same thing."""
     grouped = [i for i, m in enumerate(layers) if isinstance(m, LoRALinear) and not (m.disabled or m.merged)
                and isinstance(m.dropout, nn.Identity)]
     if len(grouped) < 2:
@@ -120,7 +116,8 @@ def lora_parameters(model):
 
 @contextmanager
 def adapters_disabled(model):
-    """Inside the block the model is exactly the frozen base (the KL reference); no weights are copied."""
+    """Inside the block the model is exactly the frozen base (the KL reference): a flag on every LoRA layer, no second
+    copy of the weights, bit-exact base outputs."""
     layers = [m for _, m in lora_layers(model)]
     if any(m.merged for m in layers):
         raise RuntimeError("LoRA is merged into the weights, so the base is not there to switch to; call "
@@ -137,7 +134,8 @@ def adapters_disabled(model):
 
 @torch.no_grad()
 def merge_lora(model):
-    """W += (α/r)·B A in every LoRA layer; the LoRA branch is then skipped (faster decoding, same function)."""
+    """W += (α/r)·B A in every LoRA layer, in place; the LoRA branch is then skipped (faster decoding, same function).
+    In bf16, merge then unmerge is not bit-exact (rounding), as in PEFT."""
     for _, m in lora_layers(model):
         if not m.merged:
             m.base_layer.weight.add_(m.delta_weight().to(m.base_layer.weight.dtype))

@@ -1,18 +1,14 @@
 """The Qwen decoder (Qwen2/2.5, Qwen3, Qwen3.5 text) in plain PyTorch, from config to logits, and its decoding
-cache. The config (`cfg`: pretrained.QwenConfig, the fields of a config.json) and loading a checkpoint (hub, sharded
-safetensors, tiny random models): pretrained.py.
+cache; the config (`cfg`: pretrained.QwenConfig) and loading a checkpoint: pretrained.py; Gated DeltaNet: deltanet.py.
 
 Exact to the dtype (the rules: docs/qwen.md): logits match transformers' on the same weights (fp32: to ~1e-5).
 The module tree mirrors transformers' Qwen3ForCausalLM, so state_dict keys ARE the Hugging Face names and LoRA can
-wrap any nn.Linear by its path. The Gated DeltaNet mixer of Qwen3.5 lives in deltanet.py.
+wrap any nn.Linear by its path. Left padding: `attention_mask` (B, T) marks real tokens with 1; pads are never
+attended to, positions follow the real tokens (cumsum(mask) - 1), and Gated DeltaNet zeroes padded inputs, so a
+left-padded row gives the same logits on its real tokens as the row run alone.
 
-Shape letters:
-  B batch, T tokens in this call, S key slots (cached + new), H hidden size, V vocab (embedding rows),
-  nh query heads, nkv key/value heads, hd head dim, I MLP width.
-
-Left padding: `attention_mask` (B, T) marks real tokens with 1. Pads are never attended to, positions follow the
-real tokens (cumsum(mask) - 1), and Gated DeltaNet zeroes padded inputs, so a left-padded row gives the same
-logits on its real tokens as the row run alone.
+Shape letters: B batch, T tokens in this call, S key slots (cached + new), H hidden size, V vocab (embedding rows),
+nh query heads, nkv key/value heads, hd head dim, I MLP width.
 """
 
 import functools

@@ -1,32 +1,14 @@
 """Mixture of experts: the MLP of Qwen3-MoE (Qwen3-30B-A3B) and Qwen3.5-MoE (Qwen3.5-35B-A3B), read after the dense
 MLP in model.py. A sparse layer holds E small SwiGLU MLPs (the experts) and a router; each token goes through k of
-them, and their outputs are summed with the router's weights:
+them, summed with the router's weights (p = softmax(x Wr^T) in fp32; ids, w = top-k(p)), plus in Qwen3.5-MoE an
+always-on shared expert. A token pays for k experts, not E: the (token, expert) pairs are sorted by expert and run
+as one grouped matmul over the blocks (`torch._grouped_mm`), or a loop over the experts that received tokens.
 
-    p      = softmax(x Wr^T)                  over the E experts, in fp32          (the router, `gate`)
-    ids, w = top-k(p)                         w renormalised to sum 1 if norm_topk_prob
-    y      = sum_j w_j * Expert_ids_j(x)      Expert_e(x) = down_e(silu(gate_e x) * up_e x)
-    y     += sigmoid(x wg) * Shared(x)        Qwen3.5-MoE only: one always-on expert, gated per token
-
-Qwen3-MoE may mix dense layers among the sparse ones: layer i is sparse when i is not in `mlp_only_layers` and
-(i + 1) is a multiple of `decoder_sparse_step` (1 in every released checkpoint: all layers sparse).
-
-Cost: a token pays for k experts, not E. The k * N (token, expert) pairs are sorted by expert once a layer, so each
-expert's tokens are one contiguous block, and the experts' matmuls run as one grouped matmul over the blocks
-(`torch._grouped_mm`), or, where it is not available, as a loop over the experts that received tokens. Neither
-ever multiplies a token by an expert it was not routed to.
-
-Routing replay (for RL): a router's top-k is a discontinuous function of its input, so a rounding difference
-between the sampler's forward and the trainer's can send a token through other experts, and the trainer then
-scores an action the sampler did not take (docs/moe.md). A block given `replay` routes (N, k) uses those expert
-ids instead of its own top-k; the weights are still its own softmax, gathered at the replayed ids (and
-renormalised), so the gradient reaches the router through the weights, never through the selection. Every block
-keeps the ids it chose itself in its last call (`chosen`), which is what a sampler records, and, when it
-replayed, how many tokens it would have routed differently (`flips`).
+Routing replay (for RL): given `replay` routes, a block uses those expert ids, weighted by its own softmax at them,
+so the trainer scores the experts the sampler took and the gradient reaches the router through the weights;
+`chosen` keeps the ids it chose, `flips` how many it would have routed differently. All of it, measured: docs/moe.md.
 
 Shape letters: N tokens (B * T flattened), H hidden size, E experts, k experts a token, I expert width.
-Weights (names as transformers', so state_dict keys are the hub's): `gate.weight` (E, H), `experts.gate_up_proj`
-(E, 2I, H): gate rows then up rows per expert, `experts.down_proj` (E, H, I), and for Qwen3.5-MoE
-`shared_expert.{gate,up,down}_proj` and `shared_expert_gate` (1, H).
 """
 
 import re

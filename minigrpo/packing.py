@@ -1,20 +1,11 @@
-"""Packed micro-batches: the sequences of a micro-batch concatenated into one row, with no padding.
-
-A padded micro-batch runs every layer over B x (its longest sequence) tokens; packed, the layers run over the
-sum of the sequences' lengths. What keeps the sequences ("documents") apart inside the one row:
-
-  RoPE          positions restart at 0 at each document's first token, as a left-padded row's do
-  token mixing  every projection, norm, MLP and the lm_head run over the N packed tokens; what mixes tokens runs on
-                a per-document grid (D, Tg): document d's tokens at [0, len_d) of row d, zeros after them. Attention
-                there is plain causal attention, no mask (a token attends only to its own document's earlier
-                tokens: what follows a document in its row is never read by it), so it takes the fused kernels'
-                unmasked path; Gated DeltaNet's short conv and delta rule start each row from a zero conv window and
-                a zero state, and the chunk loop runs Tg / 64 times however many documents there are. A zero at the
-                end of a row changes nothing before it (all three are causal). The grid's zeros cost attention and
-                chunk work, no projection, MLP or lm_head FLOP.
-
+"""The two layouts of a batch of token sequences: left-padded rows (`left_pad`), and packed: the sequences of a
+micro-batch concatenated into one row with no padding, so every projection, norm, MLP and the lm_head run over the
+sum of the lengths, not B x the longest. Inside the one row, RoPE's positions restart at each document's first
+token, and what mixes tokens (attention, Gated DeltaNet's conv and delta rule) runs on a per-document grid (D, Tg):
+each document at the start of its own row, zeros after it, which change nothing before them (all three are causal).
 The padded path (model.hidden with an attention mask) is the naive twin: tests/model/test_packing.py checks that
-the two give the same log-probs, loss and LoRA gradients to fp32 rounding.
+the two give the same log-probs, loss and LoRA gradients to fp32 rounding. Why, and what the grid's zeros still
+cost: docs/training.md, "Packed micro-batches".
 
 Letters: N packed tokens (sum of the lengths), D documents, Tg the longest document, H hidden size.
 """
@@ -23,6 +14,18 @@ from dataclasses import dataclass
 import torch
 
 from minigrpo.attention import attend
+
+
+def left_pad(seqs, pad_id, device=None):
+    """Token-id lists -> ids (B, L) padded on the left with pad_id and attention mask (B, L), 1 = real token. Left
+    padding puts every row's last token in the last column: where generation continues and completions end."""
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(seqs), L, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, L - len(s):] = torch.tensor(s, dtype=torch.long)
+        mask[i, L - len(s):] = 1
+    return ids.to(device), mask.to(device)
 
 
 @dataclass

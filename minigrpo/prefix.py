@@ -2,24 +2,11 @@
 environment's reply, so the state after prefilling the earlier prompt can be continued instead of recomputed
 (sampler.sample(keep=True) hands the states out, sampler.sample(reuse=...) continues them).
 
-What is kept (`Kept`): the model state after prefilling the start of one prompt, as a one-row model.Cache of exactly
-its tokens, all real: per attention layer its K and V, per Gated DeltaNet layer its conv inputs and recurrent state,
-and the next position. Not the state after the sampled answer: a row decodes on past its end until the host reads its
-tokens (every sync_every steps) or compaction drops it, and a Gated DeltaNet memory cannot be rewound, so the answer's
-ids are prefilled with the next turn's new tokens (once: its own forward, in parallel, not a decode).
-
-Where a kept state ends: on the chunk grid. Gated DeltaNet runs 64 tokens at a time from a row's first token, and
-the trainer scores the whole conversation so (deltanet.row_chunked_delta_rule); a continuation that started
-mid-chunk would cut the chunks elsewhere, and in bf16 the two round apart (docs/agentic.md). So a hybrid model
-keeps the state after the prompt's last multiple of 64 tokens, and the next turn prefills from there: the partial
-chunk again, then what is new, on the trainer's grid (`kept_length`). An attention-only model keeps it all.
-
-Why a continuation runs one row at a time: rows continuing different states have different numbers of new tokens,
-and in one batch the shorter ones would need pads after their kept tokens, in the middle of the row. Attention
-masks those, but Gated DeltaNet does not: its causal conv and its decay would run over them. Pads only ever sit on
-the left of a zero state, where they change nothing (model.py). So each continued row is its own batch of one, its
-new tokens right after its kept ones, and the decode batch is assembled afterwards with every row right-aligned
-(left padding only), as a left-padded prefill lays it out.
+A kept state (`Kept`) is a one-row model.Cache of exactly its prompt's first tokens: all of them for an
+attention-only model, up to the last multiple of 64 for Qwen3.5 (`kept_length`), so that the next turn prefills on
+Gated DeltaNet's chunk grid, the trainer's. Not the state after the answer: a DeltaNet memory cannot be rewound.
+Continued rows are prefilled one at a time (pads inside a row would run through DeltaNet's conv and decay), then
+right-aligned into one decode batch. Why each: docs/agentic.md, "The cache kept across turns".
 
 Letters: P prompts, L longest prompt, T_new a continued row's new tokens, V vocabulary.
 """

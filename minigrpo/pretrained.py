@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from minigrpo.common import read_json
+from minigrpo.files import read_json
 from minigrpo.model import Qwen
 from minigrpo.moe import expert_piece
 

@@ -1,38 +1,12 @@
 """The group sampler: n completions for each prompt, with the log-probs the trainer will compare against.
 
-How a call runs:
-1. Prefill. The distinct prompts go through the model once, as one left-padded batch, into a cache preallocated for
-   the longest prompt + max_new_tokens (attention K/V; Qwen3.5's Gated DeltaNet conv + recurrent state).
-2. Replicate. `Cache.repeat_interleave(n)` copies each prompt's state to its n samples: the prompt is never
-   recomputed per sample (transformers' generate with num_return_sequences=n prefills it n times).
-3. Decode one token per step for all live rows. The device runs ahead: every `sync_every` steps the host reads the
-   new tokens once, finds EOS ids and stop strings, and, once enough rows are done, drops them from the batch
-   with `Cache.index_select`, so finished rows stop costing work.
-
-What a Sample holds:
-- completion_ids: the generated tokens. An emitted EOS (any of stop_ids) stays in: it is an action and is trained.
-  A stop string keeps every token up to and including the one that completed it; nothing after it. When that
-  token runs past the stop string, `text` still ends with the stop string (rewards read the text).
-- logprobs: per completion token, log p(token) under the *untruncated* sampling distribution at temperature T,
-  log_softmax(logits / T) in fp32 with logits of ids >= vocab_size removed. That is BEFORE top-k / top-p
-  truncation, exactly what logprobs.token_logprobs(model, ids, mask, scale=(T, vocab_size)) recomputes
-  (so the trainer's ratio compares like with like: docs/pitfalls.md 5-7). With temperature 0 (greedy) they are
-  the T=1 log-probs.
-- finish_reason: "eos" (emitted a stop id), "stop" (completed a stop string) or "length" (hit max_new_tokens).
-- text: tokenizer.decode(completion_ids) without a final EOS token; None without a tokenizer.
-
-Kept states (keep=True, reuse=...; minigrpo/prefix.py): an agent's next prompt starts with its last one. keep=True
-hands out, on every Sample, the state after prefilling its prompt up to the chunk grid (`kept`, shared by the
-prompt's n samples, never modified); a later call given it in `reuse` prefills only the tokens after it. The
-result equals a fresh prefill of the whole prompt (to rounding: tests/model/test_sampler_reuse.py). `prefilled` and `reused` count, on a prompt's
-first sample, the tokens the call prefilled for it and the ones it took from a kept state.
-
-Randomness: counter-based. Sample j of prompt i draws its step-t uniform from a hash (splitmix64) of
-(seed_i, j, t), where seed_i is `seed[i]` when `seed` is a list (one per prompt) or derive_seed(seed, i) for an int
-seed, and
-inverts its CDF with it. So a sample depends only on its prompt's seed, its index and the model: not on which other
-prompts share the batch, on sync_every, on batch compaction or on when other rows stop. That is what lets the
-trainer seed each prompt by (run seed, step, example) and get the same rollouts on 1 or N ranks, or after a resume.
+A call prefills the distinct prompts once (one left-padded batch, into a cache sized for the longest prompt +
+max_new_tokens), copies each prompt's state to its n samples (`Cache.repeat_interleave`), then decodes one token
+per step for all live rows; every `sync_every` steps the host reads the new tokens, ends rows at EOS ids and stop
+strings, and drops finished rows from the batch. A Sample's log-probs are those of the untruncated distribution,
+log_softmax(logits / temperature) in fp32, as logprobs.token_logprobs recomputes them; its randomness is
+counter-based (splitmix64 of its prompt's seed, its index and the step), so it does not depend on the batch. What a
+Sample holds, kept states (keep=, reuse=) and the seeds: docs/training.md, "The group sampler".
 
 Shape letters: P prompts, B rows being decoded (P*n, fewer after compaction), L longest prompt, V vocab kept.
 """
@@ -42,7 +16,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from minigrpo import prefix, static_decode
-from minigrpo.common import _shr, derive_seed, left_pad, splitmix64  # noqa: F401  (sampler.splitmix64)
+from minigrpo.packing import left_pad
+from minigrpo.seeds import derive_seed, logical_shr as _shr, splitmix64  # noqa: F401  (sampler.splitmix64)
 
 
 @dataclass

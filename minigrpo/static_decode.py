@@ -1,40 +1,12 @@
-"""Static-shape decoding: a decode step whose tensors keep their shapes from one token to the next, so that
-`torch.compile(fullgraph=True)` compiles it once and, on CUDA, mode="reduce-overhead" replays it as a CUDA graph.
+"""Static-shape decoding: a decode step whose tensors keep their shapes and addresses from one token to the next, so
+that `torch.compile(fullgraph=True)` compiles it once and, on CUDA, mode="reduce-overhead" replays it as a CUDA
+graph. The ordinary step (sampler.decode_step) cannot be captured: attention reads `k[:, :, :length]`, so the key
+length grows by one every token, and batch compaction changes the batch size.
 
-Why the ordinary step (sampler.decode_step) cannot be captured: its cache is filled up to `cache.length`, a Python
-int, and attention reads `k[:, :, :length]`, so the key length (a shape) grows by one every token; batch compaction
-changes the batch size too. A CUDA graph replays fixed kernels on fixed addresses and shapes.
-
-What changes here, and nothing else (the model's modules and weights are the same):
-- The new K/V go to `next_slot` with `index_copy_`, where `next_slot` is a one-element tensor that the step
-  advances in place (`StaticCache.update`, which model.Attention calls as it calls model.Cache.update: the layers do
-  not know which cache they write to).
-- Attention reads the slots [0, W) of the cache, where the read window W is the length bucket (bucket_len, capped
-  at the cache's slots) of the slots written so far, with a (B, 1, 1, W) mask: the slots not yet written are
-  False, like left padding. A call of 300-token prompts and 1,024 new tokens reads 384, 512, 768, 1,024 and then
-  all 1,536 slots as it goes, not all 1,536 from its first token. W reaches the graph as a shape (the length of
-  `read`, a view of the slot ids), marked dynamic like the slot count: one graph for every window, and on CUDA one
-  recorded replay per window the run meets (the host knows W: it counts the steps, no sync).
-- Positions are `cache.next_pos` (a tensor), RoPE is computed from it inside the graph.
-- Gated DeltaNet's conv and recurrent state are fixed-size already; the layer copies them into the cache in place.
-- The shapes are the run's, not the call's: rows are a fixed count (the caller's largest call, `rows=`; a call with
-  fewer rows pads the batch with copies of its last row, whose tokens are discarded) and max_len is one of a few
-  fixed buckets, LENGTHS (powers of two and 1.5x them, from 256). So a run of turn-0 answers and long revisions,
-  whose prompts have any lengths, uses one graph per bucket its calls land in: a handful, counted by the tests,
-  never torch's recompile limit. One StaticCache per (rows, bucket) is kept per model, at fixed addresses, so a
-  call of a shape seen before reuses its buffers (and on CUDA its recorded graph). A conversation that grows turn
-  by turn (its prefill continuing a kept state: prefix.py) moves up the buckets: each call is loaded into the bucket
-  of its longest prompt + max_new_tokens, so an episode's turns visit a few buckets, each kept for the next episode.
-- No batch compaction: a finished row keeps decoding (its tokens are discarded). At the batch sizes of GRPO a
-  decode step costs the weights' read, not the rows, so this is nearly free on a GPU.
-- Nothing is merged: a LoRA model decodes as itself, each adapted layer running its fp32 branch as in training,
-  and compiled, bf16 is rounded where eager rounds it. The step samples the policy the trainer scores: a bf16 copy
-  of W + (α/r)·B A would round away every element of a young update below half of W's bf16 spacing
-  (tests/model/test_on_policy_bf16.py). Its cost is the branch's two small matmuls per adapted layer.
-
-Its twin is the ordinary path: tests check that greedy tokens are equal and log-probs agree to 1e-5 in fp32
-(tests/model/test_static_decode.py), and that compiled, a whole two-turn rollout compiles a bounded number of graphs
-(tests/model/test_fast_path.py).
+What changes here (the model's modules and weights are the same): attention reads the preallocated cache's slots
+written, to their length bucket (`StaticCache.window`), under a mask; the new K/V go to `next_slot`, a tensor the
+step advances in place; the batch has the run's row count and max_len is one of a few buckets (`bucket_len`);
+finished rows stay; nothing is merged (a LoRA model decodes as itself). Why each, and the tests that hold it to the ordinary path: docs/benchmarks.md, "The fast decode path".
 
 Shape letters: B rows being decoded, P prompts, S = max_len cache slots, H hidden size, V vocab.
 """

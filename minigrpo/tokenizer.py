@@ -1,26 +1,12 @@
-"""
-Tokenizer for Qwen checkpoints, and the chat templates rendered in plain Python.
+"""Tokenizer for Qwen checkpoints, and the chat templates rendered in plain Python.
 
-Two backends behind one class:
-- a checkpoint's `tokenizer.json` (byte-level BPE), run by the `tokenizers` library;
-- a byte tokenizer for the tiny random models: ids 0..255 are raw bytes, then the five
-  specials <|endoftext|>=256, <|im_start|>=257, <|im_end|>=258, <think>=259, </think>=260.
-
-chat() does not run the checkpoint's Jinja template: it renders the three Qwen templates
-(docs/qwen.md, "Chat templates") in Python, so the library needs no jinja2 and the rules are readable here;
-tools, tool calls and tool results are rendered as the templates do (minigrpo.toolcalls, which also parses them).
-tests/model/test_tokenizer.py checks the output against transformers' apply_chat_template on the
-official templates. The template text is still read and kept (`.chat_template`), for reference.
-
-Which template a checkpoint gets (its `family`), first rule that applies:
-1. config.json `model_type`: qwen3_5* -> "qwen3_5", qwen3* -> "qwen3", qwen2* -> "qwen2";
-   any other model_type is an error.
-2. the chat template text: renders `<think>` and trims contents (`|trim`) -> "qwen3_5";
-   renders `<think>` -> "qwen3"; otherwise a ChatML template -> "qwen2".
-3. the vocabulary: no `<think>` token -> "qwen2"; <|im_start|> at id >= 200000 (Qwen3.5's
-   248k vocabulary) -> "qwen3_5"; else "qwen3".
-Qwen3.5's generation prompt opens a think block by default; a template that instead thinks
-only when `enable_thinking is true` (seen in some small-model copies) flips that default.
+Two backends behind one class: a checkpoint's `tokenizer.json` (byte-level BPE), run by the `tokenizers` library,
+and a byte tokenizer for the tiny random models (ids 0..255 are raw bytes, then five specials: ByteCodec).
+chat() does not run the checkpoint's Jinja template: it renders the three Qwen templates (docs/qwen.md, "Chat
+templates") in Python, so the library needs no jinja2 and the rules are readable here; tools, tool calls and tool
+results are rendered as the templates do (minigrpo.toolcalls, which also parses them). tests/model/test_tokenizer.py
+checks the output against transformers' apply_chat_template on the official templates. The template text is still
+read and kept (`.chat_template`), for reference. Which template a checkpoint gets: `detect_family`.
 """
 
 import codecs
@@ -32,7 +18,7 @@ import shutil
 from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
 from tokenizers.decoders import DecodeStream
 
-from minigrpo.common import first_line
+from minigrpo.errors import first_line
 from minigrpo.pretrained import TOKENIZER_FILES, local_folder
 from minigrpo.toolcalls import calls_json, calls_xml, check_tool_calls, parse_tool_calls, tool_response, \
     tools_system_json, tools_system_xml
@@ -168,7 +154,13 @@ def render_qwen3_5(messages, add_generation_prompt, enable_thinking, tools=None)
 
 
 def detect_family(model_type=None, template=None, vocab=None):
-    """The family rule in the module docstring. vocab: {token: id} of the added tokens at least."""
+    """Which chat template a checkpoint gets: "qwen2", "qwen3" or "qwen3_5", by the first rule that applies:
+    1. config.json `model_type`: qwen3_5* -> "qwen3_5", qwen3* -> "qwen3", qwen2* -> "qwen2"; any other is an error.
+    2. the chat template text: renders `<think>` and trims contents (`|trim`) -> "qwen3_5"; renders `<think>` ->
+       "qwen3"; otherwise a ChatML template -> "qwen2".
+    3. the vocabulary: no `<think>` token -> "qwen2"; <|im_start|> at id >= 200000 (Qwen3.5's 248k vocabulary) ->
+       "qwen3_5"; else "qwen3".
+    vocab: {token: id} of the added tokens at least."""
     if model_type is not None:
         for prefix in ("qwen3_5", "qwen3", "qwen2"):
             if model_type.startswith(prefix):

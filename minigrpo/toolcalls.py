@@ -1,24 +1,11 @@
-"""
-Tool calls in Qwen's own format: the pieces of the chat templates that render tools, calls and results, and the
+"""Tool calls in Qwen's own format: the pieces of the chat templates that render tools, calls and results, and the
 parser that reads the calls back out of a policy turn.
 
-Two call formats, one per template family:
-- Qwen2.5 and Qwen3 ("qwen2", "qwen3"): a JSON object per call,
-      <tool_call>
-      {"name": "shell", "arguments": {"command": "ls"}}
-      </tool_call>
-- Qwen3.5 ("qwen3_5"): XML-like parameters, one block per argument,
-      <tool_call>
-      <function=shell>
-      <parameter=command>
-      ls
-      </parameter>
-      </function>
-      </tool_call>
-Every family wraps a tool's result as `<tool_response>` text inside a user turn; consecutive tool messages share
-that one turn. The rendering here is checked byte for byte against the official templates run by transformers
-(tests/model/test_toolcalls.py).
-
+Qwen2.5 and Qwen3 ("qwen2", "qwen3") write a JSON object per call inside <tool_call></tool_call>; Qwen3.5
+("qwen3_5") writes a <function=...> block holding one <parameter=...> block per argument. Every family wraps a
+tool's result as <tool_response> text inside a user turn; consecutive tool messages share that one turn.
+tests/model/test_toolcalls.py checks the rendering byte for byte against the official templates run by
+transformers; both formats, written out: docs/agentic.md, "Tool calls in Qwen's own format".
 parse_tool_calls never raises on what a policy wrote: a malformed call becomes an error string saying what is
 wrong, for the environment to show the policy as an observation and to count.
 """

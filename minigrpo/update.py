@@ -12,7 +12,7 @@ import torch
 
 from minigrpo import grpo
 from minigrpo.logprobs import packed_token_logprobs, token_logprobs
-from minigrpo.common import left_pad
+from minigrpo.packing import left_pad
 from minigrpo.grpo import LossSettings
 from minigrpo.lora import adapters_disabled
 from minigrpo.packing import Pack, completion_columns, pack

@@ -11,7 +11,10 @@ import sys
 import time
 
 from minigrpo.run import checkpoints
-from minigrpo.common import UsageError, derive_seed, first_line, mean, pick_device, pick_dtype
+from minigrpo.errors import UsageError, first_line
+from minigrpo.machine import pick_device, pick_dtype
+from minigrpo.metrics import mean
+from minigrpo.seeds import derive_seed
 from minigrpo.evals import report
 from minigrpo.lora import adapters_disabled, fold_lora
 from minigrpo.run.lora_files import load_adapter

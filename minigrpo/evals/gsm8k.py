@@ -5,7 +5,7 @@ import math
 import os
 import zlib
 
-from minigrpo.common import mean
+from minigrpo.metrics import mean
 from minigrpo.evals import report
 from minigrpo.evals.common import UsageError, complete, first_line, load_model, run_curves, write_jsonl, write_outputs
 from minigrpo.tasks import gsm8k as g

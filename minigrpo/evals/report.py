@@ -11,7 +11,7 @@ import json
 import math
 import os
 
-from minigrpo.common import atomic_write
+from minigrpo.files import atomic_write
 from minigrpo.run import plots
 
 

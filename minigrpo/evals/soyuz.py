@@ -4,7 +4,8 @@ table, and the soyuz run's sandbagging check (recovery bought with a worse first
 import os
 from dataclasses import replace
 
-from minigrpo.common import derive_seed, mean
+from minigrpo.metrics import mean
+from minigrpo.seeds import derive_seed
 from minigrpo.evals import report
 from minigrpo.evals.common import UsageError, first_line, load_model, progress, run_curves, write_jsonl, write_outputs
 from minigrpo.judge import validate_task

@@ -6,7 +6,7 @@ goes: one trained on another task (soyuz) measures what that training did to she
 import argparse
 import os
 
-from minigrpo.common import derive_seed
+from minigrpo.seeds import derive_seed
 from minigrpo.evals import report
 from minigrpo.evals.common import load_model, progress, run_curves, write_jsonl, write_outputs
 from minigrpo.evals.soyuz import soyuz_generate

@@ -46,7 +46,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from minigrpo.common import atomic_write, derive_seed, pick_device, pick_dtype
+from minigrpo.files import atomic_write
+from minigrpo.machine import pick_device, pick_dtype
+from minigrpo.seeds import derive_seed
 from minigrpo.evals import report
 from minigrpo.experiments.stages import Stages, rng_kept, save_model
 from minigrpo.experiments.supervised import dpo_loop, sft_loop

@@ -37,7 +37,8 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 import torch
 
-from minigrpo.common import derive_seed, pick_device
+from minigrpo.machine import pick_device
+from minigrpo.seeds import derive_seed
 from minigrpo.evals import report
 from minigrpo.experiments.mdp_pipeline import TINY_MDP, Clock, scratch_model
 from minigrpo.experiments.stages import Stages, experiment_folder, model_stage

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from minigrpo.run.checkpoints import full_weights, rng_state, set_rng_state
-from minigrpo.common import atomic_write
+from minigrpo.files import atomic_write
 
 MARKER = "stage.pt"
 

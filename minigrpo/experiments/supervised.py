@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from minigrpo.common import left_pad
+from minigrpo.packing import left_pad
 from minigrpo.lora import adapters_disabled
 from minigrpo.update import adamw_pipeline
 

@@ -15,7 +15,7 @@ import os
 import shutil
 import sys
 
-from minigrpo.common import Refusal, StopRun, UsageError
+from minigrpo.errors import Refusal, StopRun, UsageError
 from minigrpo import signals
 from minigrpo.run.folder import RunFolder
 

@@ -33,7 +33,9 @@ import torch
 from safetensors import SafetensorError
 
 from minigrpo.run import checkpoints
-from minigrpo.common import Refusal, StopRun, atomic_write, mean
+from minigrpo.errors import Refusal, StopRun
+from minigrpo.files import atomic_write
+from minigrpo.metrics import mean
 from minigrpo.run import lock
 from minigrpo.run.gap import gap_metrics
 from minigrpo.tasks.base import CACHE_COUNTS

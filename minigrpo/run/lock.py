@@ -18,7 +18,7 @@ import fcntl
 import os
 import sys
 
-from minigrpo.common import Refusal
+from minigrpo.errors import Refusal
 
 LOCK = ".minigrpo-lock"
 _held = {}          # real path of a folder -> [fd, holds]

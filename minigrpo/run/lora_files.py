@@ -13,7 +13,7 @@ import shutil
 import torch
 from safetensors.torch import load_file, save_file
 
-from minigrpo.common import atomic_write
+from minigrpo.files import atomic_write
 from minigrpo.lora import DEFAULT_TARGETS, inject_lora, lora_layers, lora_parameters
 
 PEFT_PREFIX = "base_model.model."

@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from minigrpo.common import UsageError
+from minigrpo.errors import UsageError
 from minigrpo.run import memplan
 
 GiB = memplan.GiB

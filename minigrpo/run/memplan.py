@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from minigrpo import static_decode
-from minigrpo.common import DATA
+from minigrpo.files import DATA
 from minigrpo.logprobs import LOGIT_BYTES
 from minigrpo.lora import DEFAULT_TARGETS, inject_lora
 from minigrpo.model import Qwen

@@ -21,7 +21,7 @@ import math
 import os
 import sys
 
-from minigrpo.common import atomic_write
+from minigrpo.files import atomic_write
 
 # (title, y label, [(metric, legend label)]): the first series of a panel is its main line
 PANELS = [

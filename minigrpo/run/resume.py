@@ -12,7 +12,7 @@ run of the new length only from its start. The run policy's streaks (nonfinite_s
 import math
 import sys
 
-from minigrpo.common import StopRun
+from minigrpo.errors import StopRun
 from minigrpo.run import checkpoints
 from minigrpo.run.folder import RunFolder
 from minigrpo.tasks.base import DataState

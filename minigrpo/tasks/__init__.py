@@ -22,7 +22,7 @@ two-turn tasks (soyuz, revise: answer -> critique -> revision) are its two-turn 
 environment, rewards and metrics.
 """
 
-from minigrpo.common import UsageError, first_line
+from minigrpo.errors import UsageError, first_line
 
 TASKS = ("synthetic", "soyuz", "gsm8k", "mdp", "revise", "terminal")
 

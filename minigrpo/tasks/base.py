@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from minigrpo.common import derive_seed
+from minigrpo.seeds import derive_seed
 
 
 # What a multi-turn rollout's Seq carries in its info about the sampler's work (minigrpo/tasks/episodes.py): tokens

@@ -66,7 +66,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from minigrpo.common import derive_seed
+from minigrpo.seeds import derive_seed
 from minigrpo.tasks.base import CACHE_COUNTS, Seq
 
 

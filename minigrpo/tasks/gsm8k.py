@@ -41,7 +41,7 @@ import re
 
 import numpy as np
 
-from minigrpo.common import first_line
+from minigrpo.errors import first_line
 from minigrpo.tasks.base import SingleTurnTask
 
 SEED = 3407

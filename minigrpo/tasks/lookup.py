@@ -31,7 +31,8 @@ import json
 
 import numpy as np
 
-from minigrpo.common import derive_seed, mean
+from minigrpo.metrics import mean
+from minigrpo.seeds import derive_seed
 from minigrpo.tasks import episodes
 from minigrpo.tasks.episodes import Reply
 from minigrpo.toolcalls import calls_json, calls_xml, parse_tool_calls

@@ -18,7 +18,7 @@ import itertools
 
 import numpy as np
 
-from minigrpo.common import derive_seed
+from minigrpo.seeds import derive_seed
 from minigrpo.judge import CriterionResult, Verdict
 from minigrpo.tasks import episodes, twoturn
 

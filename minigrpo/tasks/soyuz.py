@@ -21,7 +21,8 @@ with `--judge local`, named once at start with its reason; an LLM judge (claude,
 """
 import os
 
-from minigrpo.common import DATA as PACKAGE_DATA, StopRun, read_json
+from minigrpo.errors import StopRun
+from minigrpo.files import DATA as PACKAGE_DATA, read_json
 from minigrpo.judge import missing_packages, sandbox_isolation, validate_task
 from minigrpo.judge import make_judge
 from minigrpo.tasks import twoturn

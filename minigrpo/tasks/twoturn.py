@@ -30,7 +30,7 @@ chunk k's answers are graded (episodes.py). Without one (soyuz's default, revise
 once its answers are graded, one for turn 1.
 """
 from minigrpo import grpo
-from minigrpo.common import mean
+from minigrpo.metrics import mean
 from minigrpo.tasks import episodes
 from minigrpo.tasks.episodes import Reply
 

@@ -215,7 +215,7 @@ def test_shipped_configs_and_their_errors():
     import json
     import os
 
-    from minigrpo.common import DATA
+    from minigrpo.files import DATA
     from minigrpo.pretrained import CheckpointError, read_config
     folder = os.path.join(DATA, "configs")
     q3 = read_config(os.path.join(folder, "Qwen3-30B-A3B.json"))

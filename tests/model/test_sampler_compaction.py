@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import torch
 
-from minigrpo.common import derive_seed
+from minigrpo.seeds import derive_seed
 
 from minigrpo.pretrained import load_pretrained
 from minigrpo.sampler import Settings, sample

@@ -1,8 +1,10 @@
 """README.md and docs/*.md point only at what the repository has: every path they name exists, every flag of a
 train.py / eval.py / judge.py / mdp.py command is one that script's parser takes, every local markdown link (and
-its #anchor) resolves, the README stays a front page (at most 15,000 bytes), and no file of the code, the tests or
-the docs refers to a document outside the repository. No model is built and nothing is trained."""
+its #anchor) resolves, the README stays a front page (at most 15,000 bytes), a core module's docstring stays a
+first screen (at most 12 lines), and no file of the code, the tests or the docs refers to a document outside the
+repository. No model is built and nothing is trained."""
 import argparse
+import ast
 import glob
 import importlib.util
 import os
@@ -13,6 +15,7 @@ import pytest
 from repo_root import ROOT
 SCRIPTS = ("train.py", "eval.py", "judge.py", "mdp.py")
 README_LIMIT = 15_000
+DOCSTRING_LIMIT = 12   # lines, the quotes included
 PATH_ROOTS = ("minigrpo", "tests", "bench", "scripts", "docs", ".ci")
 SKIP_DIRS = {".git", "__pycache__", "runs", "node_modules"}
 # other programs' flags the docs quote: tensorboard's, torchrun's
@@ -232,6 +235,19 @@ def test_the_readme_links_every_docs_page():
 def test_the_readme_is_a_front_page():
     size = os.path.getsize(os.path.join(ROOT, "README.md"))
     assert size <= README_LIMIT, f"README.md is {size} bytes; at most {README_LIMIT}: move the detail to docs/"
+
+
+def test_core_module_docstrings_are_a_first_screen():
+    """A core module (minigrpo/*.py) opens with what it is and where the rest is told, in at most 12 lines: the
+    detail belongs in docs/ or beside the line it explains, so that a reader meets the code on the first screen."""
+    long = {}
+    for path in sorted(glob.glob(os.path.join(ROOT, "minigrpo", "*.py"))):
+        body = ast.parse(read(path)).body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            lines = body[0].end_lineno - body[0].lineno + 1
+            if lines > DOCSTRING_LIMIT:
+                long[rel(path)] = lines
+    assert not long, f"module docstrings over {DOCSTRING_LIMIT} lines: {long}; move the detail to docs/ or to its line"
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -89,6 +89,6 @@ def test_the_readme_installs_the_tier_with_torchs_cpu_wheel():
 
 
 def test_the_readme_cpu_times_name_their_thread_count():
-    """train.py picks its CPU threads from the load (minigrpo/common.py pick_threads): a time means little without
+    """train.py picks its CPU threads from the load (minigrpo/machine.py pick_threads): a time means little without
     the count it was measured at."""
     assert re.search(r"with `--threads \d+`", readme_section("CPU demos"))

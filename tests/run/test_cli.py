@@ -3,7 +3,7 @@ refusal that keeps data from harm "<prog>: refused:" and 3, a run-policy stop it
 code 4, a Ctrl-C what is kept with exit code 130, a SIGTERM the same with 143; any other error is raised as it is. `ended` sees every one of them first (it undoes what the command made)."""
 import pytest
 
-from minigrpo.common import Refusal, StopRun, UsageError
+from minigrpo.errors import Refusal, StopRun, UsageError
 from minigrpo.run import cli
 from minigrpo.signals import Terminated
 

@@ -49,9 +49,9 @@ def test_every_row_counts_its_own_step_and_each_phase_once(tmp_path, monkeypatch
     import itertools
     import types
 
-    from minigrpo import common
+    from minigrpo import metrics
     ticks = itertools.count()
-    monkeypatch.setattr(common, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    monkeypatch.setattr(metrics, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
     args = train.resolve_args([*SMALL, "--runs-dir", str(tmp_path), "--run-name", "r", "--steps", "3",
                                "--save-every", "2"])
     train.train(args)

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 import train
-from minigrpo.common import StopRun
+from minigrpo.errors import StopRun
 from minigrpo.run import checkpoints
 from minigrpo.pretrained import load_pretrained
 from minigrpo.run.folder import MARKER, RunFolder

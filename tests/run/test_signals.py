@@ -1,4 +1,4 @@
-"""minigrpo/common.py's process signals: a Ctrl-C that Python swallows in a callback still stops a train.py run, and
+"""minigrpo/signals.py: a Ctrl-C that Python swallows in a callback still stops a train.py run, and
 kill_process_group ends a child with its own children. Each test starts real processes (seconds), so they live here
 and not in tests/core, the loss-math tier."""
 import signal
@@ -9,7 +9,7 @@ import time
 import pytest
 from repo_root import ROOT
 
-from minigrpo.common import kill_process_group
+from minigrpo.signals import kill_process_group
 
 
 def test_kill_process_group_ends_the_child_and_its_children():
@@ -24,7 +24,7 @@ def test_kill_process_group_ends_the_child_and_its_children():
 
 CTRL_C_IN_A_CALLBACK = """
 import os, signal, weakref
-from minigrpo.common import catch_ctrl_c, stop_if_ctrl_c
+from minigrpo.signals import catch_ctrl_c, stop_if_ctrl_c
 if {catch}:
     catch_ctrl_c()
 class Thing:

@@ -6,7 +6,7 @@ import pytest
 
 import eval as ev
 from minigrpo import evals
-from minigrpo.common import derive_seed
+from minigrpo.seeds import derive_seed
 from minigrpo.tasks.mdp.task import MDPTask
 import mdp_runs
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from minigrpo.common import StopRun
+from minigrpo.errors import StopRun
 from repo_root import ROOT
 from train_runs import ENV, final_weights, metrics, wait_for_checkpoint
 
@@ -44,7 +44,7 @@ def test_golden_tiny_run(tmp_path):
 
 
 GOLDEN = {  # python train.py --task synthetic --model tiny --tasks-per-step 4 --group-size 4 --micro-batch 8
-    #          --steps 3 --seed 1, with OMP_NUM_THREADS=1 (sample seeds from common.derive_seed; the synthetic
+    #          --steps 3 --seed 1, with OMP_NUM_THREADS=1 (sample seeds from seeds.derive_seed; the synthetic
     #          preset and letters: lr 3e-3 cosine, letters b c d f)
     "reward_mean": [0.0234375, 0.0, 0.0],
     "completion_len": [8.0, 7.5625, 7.625],

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 import train
-from minigrpo import common
+from minigrpo import machine
 from minigrpo.pretrained import load_pretrained
 from minigrpo.tasks.base import DataState, next_examples
 
@@ -241,30 +241,30 @@ def test_gsm8k_without_data_offline_says_to_pass_data(tmp_path):
 
 def test_threads_come_from_the_flag_then_the_variable_then_the_idle_cores(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    assert common.pick_threads(5) == (5, "set by --threads")
-    assert common.pick_threads(None) == (3, "set by OMP_NUM_THREADS")
+    assert machine.pick_threads(5) == (5, "set by --threads")
+    assert machine.pick_threads(None) == (3, "set by OMP_NUM_THREADS")
     monkeypatch.delenv("OMP_NUM_THREADS")
-    monkeypatch.setattr(common, "usable_cpus", lambda: 4)
-    monkeypatch.setattr(common, "TORCH_THREADS", 4)
+    monkeypatch.setattr(machine, "usable_cpus", lambda: 4)
+    monkeypatch.setattr(machine, "TORCH_THREADS", 4)
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
     for load, want in ((0.2, 4), (1.4, 3), (3.0, 1), (9.0, 1)):     # never more threads than idle cores, >= 1
         monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
-        assert common.pick_threads(None)[0] == want, load
+        assert machine.pick_threads(None)[0] == want, load
     monkeypatch.setattr(os, "cpu_count", lambda: 64)                 # 4 cores of a 64-core host: its share
     monkeypatch.setattr(os, "getloadavg", lambda: (32.0, 32.0, 32.0))
-    assert common.pick_threads(None) == (2, "4 usable cores, load 2.0")
-    monkeypatch.setattr(common, "TORCH_THREADS", 2)                  # never past torch's physical-core default
+    assert machine.pick_threads(None) == (2, "4 usable cores, load 2.0")
+    monkeypatch.setattr(machine, "TORCH_THREADS", 2)                  # never past torch's physical-core default
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
-    assert common.pick_threads(None)[0] == 2
+    assert machine.pick_threads(None)[0] == 2
 
 
 def test_more_threads_than_usable_cores_warn(monkeypatch, capsys):
-    monkeypatch.setattr(common, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(machine, "usable_cpus", lambda: 2)
     monkeypatch.setenv("OMP_NUM_THREADS", "64")
     old = torch.get_num_threads()
     try:
-        assert common.set_cpu_threads(None) == 64
-        assert common.set_cpu_threads(2) == 2                        # as many as the cores: no warning
+        assert machine.set_cpu_threads(None) == 64
+        assert machine.set_cpu_threads(2) == 2                        # as many as the cores: no warning
     finally:
         torch.set_num_threads(old)
     assert capsys.readouterr().err.strip().splitlines() == [

@@ -8,11 +8,13 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
 
 import train
+from minigrpo.grpo import LossSettings
 from minigrpo.run.flags import loss_settings, resolve_args
 from minigrpo.tasks.base import Seq
 from repo_root import ROOT
@@ -67,6 +69,13 @@ def test_loss_flag_ranges():
         ("gspo", 8, "mis", "token", 2.0)
     defaults = resolve_args(["--task", "synthetic"])
     assert (defaults.loss, defaults.overlong_buffer, defaults.is_correction) == ("grpo", 0, "none")
+
+
+def test_loss_settings_defaults_are_the_flags_defaults():
+    """LossSettings() (what a test or a script gets without flags) is the loss train.py trains with by default;
+    max_tokens alone comes from another flag (--max-new-tokens)."""
+    from_flags = loss_settings(resolve_args(["--task", "synthetic"]))
+    assert replace(from_flags, max_tokens=None) == LossSettings()
 
 
 # ----------------------------------------------------------------------------------------------------------------

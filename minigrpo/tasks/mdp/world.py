@@ -18,7 +18,8 @@ import math
 
 import numpy as np
 
-from minigrpo.common import derive_seed, mean
+from minigrpo.metrics import mean
+from minigrpo.seeds import derive_seed
 
 REGIMES = ("pair_affine_mod", "pair_compare_gate")
 LIB_SIZES = (64, 128, 256, 512)

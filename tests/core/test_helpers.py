@@ -1,11 +1,15 @@
-"""minigrpo/common.py: the small shared helpers (its process signals, Ctrl-C and process groups, are
-tests/run/test_signals.py)."""
+"""The small helpers every part of minigrpo shares: machine.py, seeds.py, files.py, metrics.py and
+packing.left_pad (signals.py's Ctrl-C and process groups are tests/run/test_signals.py)."""
 import os
 
 import pytest
 import torch
 
-from minigrpo.common import atomic_write, derive_seed, left_pad, mean, pick_dtype, read_json, splitmix64
+from minigrpo.files import atomic_write, read_json
+from minigrpo.machine import pick_dtype
+from minigrpo.metrics import mean
+from minigrpo.packing import left_pad
+from minigrpo.seeds import derive_seed, splitmix64
 
 
 def test_left_pad_puts_every_row_last_token_in_the_last_column():

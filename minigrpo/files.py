@@ -1,0 +1,42 @@
+"""The package's data folder, and files written so that a kill never leaves half of one, read so that a bad one is
+one line naming it."""
+import json
+import os
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")   # the package's own data files
+
+
+def _umask() -> int:
+    mask = os.umask(0)       # the only way to read it is to set it: put back at once
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path: str, data, fsync: bool = True):
+    """Write `data` (str, bytes, or a callable that writes a given temp path) to a temporary name next to `path`,
+    then rename it into place: rename is atomic on POSIX, so a kill never leaves half a file."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    if callable(data):
+        data(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())     # safetensors' writer makes its file 0600: the mode open() would give
+    else:
+        mode, encoding = ("wb", None) if isinstance(data, bytes) else ("w", "utf-8")
+        with open(tmp, mode, encoding=encoding) as f:
+            f.write(data)
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read_json(path: str, missing: str, error=ValueError, fix: str = ""):
+    """The parsed JSON file at `path`. A missing file raises FileNotFoundError "<path>: <missing>"; invalid JSON
+    raises `error` "<path>: not valid JSON (<where>)<fix>": one line that names the file and what to do."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: {missing}")
+    with open(path) as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise error(f"{path}: not valid JSON ({e}){fix}") from None
