@@ -48,8 +48,8 @@ from minigrpo.sampler import Settings, sample
 from minigrpo.tasks import task_from_args
 from minigrpo.tasks.base import next_examples
 from minigrpo.tokenizer import Tokenizer
-from minigrpo.update import (all_reduce_and_clip, collate, log_probs, micro_batches, reference_logprobs,
-                             step_normalizer)
+from minigrpo.update import (all_reduce_and_clip, collate, log_probs, micro_batches, reference_logprobs, route_flips,
+                             routed, step_normalizer)
 
 PHASES = PhaseClock()   # seconds by phase of the running step (phase_metrics), each timed where it is spent
 
@@ -283,7 +283,7 @@ def policy_update(up, my_seqs, args, dist_info, tok):
     optimizer steps of the passes before it stand. Its phases: reference (the step's fixed log-probs), policy
     (forward + backward), optimizer (all-reduce, clip, AdamW)."""
     model, T, V = up.model, args.temperature, tok.vocab_size
-    batches = [collate(mb, tok.pad_id, model.device, args.mask_truncated, args.pack)
+    batches = [collate(mb, tok.pad_id, model.device, args.mask_truncated, args.pack, args.routing_replay)
                for mb in micro_batches(my_seqs, args.micro_batch)]
     norm = step_normalizer(batches, up.settings, dist_info)
     model.eval()  # the fixed log-probs of this step: reference, and the behaviour policy when μ > 1
@@ -309,10 +309,13 @@ def policy_update(up, my_seqs, args, dist_info, tok):
 
 
 def micro_batch_step(model, b, against, norm, settings, temperature, V) -> dict:
-    """One micro-batch's forward and backward (its gradient adds to the step's); returns its statistics."""
-    logp, ent = log_probs(model, b, temperature, V, entropy=True)
-    loss, st = grpo.policy_loss(logp, b.adv, b.mask, settings, norm, against)
-    loss.backward()
+    """One micro-batch's forward and backward (its gradient adds to the step's); returns its statistics. An MoE
+    model's backward runs inside the batch's routing too (a checkpointed layer routes again when recomputed)."""
+    with routed(model, b):
+        logp, ent = log_probs(model, b, temperature, V, entropy=True)
+        flips = route_flips(model, b)
+        loss, st = grpo.policy_loss(logp, b.adv, b.mask, settings, norm, against)
+        loss.backward()
     mask = b.mask.bool()
     st = {k: float(v) for k, v in st.items()}
     st["loss"] = float(loss.detach())
@@ -321,6 +324,7 @@ def micro_batch_step(model, b, against, norm, settings, temperature, V) -> dict:
     st["sampler_logp_diff"] = float(grpo.masked_mean(gap, mask))
     st["sampler_logp_gaps"] = gap[mask].tolist()          # per token: runs.step_metrics' p95 and max
     st.update(token_sums(logp.detach(), b.sampled, against.ref, mask))   # the share of the move the sampler carries
+    st.update(flips)                                                    # MoE: route_flips, routes
     return st
 
 

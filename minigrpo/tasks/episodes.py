@@ -336,7 +336,9 @@ def whole_episode(ep, example_id, tok) -> Seq:
     """One Seq for the whole episode: turn 0's prompt, then everything after it, trained on the policy's ids only,
     paid the final reply's score. info: the final reply's info (how the episode ended), per policy turn in
     info["turns"] where it lies in the completion, its length, how it finished and its reply's info, and the
-    episode's cache counts (summed over its turns)."""
+    episode's cache counts (summed over its turns). Routes (MoE): the last turn's, which cover everything up to its
+    answer as its prefill and decode routed them (an earlier answer re-prefilled in a later turn may have routed
+    otherwise when it was sampled; update.collate lets tokens past them route themselves)."""
     last, start = ep.turns[-1], ep.prompt_len
     turns = [{**t.reply.info, "start": t.start - start, "tokens": len(t.sample.completion_ids),
               "finish_reason": t.sample.finish_reason} for t in ep.turns]
@@ -344,4 +346,4 @@ def whole_episode(ep, example_id, tok) -> Seq:
     completion = ep.context[start:]
     return Seq(example_id, 0, ep.context[:start], completion, ep.logprobs, last.sample.finish_reason,
                tok.decode(completion), last.reply.score, last.reply.score,
-               info={**last.reply.info, "turns": turns, **cache}, trained=ep.trained)
+               info={**last.reply.info, "turns": turns, **cache}, trained=ep.trained, routes=last.sample.routes)
