@@ -52,7 +52,7 @@ from minigrpo.tasks import task_from_args
 from minigrpo.tasks.base import next_examples
 from minigrpo.tokenizer import Tokenizer
 from minigrpo.update import (Fixed, all_reduce_and_clip, collate, log_probs, micro_batches, positions,
-                             reference_logprobs, step_normalizer, with_advantages)
+                             reference_logprobs, route_flips, routed, step_normalizer, with_advantages)
 
 PHASES = PhaseClock()   # seconds by phase of the running step (phase_metrics), each timed where it is spent
 
@@ -296,7 +296,8 @@ def fixed_logprobs(up, seqs, args, tok) -> Fixed:
     when μ > 1 the behaviour policy's. Tokens only: computed while the judge grades, they equal those after it."""
     model, T, V = up.model, args.temperature, tok.vocab_size
     groups = micro_batches(seqs, args.micro_batch)
-    batches = [collate(mb, tok.pad_id, model.device, args.mask_truncated, args.pack) for mb in groups]
+    batches = [collate(mb, tok.pad_id, model.device, args.mask_truncated, args.pack, args.routing_replay)
+               for mb in groups]
     model.eval()
     with PHASES("reference"), torch.no_grad():
         refs = [reference_logprobs(model, up.reference, b, T, V) if up.settings.beta else None for b in batches]
@@ -333,10 +334,13 @@ def policy_update(up, my_seqs, args, dist_info, tok, fixed=None):
 
 
 def micro_batch_step(model, b, against, norm, settings, temperature, V) -> dict:
-    """One micro-batch's forward and backward (its gradient adds to the step's); returns its statistics."""
-    logp, ent = log_probs(model, b, temperature, V, entropy=True)
-    loss, st = grpo.policy_loss(logp, b.adv, b.mask, settings, norm, against)
-    loss.backward()
+    """One micro-batch's forward and backward (its gradient adds to the step's); returns its statistics. An MoE
+    model's backward runs inside the batch's routing too (a checkpointed layer routes again when recomputed)."""
+    with routed(model, b):
+        logp, ent = log_probs(model, b, temperature, V, entropy=True)
+        flips = route_flips(model, b)
+        loss, st = grpo.policy_loss(logp, b.adv, b.mask, settings, norm, against)
+        loss.backward()
     mask = b.mask.bool()
     st = {k: float(v) for k, v in st.items()}
     st["loss"] = float(loss.detach())
@@ -345,6 +349,7 @@ def micro_batch_step(model, b, against, norm, settings, temperature, V) -> dict:
     st["sampler_logp_diff"] = float(grpo.masked_mean(gap, mask))
     st["sampler_logp_gaps"] = gap[mask].tolist()          # per token: runs.step_metrics' p95 and max
     st.update(token_sums(logp.detach(), b.sampled, against.ref, mask))   # the share of the move the sampler carries
+    st.update(flips)                                                    # MoE: route_flips, routes
     return st
 
 

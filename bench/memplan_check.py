@@ -64,7 +64,7 @@ def layer_check(args):
     cfg = QwenConfig.from_dict(shapes.hf_config(args.shape, args.layers))
     T, targets, out = args.layers_at, train_step.targets(args), []
     costs = layercost.layer_costs(cfg, torch.bfloat16, args.lora_r, targets)
-    for kind in dict.fromkeys(cfg.layer_types):
+    for kind in dict.fromkeys(layercost.layer_keys(cfg)):
         block = layercost.layer(cfg, kind, torch.bfloat16, args.lora_r, targets)
         saved, backward = layercost.measure_layer(cfg, block, T)
         out += [(kind, "saved", costs[kind].bytes(1, T), saved),

@@ -37,9 +37,9 @@ class Router(nn.Module):
         logits = F.linear(x, self.weight)                                    # (N, E) model dtype
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)           # (N, E) fp32
         top_p, own = torch.topk(probs, self.k, dim=-1)                       # (N, k)
-        ids = own if replay is None else replay
+        ids = own if replay is None else torch.where(replay >= 0, replay, own)  # -1: no route recorded, own
         if replay is not None:
-            top_p = probs.gather(-1, replay)                                  # gradient flows through the weights
+            top_p = probs.gather(-1, ids)                                     # gradient flows through the weights
         if self.norm_topk_prob:
             top_p = top_p / top_p.sum(-1, keepdim=True)
         return top_p.to(logits.dtype), ids, own
@@ -102,8 +102,10 @@ def looped_swiglu(xs, counts, gate_up, down):
 
 class SparseMoe(nn.Module):
     """The MLP of a sparse layer. `replay` (N, k) or (B, T, k) expert ids, when set, replaces the router's top-k
-    (set it with `routing`); after each call `chosen` holds the router's own top-k (B, T, k) and, when replaying,
-    `flips` the number of tokens whose own top-k set differs from the replayed one."""
+    (set it with `routing`; a token whose ids are -1 has no recorded route and routes itself); after each call
+    `chosen` holds the router's own top-k (B, T, k) and, when given routes, `flips` (B, T) whether the own top-k set
+    differs from the recorded one. `follow` False only compares: the block routes itself, `flips` still says where
+    it differs from `replay` (what a run without replay measures)."""
 
     def __init__(self, cfg, dense_mlp):
         """dense_mlp: model.py's MLP class (cfg, width), the shared expert's (passed in: model.py builds this
@@ -114,18 +116,19 @@ class SparseMoe(nn.Module):
         if cfg.shared_expert_intermediate_size:
             self.shared_expert = dense_mlp(cfg, cfg.shared_expert_intermediate_size)
             self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
-        self.replay, self.chosen, self.flips = None, None, None
+        self.replay, self.chosen, self.flips, self.compared, self.follow = None, None, None, None, True
 
     def forward(self, x):
         B, T, H = x.shape
         flat = x.reshape(B * T, H)
         replay = None if self.replay is None else self.replay.reshape(B * T, -1).to(x.device, torch.long)
-        weights, ids, own = self.gate(flat, replay)
+        weights, ids, own = self.gate(flat, replay if self.follow else None)
         y = self.experts(flat, ids, weights)                                 # (N, H)
         if hasattr(self, "shared_expert"):
             y = y + torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
         self.chosen = own.detach().view(B, T, -1)
-        self.flips = None if replay is None else differs(own, replay).view(B, T)
+        self.compared = None if replay is None else (replay[:, 0] >= 0).view(B, T)   # tokens with a route
+        self.flips = None if replay is None else differs(own, replay).view(B, T) & self.compared
         return y.view(B, T, H)
 
 
@@ -144,20 +147,30 @@ def sparse_blocks(model):
 
 
 @contextmanager
-def routing(model, replay=None):
-    """Inside, every sparse block routes through `replay` (B, T, M, k), the M blocks in layer order; None: each
-    chooses its own experts. Backward must run inside too when layers are checkpointed (the recompute routes
-    again)."""
+def routing(model, replay=None, follow=True):
+    """Inside, every sparse block routes through `replay` (B, T, M, k), the M blocks in layer order (-1: a token
+    with no recorded route routes itself); None: each chooses its own experts. follow=False: the blocks route
+    themselves and only count where they differ from `replay` (route_flips). Backward must run inside too when
+    layers are checkpointed (the recompute routes again). Nested calls restore the outer routes on exit."""
     blocks = sparse_blocks(model)
     if replay is not None and replay.shape[2] != len(blocks):
         raise ValueError(f"replayed routes cover {replay.shape[2]} sparse layers, the model has {len(blocks)}")
+    before = [(b.replay, b.follow) for b in blocks]
     for j, block in enumerate(blocks):
-        block.replay = None if replay is None else replay[:, :, j]
+        block.replay, block.follow = (None if replay is None else replay[:, :, j]), follow
     try:
         yield model
     finally:
-        for block in blocks:
-            block.replay = None
+        for block, (replay_, follow_) in zip(blocks, before):
+            block.replay, block.follow = replay_, follow_
+
+
+def recorded(model):
+    """chosen_routes of the last forward on the host, or None for a dense model (no work: the sampler calls this
+    after every forward)."""
+    if not model.config.num_experts:
+        return None
+    return chosen_routes(model).cpu()
 
 
 def chosen_routes(model):
@@ -166,13 +179,14 @@ def chosen_routes(model):
 
 
 def route_flips(model, real_tokens=None):
-    """(token-layer routes the last replayed forward would have chosen differently, all of them), over the real
-    tokens ((B, T) bool, None = all)."""
-    flips = torch.stack([b.flips for b in sparse_blocks(model)], dim=-1)    # (B, T, M)
+    """(token-layer routes the last forward given routes would have chosen differently, token-layer routes it was
+    given), over the real tokens ((B, T) bool, None = all) that have a recorded route."""
+    blocks = sparse_blocks(model)
+    flips = torch.stack([b.flips for b in blocks], dim=-1)                   # (B, T, M)
+    given = torch.stack([b.compared for b in blocks], dim=-1)               # (B, T, M)
     if real_tokens is not None:
-        flips = flips & real_tokens[..., None].to(flips.device)
-        return int(flips.sum()), int(real_tokens.sum()) * flips.shape[-1]
-    return int(flips.sum()), flips.numel()
+        given = given & real_tokens[..., None].to(given.device)
+    return int((flips & given).sum()), int(given.sum())
 
 
 # ----------------------------------------------------------------------------------------------------------------

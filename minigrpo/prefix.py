@@ -13,16 +13,19 @@ Letters: P prompts, L longest prompt, T_new a continued row's new tokens, V voca
 
 import torch
 
+from minigrpo import moe
 from minigrpo.deltanet import CHUNK
 
 
 class Kept:
     """The state after prefilling `ids` (one row): `cache`, a model.Cache of exactly len(ids) slots, every slot real.
     Never modified: a continuation copies it first, so the G episodes of a prompt can each continue it. It belongs
-    to the model (and weights) that made it; a caller keeps it only while those do not change (one rollout)."""
+    to the model (and weights) that made it; a caller keeps it only while those do not change (one rollout).
+    `routes` (len(ids), M, k) int16: the experts each token went through in a mixture-of-experts model (moe.py;
+    None for a dense one), so that a continued prompt's routes cover its kept tokens too."""
 
-    def __init__(self, ids, cache):
-        self.ids, self.cache = tuple(ids), cache
+    def __init__(self, ids, cache, routes=None):
+        self.ids, self.cache, self.routes = tuple(ids), cache, routes
 
     @property
     def tokens(self):
@@ -67,31 +70,37 @@ def copy_row(dst, d, src, s, span):
     dst.next_pos[d] = src.next_pos[s]
 
 
-def keep_row(model, cache, row, prompt):
+def keep_row(model, cache, row, prompt, routes=None):
     """A Kept of `prompt`, whose real tokens are the last len(prompt) filled slots of `cache`'s row `row` (a
-    left-padded prefill): copied out, so that the batch's cache can be freed."""
+    left-padded prefill): copied out, so that the batch's cache can be freed. routes: the prompt's (Kept)."""
     out = model.new_cache(1, len(prompt))
     out.length = len(prompt)
     copy_row(out, 0, cache, row, len(prompt))
-    return Kept(prompt, out)
+    return Kept(prompt, out, routes)
 
 
 def continue_prefill(model, kept, prompt, keep=False):
     """Prefill `prompt` after a copy of `kept`'s state (its first kept.tokens ids) -> (a one-row cache of exactly
     len(prompt) slots, all filled; last-position logits (1, V) fp32; with keep, the Kept at kept_length of the
-    prompt, else None). Positions and slots go on from the kept ones; with keep the call stops once at the grid
-    point, to copy the state there out, and goes on."""
+    prompt, else None; the prompt's routes (Kept.routes), None for a dense model). Positions and slots go on from
+    the kept ones; with keep the call stops once at the grid point, to copy the state there out, and goes on."""
     cache = model.new_cache(1, len(prompt))
     cache.length = kept.tokens
     copy_row(cache, 0, kept.cache, 0, kept.tokens)
     cut = kept_length(model, len(prompt)) if keep else kept.tokens     # >= kept.tokens: it is on the grid too
-    out = kept if keep else None
+    out, routes = (kept if keep else None), [kept.routes]
     for a, b in ((kept.tokens, cut), (cut, len(prompt))):
         if b > a:
             h = model.hidden(torch.tensor([prompt[a:b]], dtype=torch.long, device=model.device), cache=cache)
+            routes.append(None if kept.routes is None else moe.recorded(model)[0])   # (b - a, M, k)
             if b == cut:
-                out = keep_row(model, cache, 0, prompt[:cut])
-    return cache, model.logits(h[:, -1]).float(), out
+                out = keep_row(model, cache, 0, prompt[:cut], joined(routes))
+    return cache, model.logits(h[:, -1]).float(), out, joined(routes)
+
+
+def joined(routes):
+    """Consecutive tokens' routes as one (tokens, M, k) tensor; None for a dense model's (all None)."""
+    return None if routes[0] is None else torch.cat(routes)
 
 
 def assemble(model, rows, extra):

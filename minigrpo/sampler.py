@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from minigrpo import prefix, static_decode
+from minigrpo import moe, prefix, static_decode
 from minigrpo.packing import left_pad
 from minigrpo.seeds import derive_seed, logical_shr as _shr, splitmix64  # noqa: F401  (sampler.splitmix64)
 
@@ -33,6 +33,7 @@ class Sample:
     prefilled: int = 0              # prompt tokens this call prefilled for it (on the prompt's first sample only)
     reused: int = 0                 # prompt tokens taken from a kept state instead (likewise)
     kept: prefix.Kept | None = None  # with keep=True: the state after its prompt's start (prefix.kept_length)
+    routes: torch.Tensor | None = None  # MoE: (prompt + completion tokens, M, k) experts chosen (module doc)
 
 
 @dataclass
@@ -266,28 +267,31 @@ def sample_batch(model, prompts, seeds, s, scanner, kept, static=None):
     fixed-shape step, None for the ordinary one."""
     row_keys = sample_keys(seeds, s.n, model.device)                 # (P*n,) int64, one per sample row
     extra = s.max_new_tokens if static is None else static_decode.new_slots(prompts, s.max_new_tokens)
-    cache, logits, keeps, reused = prefill_reusing(model, prompts, extra, s.pad_id, *kept)
+    cache, logits, keeps, reused, routes = prefill_reusing(model, prompts, extra, s.pad_id, *kept)
     run = lambda cache, step: decode(model, step, cache, logits, row_keys, s, scanner)  # noqa: E731
     if static is None:
-        gen_ids, logprobs, ended = run(cache.repeat_interleave(s.n), decode_step)
+        gen_ids, logprobs, ended, steps = run(cache.repeat_interleave(s.n), decode_step)
     else:       # a compiled step that fails: one warning line, and this call again uncompiled (static_decode.py)
-        gen_ids, logprobs, ended = static_decode.decode_call(model, cache, s.n, *static, run)
+        gen_ids, logprobs, ended, steps = static_decode.decode_call(model, cache, s.n, *static, run)
     out = []
     for r in range(len(row_keys)):  # the static batch's padding rows are not returned
         length, reason = ended.get(r, (s.max_new_tokens, "length"))
         ids, i, first = gen_ids[r][:length], r // s.n, r % s.n == 0
+        route = None if routes[i] is None else torch.cat([routes[i], steps[r, :length]])
         out.append(Sample(i, ids, logprobs[r, :length].tolist(), reason, scanner.text(ids, reason),
-                          prefilled=(len(prompts[i]) - reused[i]) * first, reused=reused[i] * first, kept=keeps[i]))
+                          prefilled=(len(prompts[i]) - reused[i]) * first, reused=reused[i] * first, kept=keeps[i],
+                          routes=route))
     return out
 
 
 def prefill_reusing(model, prompts, extra, pad_id, reuse, keep):
     """The prefill of a call whose prompts may continue kept states (prefix.py) -> (cache of P rows, each prompt
     right-aligned to the longest, + `extra` slots; last-position logits (P, V) fp32; per prompt its Kept (None
-    without keep, or for a prompt shorter than the grid); per prompt the tokens taken from a kept state). Without a
-    state to continue or to keep this is `prefill`. Otherwise the fresh prompts are prefilled as one left-padded
-    batch, each continued one on its own (a batch of one: prefix.py says why), and the decode batch is assembled
-    from their states; with keep, a fresh prompt's start up to the grid is prefilled first and continued."""
+    without keep, or for a prompt shorter than the grid); per prompt the tokens taken from a kept state; per prompt
+    its tokens' routes (moe.py; None for a dense model)). Without a state to continue or to keep this is `prefill`.
+    Otherwise the fresh prompts are prefilled as one left-padded batch, each continued one on its own (a batch of
+    one: prefix.py says why), and the decode batch is assembled from their states; with keep, a fresh prompt's
+    start up to the grid is prefilled first and continued."""
     P = len(prompts)
     goes_on = [prefix.continues(k, p) for k, p in zip(reuse, prompts)]
     reused = [k.tokens if c else 0 for k, c in zip(reuse, goes_on)]
@@ -297,19 +301,29 @@ def prefill_reusing(model, prompts, extra, pad_id, reuse, keep):
     whole = [keep and prefix.kept_length(model, len(p)) == len(p) for p in prompts]   # kept as they are
     if all(k is None for k in start):   # nothing to continue: straight into the decode batch's cache
         cache, logits = prefill(model, prompts, extra, pad_id)
-        kept = [prefix.keep_row(model, cache, i, p) if w else None for i, (p, w) in enumerate(zip(prompts, whole))]
-        return cache, logits, kept, reused
-    rows, last, kept = [None] * P, [None] * P, [None] * P
+        routes = row_routes(model, prompts)
+        kept = [prefix.keep_row(model, cache, i, p, routes[i]) if w else None
+                for i, (p, w) in enumerate(zip(prompts, whole))]
+        return cache, logits, kept, reused, routes
+    rows, last, kept, routes = [None] * P, [None] * P, [None] * P, [None] * P
     fresh = [i for i in range(P) if start[i] is None]
     if fresh:
         cache, logits = prefill(model, [prompts[i] for i in fresh], 0, pad_id)
+        got = row_routes(model, [prompts[i] for i in fresh])
         for j, i in enumerate(fresh):
-            rows[i], last[i] = (cache, j, len(prompts[i])), logits[j]
-            kept[i] = prefix.keep_row(model, cache, j, prompts[i]) if whole[i] else None
+            rows[i], last[i], routes[i] = (cache, j, len(prompts[i])), logits[j], got[j]
+            kept[i] = prefix.keep_row(model, cache, j, prompts[i], routes[i]) if whole[i] else None
     for i in (i for i in range(P) if start[i] is not None):
-        cache, logit, kept[i] = prefix.continue_prefill(model, start[i], prompts[i], keep)
+        cache, logit, kept[i], routes[i] = prefix.continue_prefill(model, start[i], prompts[i], keep)
         rows[i], last[i] = (cache, 0, len(prompts[i])), logit[0]
-    return prefix.assemble(model, rows, extra), torch.stack(last), kept, reused
+    return prefix.assemble(model, rows, extra), torch.stack(last), kept, reused, routes
+
+
+def row_routes(model, prompts):
+    """After a left-padded prefill of `prompts`: each prompt's routes (len, M, k), its real tokens being the last
+    len of its row; [None, ...] for a dense model."""
+    routes = moe.recorded(model)                                    # (P, L, M, k) or None
+    return [None if routes is None else routes[i, routes.shape[1] - len(p):] for i, p in enumerate(prompts)]
 
 
 def keep_prefixes(model, prompts, start, pad_id):
@@ -321,22 +335,27 @@ def keep_prefixes(model, prompts, start, pad_id):
     if not todo:
         return start
     cache, _ = prefill(model, [prompts[i][:cut[i]] for i in todo], 0, pad_id)
+    routes = row_routes(model, [prompts[i][:cut[i]] for i in todo])
     start = list(start)
     for j, i in enumerate(todo):
-        start[i] = prefix.keep_row(model, cache, j, prompts[i][:cut[i]])
+        start[i] = prefix.keep_row(model, cache, j, prompts[i][:cut[i]], routes[j])
     return start
 
 
 def decode(model, step, cache, logits, row_keys, s, scanner):
     """The decode loop, from the prefill's last-position logits (P, V) and a cache of B rows (prompt r // n in row
     r; rows past P*n, a static batch's padding, repeat the last prompt and are never returned). Returns each row's
-    tokens (host lists), log-probs (B, max_new_tokens) on the host, and the rows that stopped {row: (length,
-    reason)}."""
+    tokens (host lists), log-probs (B, max_new_tokens) on the host, the rows that stopped {row: (length,
+    reason)}, and in an MoE model the routes of the tokens each step ran (B, max_new_tokens, M, k) on the host, -1
+    where none ran (None for a dense model)."""
     B, P, device = cache.mask.shape[0], logits.shape[0], logits.device
     src = (torch.arange(B, device=device) // s.n).clamp_(max=P - 1)   # the prompt of each row
     logits, row_keys = logits[src], row_keys[src * s.n + torch.arange(B, device=device) % s.n].clone()  # (B, V), (B,)
     out_tok = torch.zeros(B, s.max_new_tokens, dtype=torch.long, device=device)
     out_lp = torch.zeros(B, s.max_new_tokens, dtype=torch.float32, device=device)
+    blocks = moe.sparse_blocks(model)       # none in a dense model: nothing recorded
+    out_routes = (torch.full((B, s.max_new_tokens, len(blocks), blocks[0].gate.k), -1, dtype=torch.int16,
+                             device=device) if blocks else None)
     rows = torch.arange(B, device=device)   # original row of each live batch row
     live = list(range(B))                   # the same, on the host
     gen_ids = [[] for _ in range(B)]        # host copy of each row's tokens, for stop detection
@@ -360,4 +379,6 @@ def decode(model, step, cache, logits, row_keys, s, scanner):
                 cache, token, rows = cache.index_select(idx), token[idx], rows[idx]
                 live = [live[i] for i in keep]
         logits = step(model, token, cache)
-    return gen_ids, out_lp.cpu(), ended
+        if blocks:                          # the experts token t went through in that step
+            out_routes[rows, t] = torch.stack([b.chosen[:, 0] for b in blocks], dim=1).to(torch.int16)
+    return gen_ids, out_lp.cpu(), ended, None if out_routes is None else out_routes.cpu()

@@ -5,12 +5,13 @@ of the frozen reference, the gradients summed over ranks (under torchrun: minigr
 the optimizer and its learning-rate schedule: AdamW and a linear warmup followed by a cosine decay to zero (or a
 constant rate). LoRA weights and the AdamW state are fp32 whatever the model dtype."""
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from minigrpo import grpo
+from minigrpo import grpo, moe
 from minigrpo.logprobs import packed_token_logprobs, token_logprobs
 from minigrpo.packing import left_pad
 from minigrpo.grpo import LossSettings
@@ -37,14 +38,20 @@ class Batch:
     sampled: torch.Tensor      # (B, T-1) the sampler's log-probs of the completion tokens
     first_col: int             # first column any completion occupies: logits are needed only from there
     packed: Packed | None = None  # set: the model runs the packed row, its log-probs land in the (B, T-1) layout
+    # MoE: the sampler's routes of every token (B, T, M, k), or (1, N, M, k) as the packed row, -1 where none was
+    # recorded (pads, a completion's last token); None for a dense model. replay: every pass over the batch routes
+    # through them (routing replay, docs/moe.md); False: the trainer routes itself and only counts the flips
+    routes: torch.Tensor | None = None
+    replay: bool = True
 
 
-def collate(seqs, pad_id, device, mask_truncated=False, packed=False) -> Batch:
+def collate(seqs, pad_id, device, mask_truncated=False, packed=False, replay=True) -> Batch:
     """Left-pad prompt+completion; the loss mask covers each completion's positions, by position, never by token id
     (grpo.span_mask: the EOS a model emitted is trained even when it equals the pad id), and of those the ones its
     Seq trains (Seq.loss_mask: an episode's policy tokens, not its environment's; --mask-truncated drops the turns
     cut at max_new_tokens). packed: the model's forward runs the sequences packed into one row, without padding;
-    the loss's tensors keep the padded layout."""
+    the loss's tensors keep the padded layout. replay: route an MoE model's tokens through the sampler's experts
+    (train.py --routing-replay)."""
     ids, attn = left_pad([s.prompt_ids + s.completion_ids for s in seqs], pad_id)
     T = ids.shape[1]
     lengths = [len(s.completion_ids) for s in seqs]
@@ -57,8 +64,43 @@ def collate(seqs, pad_id, device, mask_truncated=False, packed=False) -> Batch:
     adv = torch.tensor([s.advantage for s in seqs], dtype=torch.float32)
     first_col = T - 1 - max(lengths)
     pk = pack_of(seqs, lengths, T, device) if packed else None
+    routes = routes_of(seqs, T, packed)
     return Batch(ids.to(device), attn.to(device), loss_mask.to(device), adv.to(device), sampled.to(device), first_col,
-                 pk)
+                 pk, None if routes is None else routes.to(device), replay)
+
+
+def routes_of(seqs, T, packed):
+    """The sequences' recorded routes, left-padded to T ((B, T, M, k)) or one after the other ((1, N, M, k)), -1
+    where a token has none (a pad; tokens past a Seq's routes, as the tail of an episode after its last answer);
+    None when no Seq has routes (a dense model)."""
+    like = next((s.routes for s in seqs if s.routes is not None), None)
+    if like is None:
+        return None
+    rows = []
+    for s in seqs:
+        n = len(s.prompt_ids) + len(s.completion_ids)
+        r = torch.full((n, *like.shape[1:]), -1, dtype=like.dtype)
+        if s.routes is not None:
+            if len(s.routes) > n:
+                raise ValueError(f"a Seq of example {s.example_id} has routes for {len(s.routes)} tokens, {n} ids")
+            r[:len(s.routes)] = s.routes
+        rows.append(r if packed else torch.cat([r.new_full((T - n, *like.shape[1:]), -1), r]))
+    return torch.cat(rows)[None] if packed else torch.stack(rows)
+
+
+def routed(model, b: Batch):
+    """The routing of every pass over batch b (moe.routing; nothing for a dense model). A backward of a
+    checkpointed model recomputes its layers, so it must run inside too."""
+    return nullcontext() if b.routes is None else moe.routing(model, b.routes, follow=b.replay)
+
+
+def route_flips(model, b: Batch) -> dict:
+    """After a forward over b inside `routed`: the token-layer routes the model would have chosen otherwise than
+    the sampler, and all of them (real tokens with a recorded route); {} for a dense model."""
+    if b.routes is None:
+        return {}
+    flips, total = moe.route_flips(model, None if b.packed is not None else b.attn.bool())
+    return {"route_flips": flips, "routes": total}
 
 
 def with_advantages(b: Batch, seqs) -> Batch:
@@ -112,13 +154,15 @@ def step_normalizer(batches, settings: LossSettings, dist_info) -> float:
 def log_probs(model, b: Batch, temperature, vocab_size, entropy=False):
     """The trainer's log-probs: logits / T with the sampler's T, ids past the tokenizer's vocabulary masked, as
     the sampler does, so that the two agree; the lm_head runs only over completion columns. A packed batch runs
-    its packed row and gives the same (B, T-1) layout."""
-    if b.packed is not None:
-        p = b.packed
-        return packed_token_logprobs(model, p.ids, p.pack, p.src, p.dst, b.mask.shape, (temperature, vocab_size),
-                                     return_entropy=entropy)
-    return token_logprobs(model, b.ids, b.attn, (temperature, vocab_size), return_entropy=entropy,
-                          first_col=b.first_col)
+    its packed row and gives the same (B, T-1) layout. An MoE model routes through the batch's recorded routes
+    (`routed`)."""
+    with routed(model, b):
+        if b.packed is not None:
+            p = b.packed
+            return packed_token_logprobs(model, p.ids, p.pack, p.src, p.dst, b.mask.shape,
+                                         (temperature, vocab_size), return_entropy=entropy)
+        return token_logprobs(model, b.ids, b.attn, (temperature, vocab_size), return_entropy=entropy,
+                              first_col=b.first_col)
 
 
 def reference_logprobs(model, reference, b: Batch, temperature, vocab_size):

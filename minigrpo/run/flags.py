@@ -144,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="CPU threads (default: OMP_NUM_THREADS if set, else the usable cores "
                                                "the load leaves idle; saved with the run, so a resume keeps it)")
     p.add_argument("--grad-checkpoint", action="store_true", help="activation checkpointing (long sequences)")
+    p.add_argument("--routing-replay", action=argparse.BooleanOptionalAction, default=True,
+                   help="mixture-of-experts models: every trainer pass routes each token through the experts the "
+                        "sampler chose (docs/moe.md); --no-routing-replay lets the trainer route itself, still "
+                        "logging route_flip_share. Dense models: no effect")
     # run folder
     p.add_argument("--runs-dir", default="runs")
     p.add_argument("--run-name")

@@ -336,6 +336,9 @@ def step_metrics(step, epoch, all_seqs, adv_stats, loss_stats, grad_norm, lr, t_
     for key in CACHE_COUNTS:        # a multi-turn rollout's sampler work (minigrpo/tasks/episodes.py)
         if any(key in s.info for s in all_seqs):
             m[key] = sum(s.info.get(key, 0) for s in all_seqs)
+    routes = sum(st.get("routes", 0) for st in loss_stats)
+    if routes:                      # MoE: the share of token-layer routes the trainer chose otherwise (docs/moe.md)
+        m["route_flip_share"] = sum(st["route_flips"] for st in loss_stats) / routes
     m.update(extra)
     return m
 

@@ -35,6 +35,7 @@ from torch.utils._pytree import tree_flatten
 
 from minigrpo.lora import DEFAULT_TARGETS, inject_lora
 from minigrpo.model import Block, RMSNorm, Rotary, attention_mask_4d
+from minigrpo.moe import Experts, is_sparse_layer
 from minigrpo.run.attention_kernels import Recorder, cuda_kernel
 
 # multiples of Gated DeltaNet's 64-token chunk, from two chunks on (from the second chunk on each chunk also keeps
@@ -142,16 +143,27 @@ def saved_bytes(fn, skip):
     return measure(fn, skip, backward=False)[0]
 
 
-def layer(cfg, kind, dtype, lora_r, targets=DEFAULT_TARGETS):
-    """One decoder layer of `kind` at the config's width, random values, LoRA injected as the run would."""
+def layer_keys(cfg):
+    """Per layer, what its cost depends on: its attention kind, with "+experts" where its MLP is sparse (moe.py:
+    Qwen3-MoE may mix dense MLP layers among the sparse ones)."""
+    return [kind + "+experts" * is_sparse_layer(cfg, i) for i, kind in enumerate(cfg.layer_types)]
+
+
+def layer(cfg, key, dtype, lora_r, targets=DEFAULT_TARGETS):
+    """One decoder layer of `key` (layer_keys) at the config's width, random values, LoRA injected as the run
+    would."""
     wdtype = dtype if lora_r > 0 else torch.float32  # a full fine-tune trains fp32 weights (train.build_policy)
+    i = layer_keys(cfg).index(key)
     with torch.device("meta"):
-        block = Block(cfg, kind)
+        block = Block(cfg, cfg.layer_types[i], i)
     block.to_empty(device="cpu")
     with torch.no_grad():
         for p in block.parameters():
             p.normal_(0, 0.02) if p.ndim > 1 else p.fill_(0.1)
     block.to(wdtype)
+    for m in block.modules():   # the experts' loop: what they keep is the grouped matmul's (docs/memory.md), and
+        if isinstance(m, Experts):  # its products run in fp32 here (_product), where _grouped_mm's bf16 is slow
+            m.grouped = False
     if lora_r > 0:
         inject_lora(block, r=lora_r, alpha=lora_r, targets=targets)
     return block
@@ -177,14 +189,14 @@ def measure_layer(cfg, block, T, found=None):
 
 
 def layer_costs(cfg, dtype, lora_r, targets=DEFAULT_TARGETS, lengths=LENGTHS):
-    """{layer kind: LayerCost} of the policy pass with gradients, plus "final_norm" and "attention_kernel" (the
+    """{layer key (layer_keys): LayerCost} of the policy pass with gradients, plus "final_norm" and "attention_kernel" (the
     CUDA kernel of the attention layer's call), measured on the CPU at the config's width, B = 1, at `lengths`."""
     costs = {}
-    for kind in dict.fromkeys(cfg.layer_types):
-        block = layer(cfg, kind, dtype, lora_r, targets)
+    for key in dict.fromkeys(layer_keys(cfg)):
+        block = layer(cfg, key, dtype, lora_r, targets)
         measured = [measure_layer(cfg, block, T, costs) for T in lengths]
-        costs[kind] = LayerCost.fit(lengths, [m[0] for m in measured])
-        costs[kind].backward = LayerCost.fit(lengths, [m[1] for m in measured])
+        costs[key] = LayerCost.fit(lengths, [m[0] for m in measured])
+        costs[key].backward = LayerCost.fit(lengths, [m[1] for m in measured])
         del block
     wdtype = dtype if lora_r > 0 else torch.float32
     norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.family == "qwen3_5").to(wdtype)  # before the head

@@ -46,7 +46,7 @@ from minigrpo.logprobs import LOGIT_BYTES
 from minigrpo.lora import DEFAULT_TARGETS, inject_lora
 from minigrpo.model import Qwen
 from minigrpo.pretrained import TINY_MODELS, QwenConfig, read_config
-from minigrpo.run.layercost import layer_costs
+from minigrpo.run.layercost import layer_costs, layer_keys
 
 GiB = 1024 ** 3
 GPUS = [("24 GB", 24e9), ("40 GB", 40e9), ("80 GB", 80e9), ("141 GB", 141e9)]
@@ -110,13 +110,14 @@ def cache_bytes(cfg, rows, slots, dtype_bytes):
 
 def activation_bytes(cfg, costs, B, T, dtype_bytes, checkpointing):
     """Saved activations of one micro-batch, and the most alive at once during its backward."""
-    layers = [costs[k].bytes(B, T) for k in cfg.layer_types]
-    grads = max(costs[k].backward.bytes(B, T) for k in cfg.layer_types)  # one layer's backward at a time
+    keys = layer_keys(cfg)
+    layers = [costs[k].bytes(B, T) for k in keys]
+    grads = max(costs[k].backward.bytes(B, T) for k in keys)  # one layer's backward at a time
     final = costs["final_norm"].bytes(B, T)
     mask = B * T * T  # the (B, 1, T, T) bool attention mask, built once per forward
     if checkpointing:  # each layer keeps its input; in backward one layer is recomputed, then backpropagated
         saved = len(layers) * B * T * cfg.hidden_size * dtype_bytes + final + mask
-        return saved + max(costs[k].bytes(B, T) + costs[k].backward.bytes(B, T) for k in cfg.layer_types)
+        return saved + max(costs[k].bytes(B, T) + costs[k].backward.bytes(B, T) for k in keys)
     return sum(layers) + final + mask + grads
 
 
@@ -169,12 +170,12 @@ def prefill_bytes(cfg, costs, shape, dtype_bytes):
     S = shape.prompt_tokens
     B, T = (1, shape.turn_tokens) if shape.turn_tokens else (shape.rollout_prompts, S)
 
-    def layer(kind):
-        c = costs[kind]
-        heads = cfg.num_attention_heads if kind == "full_attention" else 0
+    def layer(key):
+        c = costs[key]
+        heads = cfg.num_attention_heads if key.startswith("full_attention") else 0
         earlier = 2 * B * heads * (S - T) * cfg.head_dim * dtype_bytes
         return c.fixed + B * (c.per_token * T + c.per_token2 * T * S) + earlier
-    return max(layer(k) for k in set(cfg.layer_types)) + shape.rollout_prompts * cfg.vocab_size * 4
+    return max(layer(k) for k in set(layer_keys(cfg))) + shape.rollout_prompts * cfg.vocab_size * 4
 
 
 def kept_bytes(cfg, shape, dtype_bytes):

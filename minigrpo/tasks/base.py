@@ -35,12 +35,13 @@ class Seq:
     advantage: float = 0.0
     info: dict = field(default_factory=dict)
     trained: list | None = None     # per completion token, True where the policy sampled it; None: all of them
+    routes: object = None           # MoE: (prompt + completion tokens, M, k) the sampler's experts (sampler.Sample)
 
     @classmethod
     def of(cls, sample, example_id, turn, prompt_ids, score, reward, info=None):
         """The Seq of a sampler.Sample of example `example_id`'s prompt at `turn`."""
         return cls(example_id, turn, prompt_ids, list(sample.completion_ids), list(sample.logprobs),
-                   sample.finish_reason, sample.text, score, reward, info=info or {})
+                   sample.finish_reason, sample.text, score, reward, info=info or {}, routes=sample.routes)
 
     def policy_turns(self) -> list:
         """Where the policy's turns lie in completion_ids: [{"start", "tokens", "finish_reason", ...}], an

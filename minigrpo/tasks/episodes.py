@@ -330,12 +330,15 @@ def rollout(task, generate, tok, examples, seeds, args, meanwhile=None) -> list:
 def episode_seqs(task, ep, example_id, tok) -> list:
     """The Seqs of one episode whose turns are all sampled, before its last reply is taken (graded fills in their
     scores, rewards and info): the whole episode as one (a trajectory reward), or with per_turn_advantage one per
-    policy turn. Their tokens are final: the last reply never adds to the context."""
+    policy turn. Their tokens are final: the last reply never adds to the context. A whole episode's routes (MoE)
+    are its last turn's, which cover everything up to its answer as its prefill and decode routed them (an earlier
+    answer re-prefilled in a later turn may have routed otherwise when it was sampled; update.collate lets tokens
+    past them route themselves)."""
     if not getattr(task, "per_turn_advantage", False):
         completion = ep.context[ep.prompt_len:]
         return [Seq(example_id, 0, ep.context[:ep.prompt_len], completion, ep.logprobs,
                     ep.turns[-1].sample.finish_reason, tok.decode(completion), None, None,
-                    info={"turns": turn_spans(ep)}, trained=ep.trained)]
+                    info={"turns": turn_spans(ep)}, trained=ep.trained, routes=ep.turns[-1].sample.routes)]
     return [Seq.of(t.sample, example_id, i, ep.context[:t.start], None, None, info=dict(t.cache))
             for i, t in enumerate(ep.turns)]
 
