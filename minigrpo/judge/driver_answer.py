@@ -220,6 +220,7 @@ class Answer:
         if len(fds) != 2:
             raise CaseFatal("the broker sent no channel")
         self.id, self.t0 = reply["id"], time.monotonic()
+        self.inputs = reply.get("inputs") or {}     # the check's input files, made by the judge (inputs.py)
         self.endpoint = DriverEndpoint(_Awaited(os.fdopen(fds[0], "rb", buffering=0), self),
                                        _Awaited(os.fdopen(fds[1], "wb", buffering=0), self), self._proxy, self._serve,
                                        share)

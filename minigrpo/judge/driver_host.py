@@ -35,7 +35,7 @@ import socket
 import threading
 import time
 
-from minigrpo.judge import driver, driver_answer, standins, wire, wire_rpc, wire_shared, wire_values
+from minigrpo.judge import driver, driver_answer, inputs, standins, wire, wire_rpc, wire_shared, wire_values
 from minigrpo.judge.sandbox import Limits, Sandbox
 
 # The answer's program: the channel's codec (wire_values.py, wire_shared.py, wire.py), then its request/reply and server
@@ -156,13 +156,24 @@ class Broker:
                 self.started.add((index, role))
                 self.deadline = float("inf")    # making a sandbox is the judge's time, not the driver's
             cpu_s = request.get("cpu_s")
-            sandbox = Sandbox(files, criterion_limits(check, cpu_s if type(cpu_s) in (int, float) else None))
-            proc = sandbox.start(python_source=CHILD_PROGRAM)
+            limits = criterion_limits(check, cpu_s if type(cpu_s) in (int, float) else None)
+            made = None
+            if role == "answer" and type(check.get("inputs")) is str:      # before the answer's process exists
+                made = inputs.make_inputs(check["inputs"], criterion_limits(check))
+            sandbox = Sandbox(files, limits, inputs=made and made[0])
+            try:
+                proc = sandbox.start(python_source=CHILD_PROGRAM)
+            except BaseException:
+                _end(sandbox)
+                raise
             key = f"s{index}-{role}"
             with self.lock:
                 self.live[key] = sandbox
                 self.deadline = time.monotonic() + sandbox.limits.timeout + STUCK_SLACK
-            return {"id": key}, [proc.stdout, proc.stdin]
+            reply = {"id": key}
+            if made is not None:
+                reply["inputs"] = {"path": sandbox.inputs_path, "result": made[1], "files": made[2]}
+            return reply, [proc.stdout, proc.stdin]
         with self.lock:
             sandbox = self.live.get(request.get("id")) if op in ("cpu", "memory", "files", "close") else None
         if sandbox is None:
@@ -179,7 +190,7 @@ class Broker:
         with self.lock:
             self.live.pop(request["id"], None)
             self.deadline = time.monotonic() + STUCK_SLACK
-        sandbox.close()
+        _end(sandbox)
         return {"closed": True}, []
 
     def _watchdog(self):
@@ -199,7 +210,14 @@ class Broker:
         with self.lock:
             live, self.live = list(self.live.values()), {}
         for sandbox in live:
-            sandbox.close()
+            _end(sandbox)
+
+
+def _end(sandbox):
+    """Close an answer's sandbox, then remove the input folder it read (minigrpo/judge/inputs.py)."""
+    sandbox.close()
+    if sandbox.host_inputs:
+        inputs.remove_inputs(sandbox.host_inputs)
 
 
 def run_driver(code, checks, limit):

@@ -5,12 +5,13 @@ until the judge or the task file is fixed. The control (the same answer without 
 attack and must itself be graded.
 
 Groups:
-  harness in the answer's process   a criterion that builds its input with an `in_sandbox` snippet runs that
+  harness in the answer's process   a criterion that built its input with an `in_sandbox` snippet ran that
                                     snippet in the answer's process, with the answer's module globals and builtins:
-                                    the answer decides what the input is (a shadowed or patched `open` writes a few
-                                    KB where the harness writes 24 or 56 MB) and reads what the harness knows (the
-                                    expected count, from its caller's frame). The memory criteria then pay for
-                                    code that reads whole files.
+                                    the answer decided what the input was (a shadowed or patched `open` wrote a few
+                                    KB where the harness wrote 24 or 56 MB) and read what the harness knew (the
+                                    expected count, from its caller's frame), and the memory criteria paid for code
+                                    that reads whole files. Fixed: the judge makes the input files before the
+                                    answer's process exists (a check's `inputs`, minigrpo/judge/inputs.py).
   before the budget                 the same, for a CPU budget: work done on the inputs as the harness makes them,
                                     before its budget starts, was free (fixed in vectorize-loop-fix c8).
   look when asked                   file-handle-leak-fix's closing criterion looks at the open files only when
@@ -46,7 +47,7 @@ def assert_no_more_than_control(judge, task_id, attack, control):
 # =================================================================================================================
 # Harness in the answer's process. file-handle-leak-fix: the reference with `readlines()` (honest, not streaming)
 # fails only c7, "streams large logs in bounded memory", and c1 beside it: 0.667. Each attack below is that same
-# answer plus a trick, and scores 1.0.
+# answer plus a trick; each scored 1.0 while a snippet in the answer's process wrote the log.
 
 READLINES = '''
 import json
@@ -116,13 +117,6 @@ import sys
     counts = {}
 ''')
 
-HARNESS_IN_PROCESS = ("a harness snippet builds the graded input, and holds the expected value, in the answer's "
-                      "own process: the answer rewrites what it writes (its globals, its builtins) and reads its "
-                      "frame. Fix: the judge places the input from outside the answer (the host writes the file) "
-                      "and the driver calls the answer with nothing expected in its process")
-
-
-@works(HARNESS_IN_PROCESS + " (measured: 1.0 against 0.667)")
 @pytest.mark.parametrize("attack", [SHADOWED_OPEN, PATCHED_BUILTINS, CALLER_FRAME],
                          ids=["shadowed_open", "patched_builtins", "caller_frame"])
 def test_a_whole_file_reader_does_not_pass_the_streaming_criterion_by_rewriting_the_harness(judge, attack):
@@ -131,7 +125,7 @@ def test_a_whole_file_reader_does_not_pass_the_streaming_criterion_by_rewriting_
 
 # pathlib-duplicate-files: the reference hashing each file in one read (correct, not bounded) fails c7, "reads in
 # bounded chunks (two identical 28 MB files)": 0.875. With a module-level `open` through which the harness's
-# SETUP writes one 1 MB chunk of each twin instead of 28, it scores 1.0.
+# SETUP wrote one 1 MB chunk of each twin instead of 28, it scored 1.0 while that snippet ran beside the answer.
 def whole_file_hashing():
     code = extract_code(reference("pathlib-duplicate-files"))
     loop = "        while chunk := f.read(CHUNK):\n            digest.update(chunk)\n"
@@ -172,7 +166,6 @@ def open(path, mode="r", *a, **k):
 '''
 
 
-@works(HARNESS_IN_PROCESS + " (measured: 1.0 against 0.875)")
 def test_a_whole_file_hasher_does_not_pass_the_bounded_reads_criterion_by_rewriting_the_harness(judge):
     plain = whole_file_hashing()
     assert_no_more_than_control(judge, "pathlib-duplicate-files", ONE_CHUNK_WRITER + plain, plain)
