@@ -57,6 +57,12 @@ _try("remove tree", lambda: shutil.rmtree(INPUTS + "/sub"))
 _try("replace folder", _replace)
 
 
+def layers():
+    """Each of the two that stops the tries above, on its own: the mount is read-only, and the modes are too."""
+    return [bool(os.statvfs(INPUTS).f_flag & os.ST_RDONLY), oct(os.stat(INPUTS + "/f.txt").st_mode & 0o777),
+            oct(os.stat(INPUTS + "/sub").st_mode & 0o777)]
+
+
 def size(path):
     return os.path.getsize(path)
 
@@ -68,6 +74,7 @@ def text(path):
 
 TEST = '''
 assert worked == [], worked
+assert layers() == [True, "0o444", "0o555"], layers()
 assert size(INPUTS + "/f.txt") == prepared["n"]
 assert text(INPUTS + "/sub/g.txt") == "judge"
 assert sorted(INPUT_FILES) == ["f.txt", "sub/g.txt"]
