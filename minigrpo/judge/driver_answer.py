@@ -334,6 +334,18 @@ class Answer:
             raise CaseFatal("the broker's list of open files is malformed")
         return files
 
+    def opened_inputs(self):
+        """[[an input file's id, the ids the sandbox held as it opened it], ...], one per open, looked at by the
+        judge while the open waited (opens.py); None where the judge has no such watch."""
+        reply = self.broker.ask(op="opens", id=self.id)[0]
+        looks = reply.get("opens")
+        if looks is None:
+            return None
+        if type(looks) is not list or not all(type(x) is list and len(x) == 2 and type(x[0]) is str
+                                              and type(x[1]) is list for x in looks) or reply.get("unlooked"):
+            raise CaseFatal("the opens of its input files were not all looked at")
+        return [(f, held) for f, held in looks]
+
     def memory_peak_mb(self):
         try:
             return self.broker.ask(op="memory", id=self.id)[0]["memory_mb"]
