@@ -17,7 +17,7 @@ import torch
 
 from minigrpo import moe, prefix, static_decode
 from minigrpo.packing import left_pad
-from minigrpo.seeds import derive_seed, logical_shr as _shr, splitmix64  # noqa: F401  (sampler.splitmix64)
+from minigrpo.seeds import derive_seed, logical_shr, splitmix64  # noqa: F401  (sampler.splitmix64)
 
 
 @dataclass
@@ -121,7 +121,7 @@ def sample_keys(seeds, n, device):
 
 def uniforms(keys, t):
     """The step-t uniform in [0, 1) of each row: the top 53 bits of hash(key + t), in fp64."""
-    return _shr(splitmix64(keys + t), 11).double() / float(1 << 53)
+    return logical_shr(splitmix64(keys + t), 11).double() / float(1 << 53)
 
 
 def choose(logits, temperature, top_k, top_p, u):

@@ -30,11 +30,22 @@ Helpers a test sees besides the answer's names:
                                     child process is the same entry)
   memory_peak_mb()                  the most memory the sandbox (all its processes and files) has held so far, in
                                     MB, read from its cgroup outside the answer; None where there is no cgroup
+  INPUTS, prepared, INPUT_FILES     a check with an `inputs` source: the folder of input files the judge made
+                                    before the answer's process started (read-only to the answer), the source's
+                                    `result` (what it drew: a count, a size; never in the answer's process) and
+                                    each file's id as open_files() names it (minigrpo/judge/inputs.py)
+  opened_inputs()                   a check with `"look_on_open": true`: [(an input file's id, the files the
+                                    sandbox held as it opened it), ...], one per open, read by the judge in the
+                                    host's /proc while the kernel held that open (minigrpo/judge/opens.py): a look
+                                    the answer cannot schedule or dodge; None where the host cannot watch (not root)
   in_sandbox(source, **inputs)      run a harness snippet beside the answer and return its `result` (plain data):
                                     for criteria that need the answer's objects in its own process (an event loop,
                                     a monkeypatched library, click's runner). The snippet shares the answer's
-                                    process, so its `result` may only be the answer's outputs, compared here;
-                                    anything it measures is the answer's word (see "evidence" in checks.py).
+                                    process, globals and builtins: its `result` may only be the answer's outputs,
+                                    compared here; anything it measures or makes is the answer's word (see
+                                    "evidence" in checks.py), so it never makes an input whose size or content a
+                                    criterion relies on (that is INPUTS), and it is handed nothing expected (the
+                                    answer can read its caller's frame).
   stand_in(**members)               an object to hand the answer (an rng, a clock, a fetcher): its members are
                                     functions, which the answer may only call, and plain data; it crosses by value
                                     (wire.StandIn), so its state and its call counts stay here, out of reach
@@ -186,9 +197,12 @@ def _scope(answer, names, module):
         answer.companions.append(other)
         return _SolutionModule(public_names(other.request("import", share=answer.share)) or {})
 
+    made = answer.inputs
     helpers = {"__name__": "__criterion__", "implementation": implementation, "__builtins__": builtins,
+               "INPUTS": made.get("path"), "prepared": made.get("result"), "INPUT_FILES": made.get("files", {}),
                "raises": raises, "deadline": deadline, "in_sandbox": in_sandbox,
-               "memory_peak_mb": answer.memory_peak_mb, "open_files": answer.open_files, "stand_in": wire.StandIn,
+               "memory_peak_mb": answer.memory_peak_mb, "open_files": answer.open_files,
+               "opened_inputs": answer.opened_inputs, "stand_in": wire.StandIn,
                "sqlite_stand_in": standins.sqlite_stand_in, "solution": module}
     # the answer's names, as `from solution import *` would give them -- except any that would shadow a builtin
     # or one of our helpers (an answer's own `sorted` or `raises` must not decide a comparison); the test always

@@ -257,6 +257,7 @@ class Answer:
         if len(fds) != 2:
             raise CaseFatal("the broker sent no channel")
         self.id, self.t0 = reply["id"], time.monotonic()
+        self.inputs = reply.get("inputs") or {}     # the check's input files, made by the judge (inputs.py)
         self.endpoint = DriverEndpoint(_Awaited(os.fdopen(fds[0], "rb", buffering=0), self),
                                        _Awaited(os.fdopen(fds[1], "wb", buffering=0), self), self._proxy, self._serve,
                                        share)
@@ -373,6 +374,18 @@ class Answer:
         if type(files) is not list or not all(type(f) is str for f in files):
             raise CaseFatal("the broker's list of open files is malformed")
         return files
+
+    def opened_inputs(self):
+        """[[an input file's id, the ids the sandbox held as it opened it], ...], one per open, looked at by the
+        judge while the open waited (opens.py); None where the judge has no such watch."""
+        reply = self.broker.ask(op="opens", id=self.id)[0]
+        looks = reply.get("opens")
+        if looks is None:
+            return None
+        if type(looks) is not list or not all(type(x) is list and len(x) == 2 and type(x[0]) is str
+                                              and type(x[1]) is list for x in looks) or reply.get("unlooked"):
+            raise CaseFatal("the opens of its input files were not all looked at")
+        return [(f, held) for f, held in looks]
 
     def memory_peak_mb(self):
         try:

@@ -30,12 +30,13 @@ import binascii
 import functools
 import json
 import marshal
+import os
 import re
 import socket
 import threading
 import time
 
-from minigrpo.judge import driver, driver_answer, standins, wire, wire_rpc, wire_shared, wire_values
+from minigrpo.judge import driver, driver_answer, inputs, opens, standins, wire, wire_rpc, wire_shared, wire_values
 from minigrpo.judge.sandbox import Limits, Sandbox
 
 # The answer's program: the channel's codec (wire_values.py, wire_shared.py, wire.py), then its request/reply and server
@@ -107,6 +108,7 @@ class Broker:
     def __init__(self, sock, code, checks, on_stuck=None):
         self.sock, self.code, self.checks, self.on_stuck = sock, code, checks, on_stuck
         self.live, self.started, self.lock, self.done = {}, set(), threading.Lock(), threading.Event()
+        self.watches = {}       # key -> the OpenWatch on its input files (opens.py), where the check asks for one
         self.deadline = time.monotonic() + 3 * STUCK_SLACK      # the driver's start-up, on a loaded machine
         self.threads = [threading.Thread(target=self._serve, daemon=True),
                         threading.Thread(target=self._watchdog, daemon=True)]
@@ -156,15 +158,29 @@ class Broker:
                 self.started.add((index, role))
                 self.deadline = float("inf")    # making a sandbox is the judge's time, not the driver's
             cpu_s = request.get("cpu_s")
-            sandbox = Sandbox(files, criterion_limits(check, cpu_s if type(cpu_s) in (int, float) else None))
-            proc = sandbox.start(python_source=CHILD_PROGRAM)
+            limits = criterion_limits(check, cpu_s if type(cpu_s) in (int, float) else None)
+            made = None
+            if role == "answer" and type(check.get("inputs")) is str:      # before the answer's process exists
+                made = inputs.make_inputs(check["inputs"], criterion_limits(check))
+            sandbox = Sandbox(files, limits, inputs=made and made[0])
+            watch = _watch(check, made, sandbox)
+            try:
+                proc = sandbox.start(python_source=CHILD_PROGRAM)
+            except BaseException:
+                _end(sandbox, watch)
+                raise
             key = f"s{index}-{role}"
             with self.lock:
                 self.live[key] = sandbox
+                self.watches[key] = watch
                 self.deadline = time.monotonic() + sandbox.limits.timeout + STUCK_SLACK
-            return {"id": key}, [proc.stdout, proc.stdin]
+            reply = {"id": key}
+            if made is not None:
+                reply["inputs"] = {"path": sandbox.inputs_path, "result": made[1], "files": made[2]}
+            return reply, [proc.stdout, proc.stdin]
         with self.lock:
-            sandbox = self.live.get(request.get("id")) if op in ("cpu", "memory", "files", "close") else None
+            sandbox = self.live.get(request.get("id")) if op in ("cpu", "memory", "files", "opens", "close") else None
+            watch = self.watches.get(request.get("id"))
         if sandbox is None:
             raise ValueError(f"unknown request {str(op)[:20]!r} or sandbox")
         if op == "cpu" and request.get("demand") is True:      # the driver's watch, every WATCH_EVERY
@@ -176,10 +192,14 @@ class Broker:
             return {"memory_mb": sandbox.memory_peak_mb()}, []
         if op == "files":
             return {"files": sandbox.open_files()}, []
+        if op == "opens":
+            return {"opens": None if watch is None else [list(look) for look in watch.looks],
+                    "unlooked": 0 if watch is None else watch.unlooked}, []
         with self.lock:
             self.live.pop(request["id"], None)
+            self.watches.pop(request["id"], None)
             self.deadline = time.monotonic() + STUCK_SLACK
-        sandbox.close()
+        _end(sandbox, watch)
         return {"closed": True}, []
 
     def _watchdog(self):
@@ -197,9 +217,29 @@ class Broker:
         """Stop serving and kill every answer sandbox still alive. Idempotent."""
         self.done.set()
         with self.lock:
-            live, self.live = list(self.live.values()), {}
-        for sandbox in live:
-            sandbox.close()
+            live, self.live, watches, self.watches = list(self.live.items()), {}, self.watches, {}
+        for key, sandbox in live:
+            _end(sandbox, watches.get(key))
+
+
+def _watch(check, made, sandbox):
+    """A look at what the sandbox holds at each open of an input file (opens.py), where the check asks for it
+    (`"look_on_open": true`) and the host allows it (root); else None."""
+    if made is None or check.get("look_on_open") is not True:
+        return None
+    try:
+        return opens.OpenWatch([os.path.join(made[0], rel) for rel in made[2]], sandbox.open_files)
+    except OSError:
+        return None
+
+
+def _end(sandbox, watch=None):
+    """Stop its watch, close an answer's sandbox, then remove the input folder it read (minigrpo/judge/inputs.py)."""
+    if watch is not None:
+        watch.close()
+    sandbox.close()
+    if sandbox.host_inputs:
+        inputs.remove_inputs(sandbox.host_inputs)
 
 
 def run_driver(code, checks, limit):

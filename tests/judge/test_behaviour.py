@@ -21,11 +21,13 @@ Calibration (CPU seconds measured here, 2 shared cores under load; naive with th
   numpy-pairwise c9           0.13-0.17    Python loops: 6.7                   1.0
   vectorize-loop-fix c8       0.10-0.15    a loop over elements in Python: 0.5-0.8; over rows or columns
                               (100k x 6, 6 x 100k, replies included); over rows or columns: 2-3.5  0.4
-  pathlib c6 (32 GB sparse)   < 0.01       read every file, zeros unhashed: 1-2  0.25
+  pathlib c6 (32 GB sparse)   < 0.01       read every file, zeros unhashed: 1-2  1.0 from the sandbox's
+                              (+ start-up and import, ~0.05-0.25)                       start
 Memory (MB the call adds to the sandbox's peak):
   numpy-pairwise c8           46           4 broadcast chunks: 410             160 (and a 1024 MB sandbox)
-  pathlib c7 (2 x 28 MB data) < 1          read_bytes(): 24-30                 14 (files written first)
+  pathlib c7 (2 x 28 MB data) < 1          read_bytes(): 24-30                 14 (baseline capped at 16)
   file-handle c7 (24 MB log)  ~0           readlines(): 165, read(): 186       24 beyond the log
+(the input files of these three are the judge's, made before the answer's process: minigrpo/judge/inputs.py)
 """
 
 from concurrent.futures import ThreadPoolExecutor

@@ -3,9 +3,14 @@
 closing criteria (c2-c5) that use it. A leak under another name (a hard link) or in a child process is the same
 leak; an honest answer that closes its files passes."""
 
+import os
+import threading
+import time
+
 import pytest
 
 from judging import TASKS, fenced, needs_full_sandbox, reference
+from minigrpo.judge.opens import OpenWatch
 from minigrpo.judge.sandbox import Limits, Sandbox
 
 HOLD = """
@@ -30,6 +35,34 @@ else:
     sys.stdout.flush()
     os.read(os.pipe()[0], 1)
 """
+
+
+def test_an_open_of_a_watched_file_waits_for_the_look(tmp_path):
+    """The look runs while the open is held (the opener has not got its file yet), once per open."""
+    path = tmp_path / "log"
+    path.write_text("x")
+    returned = []
+
+    def look():
+        time.sleep(0.2)             # time for an opener let through early to get its file
+        return ["returned" if returned else "waiting"]
+    try:
+        watch = OpenWatch([str(path)], look)
+    except OSError as e:
+        pytest.skip(f"no fanotify permission events here: {e}")
+    try:
+        def opener():
+            for _ in range(2):
+                with open(path) as f:
+                    returned.append(f.read())
+        t = threading.Thread(target=opener)
+        t.start()
+        t.join(10)
+    finally:
+        watch.close()
+    st = os.stat(path)
+    assert returned == ["x", "x"]
+    assert watch.looks == [[f"{st.st_dev}:{st.st_ino}", ["waiting"]], [f"{st.st_dev}:{st.st_ino}", ["returned"]]]
 
 
 @needs_full_sandbox

@@ -5,17 +5,18 @@ until the judge or the task file is fixed. The control (the same answer without 
 attack and must itself be graded.
 
 Groups:
-  harness in the answer's process   a criterion that builds its input with an `in_sandbox` snippet runs that
+  harness in the answer's process   a criterion that built its input with an `in_sandbox` snippet ran that
                                     snippet in the answer's process, with the answer's module globals and builtins:
-                                    the answer decides what the input is (a shadowed or patched `open` writes a few
-                                    KB where the harness writes 24 or 56 MB) and reads what the harness knows (the
-                                    expected count, from its caller's frame). The memory criteria then pay for
-                                    code that reads whole files.
+                                    the answer decided what the input was (a shadowed or patched `open` wrote a few
+                                    KB where the harness wrote 24 or 56 MB) and read what the harness knew (the
+                                    expected count, from its caller's frame), and the memory criteria paid for code
+                                    that reads whole files. Fixed: the judge makes the input files before the
+                                    answer's process exists (a check's `inputs`, minigrpo/judge/inputs.py).
   before the budget                 the same, for a CPU budget: work done on the inputs as the harness makes them,
                                     before its budget starts, was free (fixed in vectorize-loop-fix c8).
-  look when asked                   file-handle-leak-fix's closing criterion looks at the open files only when
-                                    the answer asks for its next path: take them all first and it never looks
-                                    mid-loop.
+  look when asked                   file-handle-leak-fix's closing criterion looked at the open files only when
+                                    the answer asked for its next path: take them all first and it never looked
+                                    mid-loop. Fixed: it looks at each open of a log, while the open waits.
   sleep and spin                    an answer that sleeps 2.5 s and spins 2 ms, forever, made "progress" at each
                                     look of the stall clock, and only the last-resort wall ceiling (10 x the CPU
                                     limit + 10 s) ended it (fixed: the stall clock asks for a share of the
@@ -26,6 +27,7 @@ Groups:
 import pytest
 
 from judging import TASKS, fenced, grade_all, reference
+from minigrpo.judge import opens
 from minigrpo.judge.answer_code import extract_code
 from redteam import custom_task, explain
 
@@ -47,7 +49,7 @@ def assert_no_more_than_control(judge, task_id, attack, control):
 # =================================================================================================================
 # Harness in the answer's process. file-handle-leak-fix: the reference with `readlines()` (honest, not streaming)
 # fails only c7, "streams large logs in bounded memory", and c1 beside it: 0.667. Each attack below is that same
-# answer plus a trick, and scores 1.0.
+# answer plus a trick; each scored 1.0 while a snippet in the answer's process wrote the log.
 
 READLINES = '''
 import json
@@ -117,13 +119,6 @@ import sys
     counts = {}
 ''')
 
-HARNESS_IN_PROCESS = ("a harness snippet builds the graded input, and holds the expected value, in the answer's "
-                      "own process: the answer rewrites what it writes (its globals, its builtins) and reads its "
-                      "frame. Fix: the judge places the input from outside the answer (the host writes the file) "
-                      "and the driver calls the answer with nothing expected in its process")
-
-
-@works(HARNESS_IN_PROCESS + " (measured: 1.0 against 0.667)")
 @pytest.mark.parametrize("attack", [SHADOWED_OPEN, PATCHED_BUILTINS, CALLER_FRAME],
                          ids=["shadowed_open", "patched_builtins", "caller_frame"])
 def test_a_whole_file_reader_does_not_pass_the_streaming_criterion_by_rewriting_the_harness(judge, attack):
@@ -132,7 +127,7 @@ def test_a_whole_file_reader_does_not_pass_the_streaming_criterion_by_rewriting_
 
 # pathlib-duplicate-files: the reference hashing each file in one read (correct, not bounded) fails c7, "reads in
 # bounded chunks (two identical 28 MB files)": 0.875. With a module-level `open` through which the harness's
-# SETUP writes one 1 MB chunk of each twin instead of 28, it scores 1.0.
+# SETUP wrote one 1 MB chunk of each twin instead of 28, it scored 1.0 while that snippet ran beside the answer.
 def whole_file_hashing():
     code = extract_code(reference("pathlib-duplicate-files"))
     loop = "        while chunk := f.read(CHUNK):\n            digest.update(chunk)\n"
@@ -173,7 +168,6 @@ def open(path, mode="r", *a, **k):
 '''
 
 
-@works(HARNESS_IN_PROCESS + " (measured: 1.0 against 0.875)")
 def test_a_whole_file_hasher_does_not_pass_the_bounded_reads_criterion_by_rewriting_the_harness(judge):
     plain = whole_file_hashing()
     assert_no_more_than_control(judge, "pathlib-duplicate-files", ONE_CHUNK_WRITER + plain, plain)
@@ -182,7 +176,8 @@ def test_a_whole_file_hasher_does_not_pass_the_bounded_reads_criterion_by_rewrit
 # file-handle-leak-fix c2 ("count_errors closes every file it opens") reads what the answer holds when it asks
 # for the next path: then it is done with the last. Code that never closes (each file is released only when `f` is
 # rebound, the last at return) fails it, 0.5; the same code that first takes every path (`paths = list(paths)`)
-# asks for none while a file is open, and the one look after the return finds the last released: 0.667.
+# asked for none while a file was open, and the one look after the return found the last released: 0.667. Fixed:
+# the judge also looks at each open of a log, while the kernel holds that open (minigrpo/judge/opens.py).
 NO_CLOSE = '''
 import json
 
@@ -206,8 +201,9 @@ def append_log(path, message):
 '''
 
 
-@works("c2 looks at the answer's open files only when it asks for the next path: an answer that takes all paths "
-       "first is never looked at mid-loop (measured: 0.667 against 0.5). Fix: a look the answer cannot schedule")
+@pytest.mark.xfail(not opens.available(), strict=True, raises=AssertionError,
+                   reason="this host refuses fanotify permission events (not root?): the judge cannot hold an open "
+                          "to look, and keeps only the looks it takes when the answer asks for a path")
 def test_taking_every_path_first_does_not_pass_the_closing_criterion(judge):
     early = NO_CLOSE.replace("    counts = {}\n", "    counts = {}\n    paths = list(paths)\n")
     assert early != NO_CLOSE

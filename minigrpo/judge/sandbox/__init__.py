@@ -57,10 +57,11 @@ from minigrpo.judge.sandbox.host import UidSlot, add_weakness, cgroup_layout, ki
     remove_tree
 from minigrpo.judge.sandbox.procs import TICK, demand, open_files, tree_pids, tree_ticks
 from minigrpo.judge.sandbox.launch import STUB, Limits, best_mode, launcher_argv, pool_uid_can_run_python
-from minigrpo.judge.sandbox.mounts import INSIDE_UID, WORKDIR, bwrap_command, hand_over, host_folder_command, \
-    new_host_folder, python_paths
+from minigrpo.judge.sandbox.mounts import INPUTS_AT, INSIDE_UID, WORKDIR, bwrap_command, hand_over, \
+    host_folder_command, new_host_folder, python_paths
 
-__all__ = ["Limits", "Sandbox", "isolation", "missing_isolation", "run", "remove_tree", "python_paths", "WORKDIR"]
+__all__ = ["Limits", "Sandbox", "isolation", "missing_isolation", "run", "remove_tree", "python_paths", "WORKDIR",
+           "INPUTS_AT"]
 
 MAX_OUTPUT = 1 << 20            # stdout bytes `run` keeps
 
@@ -101,8 +102,12 @@ def missing_isolation() -> list[str]:
 class Sandbox:
     """One sandboxed process tree; see the module docstring. Use as a context manager, or call close()."""
 
-    def __init__(self, files=None, limits=None, env=None, _mode=None, keep_fds=(), workdir=None, slot=None):
+    def __init__(self, files=None, limits=None, env=None, _mode=None, keep_fds=(), workdir=None, slot=None,
+                 inputs=None):
         self.files = dict(files or {})
+        # a host folder of input files the caller made and owns (minigrpo/judge/inputs.py): bound read-only at
+        # INPUTS_AT; without a mount namespace the payload reads it where it is. `inputs_path`: where it sees it
+        self.host_inputs, self.inputs_path = inputs, None
         # a host folder to work in instead of a fresh one, left in place by close(); it is handed to the sandbox's
         # uid before the payload starts (mounts.hand_over). slot: a UidSlot the caller holds, so that consecutive
         # sandboxes over that folder run as one uid; close() does not release it.
@@ -175,12 +180,14 @@ class Sandbox:
                 # the search bit (no sandbox sees the host folder's path, and its parent is not listable)
                 os.chmod(self.host_workdir, 0o711)
             inner = bwrap_command(lim, self.files, self._fds, uid, mode == "bwrap-userns", payload,
-                                  workdir=self.host_workdir)
+                                  workdir=self.host_workdir, inputs=self.host_inputs)
+            self.inputs_path = INPUTS_AT if self.host_inputs else None
             cwd = "/"
         else:
             self.folder = None if self.host_workdir else new_host_folder()
             self.workdir = self.host_workdir or self.folder
             inner = host_folder_command(self.workdir, self.files, uid, mode, root, weak, payload)
+            self.inputs_path = self.host_inputs
             cwd = self.workdir
         env.update({"HOME": self.workdir, "TMPDIR": self.workdir}, **self.extra_env)
         self.proc = subprocess.Popen(["/bin/sh", "-c", STUB, "sandbox"] + inner, stdin=subprocess.PIPE,

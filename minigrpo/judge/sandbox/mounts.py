@@ -22,6 +22,7 @@ import tempfile
 from minigrpo.judge.sandbox.host import add_weakness, remove_tree
 
 WORKDIR = "/sandbox"            # the work folder's path inside a bwrap sandbox
+INPUTS_AT = f"{WORKDIR}/inputs"     # where a sandbox sees a caller's read-only input folder (bwrap)
 INSIDE_UID = 65534              # what a user-namespace sandbox (non-root) shows as its uid
 
 
@@ -223,10 +224,13 @@ def _work_path(name):
     return f"{WORKDIR}/{rel}"
 
 
-def bwrap_command(limits, files, fds, uid, userns, payload, workdir=None):
+def bwrap_command(limits, files, fds, uid, userns, payload, workdir=None, inputs=None):
     """bwrap + its options + `payload` (the launcher and argv); `files` go in the work folder as memfds, whose fds
-    are appended to `fds` (the caller passes them to bwrap and closes them)."""
+    are appended to `fds` (the caller passes them to bwrap and closes them). `inputs`: a host folder bound
+    read-only at INPUTS_AT (a mount point: the payload can neither write into it nor rename or replace it)."""
     args = _bwrap_args(limits, fds, uid, userns=userns, workdir=workdir)
+    if inputs:
+        args += ["--ro-bind", inputs, INPUTS_AT]
     for name, text in files.items():
         dest = _work_path(name)
         parent = os.path.dirname(dest)
