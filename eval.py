@@ -40,12 +40,12 @@ import torch
 
 from minigrpo.evals import gsm8k, mdp, revise, soyuz, synthetic, terminal
 from minigrpo.evals.common import UsageError, adapter_base, resolve_adapter, resolve_model
-from minigrpo.common import Refusal
-from minigrpo.run import cli, lock
+from minigrpo.common import Refusal, pick_device, pick_dtype
+from minigrpo.run import cli, lock, memguard
 from minigrpo.run.folder import RunFolder
 from minigrpo.run.flags import WEAK_SANDBOX_HELP, sandbox_refusal
 from minigrpo.run.presets import PRESETS
-from minigrpo.tasks import TASKS
+from minigrpo.tasks import TASKS, task_class
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -154,6 +154,23 @@ def resolve_defaults(args):
     return args
 
 
+def refuse_what_cannot_fit(args):
+    """The sampling's memory plan (the weights at the compute dtype, the largest sampler call's caches and prefill:
+    --batch-size prompts, or terminal's one exercise, x --group-size) against the memory the device has, before the
+    model is loaded: one line naming the flags to lower (minigrpo/run/memguard.py, as train.py does)."""
+    from train import decode_rows
+    device = pick_device(args.device)
+    plan = argparse.Namespace(task=args.task, model=args.model, group_size=args.group_size,
+                              tasks_per_step=args.batch_size, max_new_tokens=args.max_new_tokens, micro_batch=1,
+                              lora_r=0, beta=0.0, lora_targets=None, grad_checkpoint=False)
+    rows = decode_rows(task_class(args.task), plan, args.batch_size)
+    try:
+        memguard.check_fits(plan, rows, device, pick_dtype(args.dtype, device), args.compile, training=False,
+                            lower="lower --batch-size, --group-size or --max-new-tokens")
+    except (OSError, ValueError):   # no config.json to plan from: loading the model names what is wrong with it
+        pass
+
+
 EVALS = {"gsm8k": gsm8k.eval_gsm8k, "soyuz": soyuz.eval_soyuz, "synthetic": synthetic.eval_synthetic,
          "mdp": mdp.eval_mdp, "revise": revise.eval_revise, "terminal": terminal.eval_terminal}
 
@@ -199,6 +216,7 @@ def main(argv=None) -> dict:
     def evaluate():
         check_args(args)
         resolve_defaults(args)
+        refuse_what_cannot_fit(args)   # before --out is made or the model loaded
         torch.manual_seed(args.sample_seed)
         held["made"] = hold_out(args.out)
         held["t0"] = time.perf_counter()

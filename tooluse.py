@@ -8,10 +8,16 @@ measured run: docs/agentic.md. A rerun into the same run folder skips the stages
 """
 import argparse
 
-from minigrpo.common import pick_device, set_cpu_threads
-from minigrpo.experiments.tool_pipeline import run_experiment
+import torch
+
+from minigrpo.common import UsageError, pick_device, set_cpu_threads
+from minigrpo.experiments.mdp_pipeline import scratch_config
+from minigrpo.experiments.tool_pipeline import ExperimentConfig, grpo_args, run_experiment
+from minigrpo.run import memguard
+from minigrpo.run.cli import usage_error
 from minigrpo.run.flags import check_device
-from train import train
+from minigrpo.tasks.lookup import LookupTask
+from train import decode_rows, train
 
 
 def main(argv=None):
@@ -33,9 +39,23 @@ def main(argv=None):
         check_device(args.device)
     except SystemExit as e:
         p.error(str(e))
+    try:
+        refuse_what_cannot_fit(args, ExperimentConfig())
+    except UsageError as e:
+        usage_error("tooluse.py", str(e))
     if pick_device(args.device).type == "cpu":
         args.threads = set_cpu_threads(args.threads)
     return run_experiment(args, trainer=train)
+
+
+def refuse_what_cannot_fit(args, cfg):
+    """The GRPO stage's memory plan (its from-scratch model, its fixed sizes) against the memory the device has,
+    before anything is built (minigrpo/run/memguard.py, as train.py does). No flag sizes it: the line says so."""
+    device = pick_device(args.device)
+    gargs = grpo_args(args, cfg, args.runs_dir, args.seed)
+    memguard.check_fits(gargs, decode_rows(LookupTask, gargs, gargs.tasks_per_step), device, torch.float32, False,
+                        cfg=scratch_config(cfg.scratch), lower="no flag of tooluse.py sizes it (its sizes are "
+                        "fixed: tool_pipeline.ExperimentConfig): free memory, or run it where more is free")
 
 
 if __name__ == "__main__":
