@@ -43,14 +43,14 @@ from minigrpo.evals.common import UsageError, adapter_base, resolve_adapter, res
 from minigrpo.common import Refusal, pick_device, pick_dtype
 from minigrpo.run import cli, lock, memguard
 from minigrpo.run.folder import RunFolder
-from minigrpo.run.flags import WEAK_SANDBOX_HELP, sandbox_refusal
+from minigrpo.run.flags import WEAK_SANDBOX_HELP, DefaultsShown, OneLineParser, sandbox_refusal
 from minigrpo.run.presets import PRESETS
 from minigrpo.tasks import TASKS, task_class
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="eval.py",
-                                description="Evaluate a model (and a LoRA adapter on it) on a minigrpo task.")
+    p = OneLineParser(prog="eval.py", description="Evaluate a model (and a LoRA adapter on it) on a minigrpo task.",
+                      formatter_class=DefaultsShown)
     p.add_argument("--task", required=True, choices=TASKS)
     p.add_argument("--model", help="hub id, local folder, 'tiny' or 'tiny-qwen3.5', a full fine-tune's checkpoint "
                                    "or run folder (its latest checkpoint) (default: the base --adapter names, else "
@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     # decoding
     p.add_argument("--max-new-tokens", type=int, help="default: the task's training preset")
     p.add_argument("--batch-size", type=int, default=32, help="prompts per sampler call")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--enable-thinking", action="store_true", help="let Qwen3/3.5 think (off, as in training)")
     p.add_argument("--compile", action="store_true", help="torch.compile the sampler's decode step (GPU speed)")
@@ -209,7 +209,7 @@ def drop_out(out, made) -> str:
 
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)  # argparse itself exits 2 on unknown flags or bad values
+    args = cli.parse("eval.py", build_parser().parse_args, argv)  # a flag argparse refuses: one line, exit 2
     args.argv = argv
     held = {}                       # hold_out's answer and the start of the eval, once it got that far
 
