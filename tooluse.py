@@ -15,13 +15,14 @@ from minigrpo.experiments.mdp_pipeline import scratch_config
 from minigrpo.experiments.tool_pipeline import ExperimentConfig, grpo_args, run_experiment
 from minigrpo.run import memguard
 from minigrpo.run.cli import usage_error
-from minigrpo.run.flags import check_device
+from minigrpo.run.flags import DefaultsShown, check_device
 from minigrpo.tasks.lookup import LookupTask
 from train import decode_rows, train
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="GRPO teaches a tiny model to call a lookup tool (CPU, minutes)")
+    p = argparse.ArgumentParser(description="GRPO teaches a tiny model to call a lookup tool (CPU, minutes)",
+                                formatter_class=DefaultsShown)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", help="cuda | mps | cpu (default: the best available)")
     p.add_argument("--threads", type=int, help="CPU threads (default: OMP_NUM_THREADS, else the idle cores)")
