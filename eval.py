@@ -41,16 +41,17 @@ import torch
 from minigrpo.evals import gsm8k, mdp, revise, soyuz, synthetic, terminal
 from minigrpo.evals.common import UsageError, adapter_base, resolve_adapter, resolve_model
 from minigrpo.errors import Refusal
-from minigrpo.run import cli, lock
+from minigrpo.machine import pick_device, pick_dtype
+from minigrpo.run import cli, lock, memguard
 from minigrpo.run.folder import RunFolder
-from minigrpo.run.flags import WEAK_SANDBOX_HELP, sandbox_refusal
+from minigrpo.run.flags import WEAK_SANDBOX_HELP, DefaultsShown, OneLineParser, sandbox_refusal
 from minigrpo.run.presets import PRESETS
-from minigrpo.tasks import TASKS
+from minigrpo.tasks import TASKS, task_class
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="eval.py",
-                                description="Evaluate a model (and a LoRA adapter on it) on a minigrpo task.")
+    p = OneLineParser(prog="eval.py", description="Evaluate a model (and a LoRA adapter on it) on a minigrpo task.",
+                      formatter_class=DefaultsShown)
     p.add_argument("--task", required=True, choices=TASKS)
     p.add_argument("--model", help="hub id, local folder, 'tiny' or 'tiny-qwen3.5', a full fine-tune's checkpoint "
                                    "or run folder (its latest checkpoint) (default: the base --adapter names, else "
@@ -73,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     # decoding
     p.add_argument("--max-new-tokens", type=int, help="default: the task's training preset")
     p.add_argument("--batch-size", type=int, default=32, help="prompts per sampler call")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--enable-thinking", action="store_true", help="let Qwen3/3.5 think (off, as in training)")
     p.add_argument("--compile", action="store_true", help="torch.compile the sampler's decode step (GPU speed)")
@@ -154,6 +155,23 @@ def resolve_defaults(args):
     return args
 
 
+def refuse_what_cannot_fit(args):
+    """The sampling's memory plan (the weights at the compute dtype, the largest sampler call's caches and prefill:
+    --batch-size prompts, or terminal's one exercise, x --group-size) against the memory the device has, before the
+    model is loaded: one line naming the flags to lower (minigrpo/run/memguard.py, as train.py does)."""
+    from train import decode_rows
+    device = pick_device(args.device)
+    plan = argparse.Namespace(task=args.task, model=args.model, group_size=args.group_size,
+                              tasks_per_step=args.batch_size, max_new_tokens=args.max_new_tokens, micro_batch=1,
+                              lora_r=0, beta=0.0, lora_targets=None, grad_checkpoint=False)
+    rows = decode_rows(task_class(args.task), plan, args.batch_size)
+    try:
+        memguard.check_fits(plan, rows, device, pick_dtype(args.dtype, device), args.compile, training=False,
+                            lower="lower --batch-size, --group-size or --max-new-tokens")
+    except (OSError, ValueError):   # no config.json to plan from: loading the model names what is wrong with it
+        pass
+
+
 EVALS = {"gsm8k": gsm8k.eval_gsm8k, "soyuz": soyuz.eval_soyuz, "synthetic": synthetic.eval_synthetic,
          "mdp": mdp.eval_mdp, "revise": revise.eval_revise, "terminal": terminal.eval_terminal}
 
@@ -192,13 +210,14 @@ def drop_out(out, made) -> str:
 
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)  # argparse itself exits 2 on unknown flags or bad values
+    args = cli.parse("eval.py", build_parser().parse_args, argv)  # a flag argparse refuses: one line, exit 2
     args.argv = argv
     held = {}                       # hold_out's answer and the start of the eval, once it got that far
 
     def evaluate():
         check_args(args)
         resolve_defaults(args)
+        refuse_what_cannot_fit(args)   # before --out is made or the model loaded
         torch.manual_seed(args.sample_seed)
         held["made"] = hold_out(args.out)
         held["t0"] = time.perf_counter()

@@ -372,7 +372,7 @@ def build_policy(args, device, dtype):
     try:                    # a folder, config.json or hub that cannot be used: one line naming --model and the file
         model, tok = load_pretrained(args.model, dtype, device), Tokenizer.from_pretrained(args.model)
     except (OSError, ValueError) as e:
-        raise UsageError(f"--model {args.model}: {first_line(e)}{model_hint(args.model)}") from None
+        raise UsageError(f"--model {args.model}: {first_line(e)}") from None
     if args.lora_r > 0:
         kw = {"targets": args.lora_targets.split(",")} if args.lora_targets else {}
         try:
@@ -391,13 +391,6 @@ def build_policy(args, device, dtype):
     if args.grad_checkpoint:
         enable_activation_checkpointing(model)
     return model, tok, params, reference
-
-
-def model_hint(name: str) -> str:
-    """"; did you mean 'tiny'?" for a --model that is neither a folder nor a hub id but close to a built-in name."""
-    import difflib
-    close = difflib.get_close_matches(name, ["tiny", "tiny-qwen3.5"], n=1)
-    return f"; did you mean {close[0]!r}?" if close and not os.path.exists(name) else ""
 
 
 def save(run, step, up, tok, args, dist_info, state):

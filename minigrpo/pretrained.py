@@ -186,13 +186,21 @@ def is_hub_id(p: str) -> bool:
     return p.count("/") == 1 and not p.startswith((".", "/", "~")) and not os.path.exists(p)
 
 
+def nearest_tiny(name: str) -> str:
+    """"; did you mean 'tiny'?" for a name that is close to a built-in model's (a typo of one)."""
+    import difflib
+    close = difflib.get_close_matches(name, TINY_MODELS, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def local_folder(path_or_hub_id, files=MODEL_FILES):
     """A local folder as is; otherwise an 'org/name' hub id, fetched (only `files`) into the hub cache."""
     p = str(path_or_hub_id)
     if os.path.isdir(p):
         return p
     if not is_hub_id(p):
-        raise FileNotFoundError(f"{p}: no such checkpoint folder (and not a hub id like 'Qwen/Qwen3-0.6B')")
+        raise FileNotFoundError(f"{p}: no such checkpoint folder (and not a hub id like 'Qwen/Qwen3-0.6B')"
+                                f"{nearest_tiny(p)}")
     from huggingface_hub import snapshot_download
     try:
         return snapshot_download(repo_id=p, allow_patterns=files)

@@ -125,13 +125,16 @@ def pipeline_config(model: str) -> PipelineConfig:
 # -----------------------------------------------------------------------------------------------------------------
 # Models
 
+def scratch_config(overrides: dict) -> QwenConfig:
+    return QwenConfig.from_dict({**QwenConfig.tiny("tiny").raw, **overrides}, source="mdp_pipeline.TINY_MDP")
+
+
 def scratch_model(overrides: dict, seed: int, device, dtype) -> Qwen:
     """A from-scratch Qwen3 for the byte tokenizer: QwenConfig.tiny with `overrides`. Every matrix starts at
     normal(0, 1/fan_in): at width 64 HF's normal(0, 0.02) shrinks each layer's output ~6x, the attention branches
     start near silent, and the model sits at the letter marginal for thousands of steps before it finds the
     read-the-column circuit."""
-    raw = {**QwenConfig.tiny("tiny").raw, **overrides}
-    model = Qwen(QwenConfig.from_dict(raw, source="mdp_pipeline.TINY_MDP"))
+    model = Qwen(scratch_config(overrides))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():  # norms stay at 1; the tied embedding (V, H) gets std 1/sqrt(H)

@@ -90,7 +90,8 @@ def save_model(model, folder, tok=None):
     """model.safetensors + config.json, and with `tok` the tokenizer's files: a model folder that
     pretrained.load_pretrained and eval.py --model load."""
     os.makedirs(folder, exist_ok=True)
-    save_file({k: v.cpu() for k, v in full_weights(model).items()}, os.path.join(folder, "model.safetensors"))
+    tensors = {k: v.cpu() for k, v in full_weights(model).items()}
+    atomic_write(os.path.join(folder, "model.safetensors"), lambda p: save_file(tensors, p))   # mode as open()'s
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(model.config.raw, f, indent=2)
     if tok is not None:

@@ -26,6 +26,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from minigrpo.files import atomic_write
 from minigrpo.run.lora_files import load_adapter, save_adapter
 
 PREFIX = "step-"
@@ -106,7 +107,8 @@ def save(ckpt_dir: str, step: int, model, trainer_state: dict, lora: bool, token
     if lora:
         save_adapter(model, os.path.join(tmp, "adapter"))
     else:
-        save_file(full_weights(model), os.path.join(tmp, "model.safetensors"))
+        weights = full_weights(model)       # atomic_write gives it open()'s mode; safetensors' own is 0600
+        atomic_write(os.path.join(tmp, "model.safetensors"), lambda p: save_file(weights, p))
         if model.config.raw:        # a model built from a config.json (hub, folder, tiny): a model folder too
             with open(os.path.join(tmp, "config.json"), "w") as f:
                 json.dump(model.config.raw, f, indent=2)

@@ -24,7 +24,8 @@ class DefaultsShown(argparse.HelpFormatter):
     """--help names each flag's default (a flag whose default a task's preset supplies has none here)."""
 
     def _format_action(self, action):
-        shown = action.default not in (None, False, argparse.SUPPRESS) and action.option_strings
+        shown = all(action.default is not v for v in (None, False, argparse.SUPPRESS)) and action.option_strings \
+            and "default" not in (action.help or "")       # a help that words its default itself
         if shown:           # a flag without a help text still gets its default's line
             action = copy.copy(action)
             action.help = f"{action.help or ''} (default: %(default)s)".strip()

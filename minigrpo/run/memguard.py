@@ -54,16 +54,25 @@ def lower_flags(p: dict, args) -> str:
     return "--micro-batch or --max-new-tokens" + ("" if args.grad_checkpoint else ", or pass --grad-checkpoint")
 
 
-def check_fits(args, rows: int, device: torch.device, dtype: torch.dtype, fast_decode: bool):
-    """Raise UsageError when the run `args` would start (largest sampler call: `rows` rows) cannot fit `device`."""
-    if "/" not in args.model and args.model not in ("tiny", "tiny-qwen3.5"):
-        return              # neither a folder nor a hub id: loading the model says so, with the nearest name
-    cfg, _ = memplan.load_config(args.model)
+def check_fits(args, rows: int, device: torch.device, dtype: torch.dtype, fast_decode: bool, cfg=None,
+               lower: str | None = None, training: bool = True):
+    """Raise UsageError when the run `args` would start (largest sampler call: `rows` rows) cannot fit `device`.
+    cfg: the model's QwenConfig where args.model does not name it (a model built from scratch); lower: what the line
+    tells the user to do (default: lower the flags that size the plan's larger side); training=False: a sampling
+    run (eval.py), which holds the weights at the compute dtype and the rollout, and trains nothing."""
+    if cfg is None:
+        if "/" not in args.model and args.model not in ("tiny", "tiny-qwen3.5"):
+            return          # neither a folder nor a hub id: loading the model says so, with the nearest name
+        cfg, _ = memplan.load_config(args.model)
     shape, s = memplan.run_shape(args, rows)
-    p = memplan.plan(cfg, shape, dtype, s["lora_r"], s["targets"], s["beta"], fast_decode=fast_decode)
-    peak = p["peak_ckpt" if args.grad_checkpoint else "peak"]
+    if training:
+        p = memplan.plan(cfg, shape, dtype, s["lora_r"], s["targets"], s["beta"], fast_decode=fast_decode)
+        peak = p["peak_ckpt" if args.grad_checkpoint else "peak"]
+    else:
+        p = memplan.plan(cfg, shape, dtype, 0, fast_decode=fast_decode)
+        peak = p["params"] * (torch.finfo(dtype).bits // 8) + p["static_caches"] + p["rollout"]
     have, where = device_available(device)
     if needed(peak, device) > have:
+        todo = lower or f"lower {lower_flags(p, args)} (`train.py ... --plan` shows the plan)"
         raise UsageError(f"the run needs ~{needed(peak, device) / GiB:,.1f} GiB at its peak and {device.type} has "
-                         f"{have / GiB:,.1f} GiB ({where}): lower {lower_flags(p, args)} (`train.py ... --plan` "
-                         "shows the plan)")
+                         f"{have / GiB:,.1f} GiB ({where}): {todo}")

@@ -70,20 +70,31 @@ def test_a_refused_flag_is_a_usage_line(capsys):
     assert e.value.code == 0
 
 
-def test_a_typo_in_a_choice_is_one_line_with_the_nearest(capsys):
-    import train
+@pytest.mark.parametrize("script", ["train", "eval"])
+def test_a_typo_in_a_choice_is_one_line_with_the_nearest(script, capsys):
+    main = __import__(script).main
     with pytest.raises(SystemExit) as e:
-        train.main(["--task", "synthtic"])
+        main(["--task", "synthtic"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and err == ["train.py: error: argument --task: invalid choice: 'synthtic' (choose from "
-                                         "'synthetic', 'soyuz', 'gsm8k', 'mdp', 'revise', 'terminal'); did you mean "
-                                         "'synthetic'?"]
+    assert e.value.code == 2 and err == [f"{script}.py: error: argument --task: invalid choice: 'synthtic' (choose "
+                                         "from 'synthetic', 'soyuz', 'gsm8k', 'mdp', 'revise', 'terminal'); did you "
+                                         "mean 'synthetic'?"]
 
 
-def test_help_shows_the_defaults(capsys):
-    import train
+def test_a_typo_of_a_built_in_model_names_it():
+    from minigrpo.pretrained import local_folder
+    with pytest.raises(FileNotFoundError, match=r"no such checkpoint folder .*; did you mean 'tiny'\?$"):
+        local_folder("tinyy")
+
+
+@pytest.mark.parametrize("script, shown", [
+    ("train", ["G: samples per prompt (default: 8)", "--max-new-tokens MAX_NEW_TOKENS (default: 256)",
+               "--beta BETA KL coefficient (0 = no reference forward) (default: 0.0)"]),
+    ("eval", ["prompts per sampler call (default: 32)", "0 = greedy (default: 0.0)"])])
+def test_help_shows_the_defaults(script, shown, capsys):
+    """Every flag with a default names it, a default of 0 too."""
     with pytest.raises(SystemExit) as e:
-        train.main(["--help"])
+        __import__(script).main(["--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert e.value.code == 0
-    assert "G: samples per prompt (default: 8)" in out and "--max-new-tokens MAX_NEW_TOKENS (default: 256)" in out
+    assert [s for s in shown if s not in out] == []

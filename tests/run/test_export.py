@@ -192,10 +192,13 @@ def test_an_export_to_a_full_or_read_only_disk_is_one_line(runs, tmp_path, capsy
 
 
 def test_the_exported_weights_are_readable_as_the_umask_allows(runs, tmp_path):
-    """model.safetensors is a model to share: its mode follows the umask (0644 under 022), not a private 0600."""
+    """model.safetensors is a model to share: its mode follows the umask (0644 under 022), not a private 0600; so
+    does a full fine-tune checkpoint's, a model folder too (the run folder around it is what is private)."""
     old = os.umask(0o022)
     try:
         export.main([runs["full"][0], str(tmp_path / "out")])
     finally:
         os.umask(old)
     assert oct(os.stat(tmp_path / "out" / "model.safetensors").st_mode & 0o777) == oct(0o644)
+    ckpt = os.path.join(runs["full"][0], "checkpoints", "step-2", "model.safetensors")
+    assert oct(os.stat(ckpt).st_mode & 0o777) == oct(0o666 & ~old)

@@ -46,3 +46,51 @@ def test_the_guard_compares_the_plan_with_what_the_device_has(monkeypatch):
     monkeypatch.setattr(memguard, "device_available", lambda d: (2 ** 20, "a fake 1 MiB limit"))
     with pytest.raises(memguard.UsageError, match=r"has 0.0 GiB \(a fake 1 MiB limit\): lower"):
         check()
+
+
+# eval.py and tooluse.py: the same guard before their model is loaded or built
+
+def test_an_eval_that_cannot_fit_is_one_line_before_any_work(tmp_path, capsys):
+    import eval as ev
+    with pytest.raises(SystemExit) as e:
+        ev.main(["--task", "synthetic", "--model", "tiny", "--max-new-tokens", "1000000", "--quiet",
+                 "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith("eval.py: error: the run needs ~") and \
+        err[0].endswith("lower --batch-size, --group-size or --max-new-tokens"), err
+    assert not (tmp_path / "out").exists()          # refused before --out was made
+
+
+def test_the_eval_guard_plans_sampling_only(monkeypatch, tmp_path):
+    """eval.py holds the weights at the compute dtype and the sampler's caches, not a training run's fp32 weights,
+    Adam state and activations. tiny with Qwen's 151,936-row vocabulary at G=8: the sampling plan needs ~94 MiB,
+    the training plan of the same shape ~218 MiB (the same at 1 and 2 threads), so a 150 MiB limit lets the eval
+    start and refuses it once the training plan is used; with 1 MiB left the eval is refused."""
+    import json
+    import eval as ev
+    from minigrpo.pretrained import QwenConfig
+    (tmp_path / "config.json").write_text(json.dumps({**QwenConfig.tiny("tiny").raw, "vocab_size": 151936}))
+    args = ev.resolve_defaults(ev.build_parser().parse_args(["--task", "synthetic", "--model", str(tmp_path),
+                                                             "--device", "cpu", "--group-size", "8"]))
+    monkeypatch.setattr(memguard, "device_available", lambda d: (150 * 2 ** 20, "a fake 150 MiB limit"))
+    ev.refuse_what_cannot_fit(args)
+    monkeypatch.setattr(memguard, "device_available", lambda d: (2 ** 20, "a fake 1 MiB limit"))
+    with pytest.raises(memguard.UsageError, match=r"has 0.0 GiB \(a fake 1 MiB limit\): lower --batch-size"):
+        ev.refuse_what_cannot_fit(args)
+
+
+def test_tooluse_that_cannot_fit_is_one_line_before_any_work(monkeypatch, tmp_path, capsys):
+    """tooluse.py's sizes are fixed: 512 MiB holds its GRPO stage; 1 MiB does not, and the line says no flag helps."""
+    import tooluse
+    monkeypatch.setattr(memguard, "device_available", lambda d: (512 * 2 ** 20, "a fake 512 MiB limit"))
+    tooluse.refuse_what_cannot_fit(tooluse.argparse.Namespace(device="cpu", threads=None, runs_dir=str(tmp_path),
+                                                             seed=0), tooluse.ExperimentConfig())
+    monkeypatch.setattr(memguard, "device_available", lambda d: (2 ** 20, "a fake 1 MiB limit"))
+    monkeypatch.setattr(tooluse, "run_experiment", lambda *a, **k: pytest.fail("the experiment started"))
+    with pytest.raises(SystemExit) as e:
+        tooluse.main(["--runs-dir", str(tmp_path / "runs"), "--device", "cpu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith("tooluse.py: error: the run needs ~") and "no flag of tooluse.py sizes it" in err[0]
+    assert not (tmp_path / "runs").exists()
