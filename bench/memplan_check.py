@@ -83,7 +83,8 @@ def parse(argv=None):
     p.add_argument("--layers-at", type=int, help="check each layer's fit against a measurement at this length")
     args = p.parse_args(argv)
     defaults = dict(dtype="float32", device="cpu", threads=min(2, os.cpu_count() or 1), repeats=1, lora_r=32,
-                    beta=0.04, temperature=1.0, lr=1e-4, vocab_size=shapes.TOKENS[args.shape][0])
+                    beta=0.04, temperature=1.0, lr=1e-4, vocab_size=shapes.TOKENS[args.shape][0],
+                    no_ops=True)   # the peak is all this check reads: no third step to count ops in
     args = argparse.Namespace(**{**defaults, **vars(args)})
     args.checkpointing = [False] if args.no_checkpointing_only else [False, True]
     return args

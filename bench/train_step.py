@@ -308,7 +308,7 @@ def child(args):
     # in VmHWM: 27-45 MB on the tiny model, more than its activations. It is not memory the step allocates.
     peak = used(args.device, peak=True) - base - (code_bytes(args.device) - code0)
     med = {k: statistics.median(p[k] for p in phases) for k in phases[0]}
-    ops = count_ops(lambda: step_once(step, params, opt, lambda name: None))
+    ops = None if args.no_ops else count_ops(lambda: step_once(step, params, opt, lambda name: None))
     print(json.dumps({"peak": peak, "base": base, "times": times, "cpu": cpu, "phases": med, "losses": losses,
                       "norms": norms, "ops": ops}))
 
@@ -351,6 +351,7 @@ def run_child(name, folder, args):
         if getattr(args, k) is not None:
             cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
     cmd += ["--grad-checkpoint"] if args.grad_checkpoint else []
+    cmd += ["--no-ops"] if getattr(args, "no_ops", False) else []
     env = dict(os.environ)
     if args.device == "cpu":  # see the module docstring: peak RSS should follow live tensors, not malloc's history
         env.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
@@ -433,6 +434,7 @@ def main():
                    help="per-layer activation checkpointing in both stacks (train.py --grad-checkpoint; TRL's "
                         "gradient_checkpointing=True)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--no-ops", action="store_true", help=argparse.SUPPRESS)  # a peak only: no step to count ops in
     p.add_argument("--impl", choices=["ours", "hf"], help=argparse.SUPPRESS)
     p.add_argument("--folder", help=argparse.SUPPRESS)
     args = p.parse_args()

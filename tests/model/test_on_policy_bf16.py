@@ -67,15 +67,28 @@ def policy():
 SETTINGS = Settings(n=N, max_new_tokens=NEW, temperature=1.0, vocab_size=VOCAB, stop_ids=())
 
 
+_scored = {}
+
+
+def scores(model, ids):
+    """The trainer's log-probs of the last NEW tokens of ids, with the adapters on and off. A batch of ids scored
+    before (a continued prefill that sampled what the fresh one did) is not scored again: the same batch gives the
+    same numbers on the CPU, and these two bf16 passes at full width are most of this file's time."""
+    key = (id(model), tuple(ids.shape), ids.numpy().tobytes())
+    if key not in _scored:
+        trainer = token_logprobs(model, ids, scale=(1.0, VOCAB))[:, -NEW:]
+        with adapters_disabled(model):
+            _scored[key] = trainer, token_logprobs(model, ids, scale=(1.0, VOCAB))[:, -NEW:]
+    return _scored[key]
+
+
 @torch.no_grad()
 def measure(model, prompts, reuse=None, **path):
     """(share, gap) of one decode path's samples, as train.py's step metrics compute them."""
     samples = sample(model, prompts, replace(SETTINGS, **path), seed=3, reuse=reuse)
     ids = torch.tensor([prompts[s.prompt_index] + s.completion_ids for s in samples])    # (P*N, prompt + NEW)
     sampled = torch.tensor([s.logprobs for s in samples])                                # (P*N, NEW)
-    trainer = token_logprobs(model, ids, scale=(1.0, VOCAB))[:, -NEW:]
-    with adapters_disabled(model):
-        ref = token_logprobs(model, ids, scale=(1.0, VOCAB))[:, -NEW:]
+    trainer, ref = scores(model, ids)
     mask = torch.ones_like(sampled, dtype=torch.bool)
     st = dict(token_sums(trainer, sampled, ref, mask), tokens=mask.numel())
     gap = float((trainer - sampled).abs().mean())
