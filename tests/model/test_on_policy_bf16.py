@@ -20,6 +20,7 @@ of 7.1e-3 (eager 4.1e-3); the inductor-compiled path 0.34 and 9.0e-3.
 """
 import json
 import os
+import weakref
 from dataclasses import replace
 
 import pytest
@@ -67,19 +68,19 @@ def policy():
 SETTINGS = Settings(n=N, max_new_tokens=NEW, temperature=1.0, vocab_size=VOCAB, stop_ids=())
 
 
-_scored = {}
+_scored = weakref.WeakKeyDictionary()    # per model object: a model made later at a freed one's address is new
 
 
 def scores(model, ids):
     """The trainer's log-probs of the last NEW tokens of ids, with the adapters on and off. A batch of ids scored
     before (a continued prefill that sampled what the fresh one did) is not scored again: the same batch gives the
     same numbers on the CPU, and these two bf16 passes at full width are most of this file's time."""
-    key = (id(model), tuple(ids.shape), ids.numpy().tobytes())
-    if key not in _scored:
+    seen, key = _scored.setdefault(model, {}), (tuple(ids.shape), ids.numpy().tobytes())
+    if key not in seen:
         trainer = token_logprobs(model, ids, scale=(1.0, VOCAB))[:, -NEW:]
         with adapters_disabled(model):
-            _scored[key] = trainer, token_logprobs(model, ids, scale=(1.0, VOCAB))[:, -NEW:]
-    return _scored[key]
+            seen[key] = trainer, token_logprobs(model, ids, scale=(1.0, VOCAB))[:, -NEW:]
+    return seen[key]
 
 
 @torch.no_grad()
