@@ -109,13 +109,11 @@ _tc.TestClient.get = _get
 
 
 @needs("fastapi", "httpx")
-@works("c8's TestClient runs in the answer's process, so the status codes it reports are the answer's word: a "
-       "module-level TestClient.get that answers 422 pays an endpoint that validates nothing (measured: 1.0 "
-       "against 0.0 on c8; 1.0 against 0.875 on the whole task). Fix: requests reach the app from outside the "
-       "answer's process (an ASGI call driven by the driver), or c8 is answer evidence")
 def test_an_endpoint_without_validation_does_not_answer_422_through_a_faked_test_client(judge):
+    """Was 1.0 against 0.0 on c8 (1.0 against 0.875 on the whole task). Fixed: c8's TestClient runs in the
+    answer's process, so c8 is answer evidence, left to the LLM grader in local mode; c1 beside it is graded."""
     plain = unvalidated_endpoint()
-    assert_no_more_than_control(judge, "fastapi-pagination-fix", ["c8"], plain + FAKE_TEST_CLIENT, plain)
+    assert_no_more_than_control(judge, "fastapi-pagination-fix", ["c1", "c8"], plain + FAKE_TEST_CLIENT, plain)
 
 
 # =================================================================================================================
