@@ -279,7 +279,7 @@ _REASONS = [re.compile(p + _WHERE) for p in (
     r"the answer's module did not list its names", r"not run: the answer spent its time budget on earlier criteria",
     rf"timed out: its module's top-level code used over {_NUMBER}s of CPU",
     r"not run: the answer's module did not finish importing on an earlier criterion",
-    re.escape(STOPPED), re.escape(driver_answer.TOO_LARGE),
+    re.escape(STOPPED), re.escape(driver_answer.TOO_LARGE), re.escape(driver_answer.TOO_MANY_FDS),
     re.escape(f"{driver_answer.NOT_PLAIN} ({wire.SAME_HASH})"))]
 _PREFIXES = (driver_answer.NOT_PLAIN, "the judge's broker is gone", "the sandbox could not be started")
 

@@ -19,6 +19,10 @@ Groups:
                                  every other path, opened no log during the call, and the opens at import satisfied
                                  the look (measured: 1.0 against 0.0 for the leak). Fixed in the task file: only
                                  the opens of the call count, and each log must be opened there.
+  past the listing's end         a leak behind 4,200 descriptors opened at import passed every closing criterion
+                                 of file-handle-leak-fix (1.0 against 0.25 on c2-c5): the listing stops at 4,096
+                                 and ends in the same entry each time. Fixed in driver_answer.py: a cut listing
+                                 fails the case.
   a file held at import          file-handle-leak-fix c7 on a log read whole at import and answered from a cache:
                                  the baseline is capped (held).
 """
@@ -131,6 +135,20 @@ def test_a_leak_hidden_in_the_sandbox_is_seen(closing, how):
 def test_a_leak_answered_from_a_cache_made_at_import_fails(closing):
     assert score(closing["cached"]) <= score(closing["leak"]), explain(closing["cached"])
 
+
+
+# The listing of what the sandbox holds stops at procs.MAX_FDS descriptors (the sandbox allows 20,000) and ends in
+# one entry saying so, the same in every cut listing: each test's "opened since the look before the call" was
+# empty, and the leaked logs, numbered past the cut, were never listed. The prompt's leak behind 4,200 descriptors
+# of /dev/null opened at import scored 1.0 on c2-c5 against 0.25. Fixed in driver_answer.py: a cut listing fails
+# the case (a leak in itself).
+PADDED = "import os\n_pad = [os.open('/dev/null', os.O_RDONLY) for _ in range(4200)]\n" + LEAK
+
+
+def test_a_leak_behind_more_descriptors_than_the_judge_lists_fails(judge):
+    got = grade_on(judge, only("file-handle-leak-fix", ["c2", "c3", "c4", "c5"]), {"padded": PADDED, "leak": LEAK})
+    assert score(got["leak"]) < 1.0, explain(got["leak"])
+    assert score(got["padded"]) <= score(got["leak"]), explain(got["padded"])
 
 
 # c7 (bounded memory) on a log read whole at import, answered from a cache: the memory taken and freed before the
