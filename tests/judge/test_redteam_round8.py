@@ -1,8 +1,9 @@
 """An eighth red team, against the three mechanisms that landed last: a criterion's input files made by the judge
 before the answer runs (judge/inputs.py), the look at what the answer holds at each open of an input file
 (judge/opens.py, file-handle-leak-fix c2), and the stall clock's share (driver_answer.py). Each test asserts the
-secure behaviour; what this round found is fixed, and the tests of what held keep it held. The control (the same
-answer without the trick) is graded beside the attack, on the criteria the attack is about only.
+secure behaviour; what this round found is fixed or a strict xfail with the scores measured, and the tests of what
+held keep it held. The control (the same answer without the trick) is graded beside the attack, on the criteria the
+attack is about only.
 
 Groups:
   the inputs are frozen          the answer cannot rename, remount or unmount its input folder, hard-link a file
@@ -19,10 +20,16 @@ Groups:
                                  every other path, opened no log during the call, and the opens at import satisfied
                                  the look (measured: 1.0 against 0.0 for the leak). Fixed in the task file: only
                                  the opens of the call count, and each log must be opened there.
+  copies of the logs             (strict xfail) the logs copied, each closed, then the leak on the copies: the
+                                 mark is on the logs only, so no look falls inside the leaking loop (1.0 against
+                                 0.0 on c2).
   past the listing's end         a leak behind 4,200 descriptors opened at import passed every closing criterion
                                  of file-handle-leak-fix (1.0 against 0.25 on c2-c5): the listing stops at 4,096
                                  and ends in the same entry each time. Fixed in driver_answer.py: a cut listing
                                  fails the case.
+  the stall clock's share        (no test) an answer that sleeps while a thread of its own spins keeps its share
+                                 above half and is not stalled; it spends its CPU budget instead and times out,
+                                 which pays what a stall pays: nothing, and the full timeout is charged either way.
   a file held at import          file-handle-leak-fix c7 on a log read whole at import and answered from a cache:
                                  the baseline is capped (held).
 """
@@ -113,11 +120,25 @@ if os.path.isdir("{INPUTS_AT}"):
 ''').replace("    for p in list(paths):\n", "    for p in list(paths):\n        if p in _COUNTS:\n"
                                             "            counts[p] = _COUNTS[p]\n            continue\n")
 
+# Generic code, no path of the judge's in it: each log copied whole to a folder of the answer's (its file closed),
+# then the prompt's leak on the copies. Every open of a log is looked at and holds nothing; the copies are not
+# watched, so no look falls inside the leaking loop, and the last copy is released when the call returns.
+STAGED = LEAK.replace("import json\n", "import json\nimport os\nimport shutil\nimport tempfile\n").replace(
+    '''    for p in list(paths):
+        f = open(p, encoding="utf-8")
+''', '''    staged = {}
+    work = tempfile.mkdtemp()
+    for p in list(paths):
+        staged[p] = shutil.copy(p, os.path.join(work, str(len(staged))))
+    for p, copy in staged.items():
+        f = open(copy, encoding="utf-8")
+''')
+
 @pytest.fixture(scope="module")
 def closing(judge):
     """c2 of file-handle-leak-fix for the reference, the leak, and each way of hiding it (one grading call)."""
     answers = {"reference": extract_code(reference("file-handle-leak-fix")), "leak": LEAK,
-               "cached": CACHED_AT_IMPORT, **HIDE}
+               "cached": CACHED_AT_IMPORT, "staged": STAGED, **HIDE}
     assert all(code != LEAK for name, code in answers.items() if name != "leak"), "an attack no longer applies"
     return grade_on(judge, only("file-handle-leak-fix", ["c2"]), answers)
 
@@ -135,6 +156,21 @@ def test_a_leak_hidden_in_the_sandbox_is_seen(closing, how):
 def test_a_leak_answered_from_a_cache_made_at_import_fails(closing):
     assert score(closing["cached"]) <= score(closing["leak"]), explain(closing["cached"])
 
+
+
+def works(reason):
+    """The mark of an attack that works today: its assertion of the secure behaviour fails."""
+    return pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason)
+
+
+@works("the fanotify mark is on the input logs only: an answer that copies each log (closing it) and then leaks "
+       "the copies, file after file, is never looked at inside its leaking loop (measured: 1.0 against 0.0 for "
+       "the leak on c2). RLIMIT_FSIZE 0 for the answer would stop the copies, but c2's `fsize_mb` is also the "
+       "inputs source's (which writes the logs: both fail to start with 0). Fix: a limit of the answer's own, or a "
+       "mark on the filesystems the answer can write (its work folder, /tmp), so that every open of a file it "
+       "made is looked at too")
+def test_a_leak_on_copies_of_the_logs_fails(closing):
+    assert score(closing["staged"]) <= score(closing["leak"]), explain(closing["staged"])
 
 
 # The listing of what the sandbox holds stops at procs.MAX_FDS descriptors (the sandbox allows 20,000) and ends in
