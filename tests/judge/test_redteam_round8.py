@@ -23,6 +23,9 @@ Groups:
   copies of the logs             (strict xfail) the logs copied, each closed, then the leak on the copies: the
                                  mark is on the logs only, so no look falls inside the leaking loop (1.0 against
                                  0.0 on c2).
+  a refused watch               c2 ran without its look when the judge's fanotify watch was refused on a host
+                                 that allows it (the groups spent): the leak passed (1.0). Fixed in
+                                 driver_host.py: the criterion cannot start, and fails.
   past the listing's end         a leak behind 4,200 descriptors opened at import passed every closing criterion
                                  of file-handle-leak-fix (1.0 against 0.25 on c2-c5): the listing stops at 4,096
                                  and ends in the same entry each time. Fixed in driver_answer.py: a cut listing
@@ -34,13 +37,14 @@ Groups:
                                  the baseline is capped (held).
 """
 
+import errno
 import os
 import stat
 
 import pytest
 
 from judging import needs_full_sandbox, reference
-from minigrpo.judge import inputs
+from minigrpo.judge import inputs, opens
 from minigrpo.judge.answer_code import extract_code
 from minigrpo.judge.sandbox import INPUTS_AT, Limits, Sandbox
 from redteam import explain, only
@@ -185,6 +189,18 @@ def test_a_leak_behind_more_descriptors_than_the_judge_lists_fails(judge):
     got = grade_on(judge, only("file-handle-leak-fix", ["c2", "c3", "c4", "c5"]), {"padded": PADDED, "leak": LEAK})
     assert score(got["leak"]) < 1.0, explain(got["leak"])
     assert score(got["padded"]) <= score(got["leak"]), explain(got["padded"])
+
+
+# The watch is the judge's set-up: refused where the host allows it (root's 128 fanotify groups spent by as many
+# criteria judged at once, say), c2 used to run without it, and the leak that takes every path first passed
+# (measured: 1.0, as the reference). Fixed in driver_host.py: the criterion cannot start, and fails.
+@pytest.mark.skipif(not opens.available(), reason="no fanotify here: c2 runs without the look by design")
+def test_a_refused_watch_fails_the_criterion_rather_than_weaken_it(judge, monkeypatch):
+    def refused(self, paths, look):
+        raise OSError(errno.EMFILE, "fanotify_init")
+    monkeypatch.setattr(opens.OpenWatch, "__init__", refused)       # the broker runs in the judge's process
+    got = grade_on(judge, only("file-handle-leak-fix", ["c2"]), {"leak": LEAK})
+    assert score(got["leak"]) == 0.0, explain(got["leak"])
 
 
 # c7 (bounded memory) on a log read whole at import, answered from a cache: the memory taken and freed before the
