@@ -50,6 +50,11 @@ from minigrpo.judge.sandbox import INPUTS_AT, Limits, Sandbox
 from redteam import explain, only
 
 
+def works(reason, where=True):
+    """The mark of an attack that works today (`where` it does): its assertion of the secure behaviour fails."""
+    return pytest.mark.xfail(where, strict=True, raises=AssertionError, reason=reason)
+
+
 def grade_on(judge, task, answers):
     """{name: verdict} of {name: code} on `task`, graded concurrently (one call: the attacks share the judge)."""
     futures = {name: judge.submit(task, f"```python\n{code}\n```") for name, code in answers.items()}
@@ -138,18 +143,28 @@ STAGED = LEAK.replace("import json\n", "import json\nimport os\nimport shutil\ni
         f = open(copy, encoding="utf-8")
 ''')
 
+# The listing of what the sandbox holds stops at procs.MAX_FDS descriptors (the sandbox allows 20,000) and ends in
+# one entry saying so, the same in every cut listing: each test's "opened since the look before the call" was
+# empty, and the leaked logs, numbered past the cut, were never listed. The prompt's leak behind 4,200 descriptors
+# of /dev/null opened at import scored 1.0 on c2-c5 against 0.25. Fixed in driver_answer.py: a cut listing fails
+# the case (a leak in itself).
+PADDED = "import os\n_pad = [os.open('/dev/null', os.O_RDONLY) for _ in range(4200)]\n" + LEAK
+
+
 @pytest.fixture(scope="module")
 def closing(judge):
     """c2 of file-handle-leak-fix for the reference, the leak, and each way of hiding it (one grading call)."""
     answers = {"reference": extract_code(reference("file-handle-leak-fix")), "leak": LEAK,
-               "cached": CACHED_AT_IMPORT, "staged": STAGED, **HIDE}
+               "cached": CACHED_AT_IMPORT, "staged": STAGED,
+               "padded": PADDED, **HIDE}
     assert all(code != LEAK for name, code in answers.items() if name != "leak"), "an attack no longer applies"
     return grade_on(judge, only("file-handle-leak-fix", ["c2"]), answers)
 
 
 def test_the_reference_closes_and_the_plain_leak_does_not(closing):
     assert score(closing["reference"]) == 1.0, explain(closing["reference"])
-    assert score(closing["leak"]) == 0.0, explain(closing["leak"])
+    if opens.available():       # without fanotify only the generator's looks stand, and this leak passes them
+        assert score(closing["leak"]) == 0.0, explain(closing["leak"])
 
 
 @pytest.mark.parametrize("how", sorted(HIDE))
@@ -161,34 +176,18 @@ def test_a_leak_answered_from_a_cache_made_at_import_fails(closing):
     assert score(closing["cached"]) <= score(closing["leak"]), explain(closing["cached"])
 
 
-
-def works(reason):
-    """The mark of an attack that works today: its assertion of the secure behaviour fails."""
-    return pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason)
-
-
 @works("the fanotify mark is on the input logs only: an answer that copies each log (closing it) and then leaks "
        "the copies, file after file, is never looked at inside its leaking loop (measured: 1.0 against 0.0 for "
        "the leak on c2). RLIMIT_FSIZE 0 for the answer would stop the copies, but c2's `fsize_mb` is also the "
        "inputs source's (which writes the logs: both fail to start with 0). Fix: a limit of the answer's own, or a "
        "mark on the filesystems the answer can write (its work folder, /tmp), so that every open of a file it "
-       "made is looked at too")
+       "made is looked at too", where=opens.available())     # without fanotify the plain leak passes c2 as well
 def test_a_leak_on_copies_of_the_logs_fails(closing):
     assert score(closing["staged"]) <= score(closing["leak"]), explain(closing["staged"])
 
 
-# The listing of what the sandbox holds stops at procs.MAX_FDS descriptors (the sandbox allows 20,000) and ends in
-# one entry saying so, the same in every cut listing: each test's "opened since the look before the call" was
-# empty, and the leaked logs, numbered past the cut, were never listed. The prompt's leak behind 4,200 descriptors
-# of /dev/null opened at import scored 1.0 on c2-c5 against 0.25. Fixed in driver_answer.py: a cut listing fails
-# the case (a leak in itself).
-PADDED = "import os\n_pad = [os.open('/dev/null', os.O_RDONLY) for _ in range(4200)]\n" + LEAK
-
-
-def test_a_leak_behind_more_descriptors_than_the_judge_lists_fails(judge):
-    got = grade_on(judge, only("file-handle-leak-fix", ["c2", "c3", "c4", "c5"]), {"padded": PADDED, "leak": LEAK})
-    assert score(got["leak"]) < 1.0, explain(got["leak"])
-    assert score(got["padded"]) <= score(got["leak"]), explain(got["padded"])
+def test_a_leak_behind_more_descriptors_than_the_judge_lists_fails(closing):
+    assert score(closing["padded"]) <= score(closing["leak"]), explain(closing["padded"])     # c2 stands for c2-c5
 
 
 # The watch is the judge's set-up: refused where the host allows it (root's 128 fanotify groups spent by as many
