@@ -55,14 +55,14 @@ Helpers a test sees besides the answer's names:
 
 One budget per answer: what its failing criteria may cost together is ANSWER_BUDGET times its largest criterion
 timeout, in CPU seconds. A criterion that fails is charged the CPU it used, and its whole timeout when it timed out
-or stalled (running or waiting for a CPU for under half of STALL_S while the driver waits for it); a passing
-one costs nothing (it did the work it was given). Once the budget is spent the remaining criteria fail at once, so a
-sleeping or spinning answer costs about ANSWER_BUDGET criteria's time, not one time-out per criterion, and an honest
-answer that is slow on one performance criterion is still graded on the rest. The answer's module itself (its
-top-level code, run again in each criterion's fresh sandbox) gets IMPORT_CPU_S of CPU: a module that does not finish
-importing in that time, or stalls while importing, fails that criterion and the rest at once, since it would not on
-the next one either. An honest module imports in well under a second, its libraries (pandas, sqlalchemy, fastapi)
-included.
+or stalled (running or waiting for a CPU for under half of STALL_S while the driver waits for it); a passing one
+costs nothing (it did the work it was given), nor does one whose sandbox the judge could not start. Once the budget
+is spent the remaining criteria fail at once, so a sleeping or spinning answer costs about ANSWER_BUDGET criteria's
+time, not one time-out per criterion, and an honest answer that is slow on one performance criterion is still graded
+on the rest. The answer's module itself (its top-level code, run again in each criterion's fresh sandbox) gets
+IMPORT_CPU_S of CPU: a module that does not finish importing in that time, or stalls while importing, fails that
+criterion and the rest at once, since it would not on the next one either. An honest module imports in well under a
+second, its libraries (pandas, sqlalchemy, fastapi) included.
 
 Reasons name the criterion's line and the kind of failure (assertion, the answer raised X, not plain data,
 exited, timed out); they never quote the test or anything the answer printed.
@@ -166,8 +166,11 @@ def _failed(answer, cpu_s):
 
 
 def _charge(answer, cpu_s):
-    """What a failed criterion costs the answer's budget: all of it after a time-out or stall, else what it used."""
-    if answer is None or answer.failure:
+    """What a failed criterion costs the answer's budget: all of it after a time-out or stall, else what it used;
+    nothing when its sandbox never started (the judge's set-up failed: its inputs source, the broker)."""
+    if answer is None:
+        return 0.0
+    if answer.failure:
         return cpu_s
     return min(cpu_s, answer.cpu_seconds())
 

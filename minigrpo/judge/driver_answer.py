@@ -12,6 +12,7 @@ encodes nothing but those and plain data).
 import collections.abc
 import json
 import os
+import re
 import select
 import socket
 import threading
@@ -28,6 +29,8 @@ STALL_S = 3.0           # the stall window: the last STALL_S wall seconds of the
 STALL_SHARE = 0.5       # stalled when the answer ran or waited for a CPU under this share of a full window
 TOO_LARGE = "the answer's reply is too large (over the message cap, counted as if copied)"
 NOT_PLAIN = "the answer's reply is not plain data"
+TOO_MANY_FDS = "the answer holds more descriptors than the judge lists (a leak in itself)"
+HELD_ID = re.compile(r"[0-9]{1,20}:[0-9]{1,20}")     # "device:inode", as procs.open_files names a file
 STALLED = f"stalled: it ran or waited for a CPU for under {STALL_SHARE:.0%} of {STALL_S:g}s (it sleeps or blocks)"
 
 
@@ -241,6 +244,18 @@ class _Awaited:
         self.f.close()
 
 
+def _held(files):
+    """A list of what the sandbox holds, as the broker read it. One cut short at procs.MAX_FDS descriptors ends in
+    an entry that is no file's id; it is the same entry in every cut list, so a test that compares two lists (what
+    the answer opened since a look before the call) would see no difference, and the files past the cut would
+    never be seen: the case fails instead."""
+    if type(files) is not list or not all(type(f) is str for f in files):
+        raise CaseFatal("the broker's list of open files is malformed")
+    if not all(HELD_ID.fullmatch(f) for f in files):
+        raise CaseFatal(TOO_MANY_FDS)
+    return files
+
+
 class Answer:
     """The answer's sandboxed process (made by the broker) and the driver's end of its channel, with its time
     limits: `cpu_s` CPU seconds of the whole sandbox, no stall (StallWindow) while the driver waits for the answer,
@@ -370,10 +385,7 @@ class Answer:
 
     def open_files(self):
         """The regular files the sandbox's processes hold open now ("device:inode"), read by the broker."""
-        files = self.broker.ask(op="files", id=self.id)[0]["files"]
-        if type(files) is not list or not all(type(f) is str for f in files):
-            raise CaseFatal("the broker's list of open files is malformed")
-        return files
+        return _held(self.broker.ask(op="files", id=self.id)[0]["files"])
 
     def opened_inputs(self):
         """[[an input file's id, the ids the sandbox held as it opened it], ...], one per open, looked at by the
@@ -385,7 +397,7 @@ class Answer:
         if type(looks) is not list or not all(type(x) is list and len(x) == 2 and type(x[0]) is str
                                               and type(x[1]) is list for x in looks) or reply.get("unlooked"):
             raise CaseFatal("the opens of its input files were not all looked at")
-        return [(f, held) for f, held in looks]
+        return [(f, _held(held)) for f, held in looks]
 
     def memory_peak_mb(self):
         try:

@@ -163,8 +163,9 @@ class Broker:
             if role == "answer" and type(check.get("inputs")) is str:      # before the answer's process exists
                 made = inputs.make_inputs(check["inputs"], criterion_limits(check))
             sandbox = Sandbox(files, limits, inputs=made and made[0])
-            watch = _watch(check, made, sandbox)
+            watch = None
             try:
+                watch = _watch(check, made, sandbox)
                 proc = sandbox.start(python_source=CHILD_PROGRAM)
             except BaseException:
                 _end(sandbox, watch)
@@ -224,13 +225,11 @@ class Broker:
 
 def _watch(check, made, sandbox):
     """A look at what the sandbox holds at each open of an input file (opens.py), where the check asks for it
-    (`"look_on_open": true`) and the host allows it (root); else None."""
-    if made is None or check.get("look_on_open") is not True:
+    (`"look_on_open": true`) and the host allows it (root); else None. A watch refused where the host allows it
+    raises: the criterion cannot start, rather than be graded without the look it asked for."""
+    if made is None or check.get("look_on_open") is not True or not opens.available(made[0]):
         return None
-    try:
-        return opens.OpenWatch([os.path.join(made[0], rel) for rel in made[2]], sandbox.open_files)
-    except OSError:
-        return None
+    return opens.OpenWatch([os.path.join(made[0], rel) for rel in made[2]], sandbox.open_files)
 
 
 def _end(sandbox, watch=None):
@@ -279,7 +278,7 @@ _REASONS = [re.compile(p + _WHERE) for p in (
     r"the answer's module did not list its names", r"not run: the answer spent its time budget on earlier criteria",
     rf"timed out: its module's top-level code used over {_NUMBER}s of CPU",
     r"not run: the answer's module did not finish importing on an earlier criterion",
-    re.escape(STOPPED), re.escape(driver_answer.TOO_LARGE),
+    re.escape(STOPPED), re.escape(driver_answer.TOO_LARGE), re.escape(driver_answer.TOO_MANY_FDS),
     re.escape(f"{driver_answer.NOT_PLAIN} ({wire.SAME_HASH})"))]
 _PREFIXES = (driver_answer.NOT_PLAIN, "the judge's broker is gone", "the sandbox could not be started")
 

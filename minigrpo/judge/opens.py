@@ -10,7 +10,8 @@ every open of it wait until the judge has answered. Before answering, the judge 
 sandbox's processes hold (its host's /proc, as open_files() does) and records them with the file being opened.
 
 fanotify needs root (CAP_SYS_ADMIN). Without it there is no watch and the test gets None (driver.py's
-opened_inputs), and it keeps only the looks it takes itself.
+opened_inputs), and it keeps only the looks it takes itself. Where the host allows it and a watch is still refused,
+the criterion cannot start, and fails.
 """
 
 import ctypes
@@ -30,13 +31,22 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.fanotify_mark.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p]
 
 
-def available() -> bool:
-    """Whether this host lets the judge hold opens (root, and a kernel with fanotify permission events)."""
-    fd = _libc.fanotify_init(FAN_CLASS_CONTENT | FAN_CLOEXEC, os.O_RDONLY | os.O_LARGEFILE)
-    if fd < 0:
-        return False
-    os.close(fd)
-    return True
+_AVAILABLE = {}          # device -> whether a permission mark is allowed on a folder there (asked once per device)
+
+
+def available(folder="/") -> bool:
+    """Whether this host lets the judge hold opens of files in `folder`'s filesystem (root, a kernel with fanotify
+    permission events, a filesystem that takes the mark). Asked once per filesystem: a refusal after that (the
+    user's fanotify groups spent, say) is a failure of the judge's set-up, not a host without fanotify, and must
+    not quietly weaken the check."""
+    dev = os.stat(folder).st_dev
+    if dev not in _AVAILABLE:
+        fd = _libc.fanotify_init(FAN_CLASS_CONTENT | FAN_CLOEXEC, os.O_RDONLY | os.O_LARGEFILE)
+        ok = fd >= 0 and _libc.fanotify_mark(fd, FAN_MARK_ADD, FAN_OPEN_PERM, AT_FDCWD, os.fsencode(folder)) == 0
+        if fd >= 0:
+            os.close(fd)
+        _AVAILABLE[dev] = ok
+    return _AVAILABLE[dev]
 
 
 class OpenWatch:
