@@ -213,8 +213,9 @@ def test_soyuz_rollout_compiles_one_graph_for_every_length(monkeypatch, capsys):
     from torch._dynamo.utils import counters
     graphs = count_graphs(monkeypatch)
     needed = []
-    real_bucket = static_decode.bucket_len
-    monkeypatch.setattr(static_decode, "bucket_len", lambda n: (needed.append(n), real_bucket(n))[1])
+    real_bucket, real_slots = static_decode.bucket_len, static_decode.new_slots
+    monkeypatch.setattr(static_decode, "new_slots",   # once a sampler call: its longest prompt + max_new_tokens
+                        lambda prompts, m: (needed.append(max(map(len, prompts)) + m), real_slots(prompts, m))[1])
     model, tok = lora_model("tiny-qwen3.5"), Tokenizer.from_pretrained("tiny")
     task = SoyuzTask(judge_obj=ScriptedJudge(), data=None, chunk=1)
     lengths = [40, 180, 330, 470, 610, 760, 900, 1050, 1200, 1400]
