@@ -27,6 +27,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 
@@ -97,7 +98,7 @@ def train(args, policy=None, task=None) -> dict:
             meanwhile = (None if args.dynamic_sampling
                          else lambda seqs: early.append(fixed_logprobs(up, seqs, args, tok)))
             with PHASES("sample"):
-                rollout = lambda examples: rollout_step(model, tok, task, args, step, examples, dist_info, meanwhile)
+                rollout = partial(rollout_step, model, tok, task, args, step, dist_info=dist_info, meanwhile=meanwhile)
                 all_seqs, my_seqs, drawn = sample_step(rollout, args, train_set, data)
             overlong_shaping(all_seqs, args)                       # --overlong-buffer's length penalty, on the reward
             adv_stats = assign_advantages(all_seqs, args)          # identical on every rank; sets each Seq's advantage

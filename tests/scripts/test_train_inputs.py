@@ -287,8 +287,8 @@ def frames_to_the_sampler(monkeypatch) -> list:
 
 
 def test_a_run_says_its_threads_records_them_and_prints_its_table_to_stdout(tmp_path, capsys, monkeypatch):
-    """... and the reader's route is short: from train.py's main to sampler.sample in at most 9 frames (main ->
-    command -> train -> sample_step -> <lambda> -> rollout_step -> task_rollout -> task.rollout -> generate)."""
+    """... and the reader's route is short: from train.py's main to sampler.sample in at most 8 frames (main ->
+    command -> train -> sample_step -> rollout_step -> task_rollout -> task.rollout -> generate)."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     route = frames_to_the_sampler(monkeypatch)
     train.main([*SYN, "--tasks-per-step", "2", "--group-size", "2", "--max-new-tokens", "2",
@@ -299,7 +299,7 @@ def test_a_run_says_its_threads_records_them_and_prints_its_table_to_stdout(tmp_
     assert "| epoch | steps |" in out and "mean reward: first step" in out        # the result: stdout
     assert "| epoch |" not in err and "mean reward" not in err
     assert json.loads((tmp_path / "r" / "config.json").read_text())["threads"] == 1   # a resume reuses it
-    assert route[0] == "main" and len(route) <= 9, " -> ".join(route)
+    assert route[0] == "main" and len(route) <= 8, " -> ".join(route)
 
 
 def test_the_pipelines_take_threads_too(tmp_path, capsys):
