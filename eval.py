@@ -222,7 +222,8 @@ def main(argv=None) -> dict:
         held["made"] = hold_out(args.out)
         held["t0"] = time.perf_counter()
         return EVALS[args.task](args, args.out)
-    result = cli.run("eval.py", evaluate, lambda e: drop_out(args.out, held.get("made")))
+    with cli.ending("eval.py", lambda e: drop_out(args.out, held.get("made"))):
+        result = evaluate()
     lock.release(args.out)
     with open(os.path.join(args.out, "report.md"), encoding="utf-8") as f:
         print(f.read())

@@ -27,6 +27,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 
@@ -65,79 +66,73 @@ def train(args, policy=None, task=None) -> dict:
     elsewhere (the mdp pipeline starts GRPO from its SFT weights); default: build it from args.model. `task`: a
     task object built elsewhere (the mdp pipeline's sizes and prompt style); default: the task args name. The run
     folder has one writer: this run holds it from its claim until the loop ends, however it ends."""
-    run = RunFolder(args.runs_dir, args.run_name)
-    try:
-        return grpo_loop(run, args, policy, task)
-    finally:
-        run.release()
-
-
-def grpo_loop(run, args, policy, task) -> dict:
-    device = pick_device(args.device)
-    dtype = pick_dtype(args.dtype, device)
-    dist_info = init_distributed(device, dist_timeout.collective_timeout(args))   # how long a rank waits for others
-    seed_everything(args.seed)
-    if dist_info.main:
-        run.claim(fresh=not args.resume)   # refuse a folder not a run's, or written by another: before any work
-    os.makedirs(run.path, mode=0o700, exist_ok=True)        # the judge's cache lives there; private to us
-    task = task or task_from_args(args)
-    train_set = task.examples("train")
-    n_steps = args.steps or args.epochs * math.ceil(len(train_set) / args.tasks_per_step)
-    model, tok, params, reference = policy or build_policy(args, device, dtype)
-    opt, sched = adamw(params, args.lr, n_steps, args.warmup, args.schedule, args.adam_beta2, args.weight_decay)
-    up = Updater(model, reference, params, opt, sched, loss_settings(args))
-    data, step, nonfinite = resume_or_start(run, args, model, opt, sched, dist_info, device, n_steps)
-    calls = callsize.size_calls(task, args, device, dtype, dist_info.world)   # a multi-turn task's rows per call
-    if dist_info.main:
-        print(f"minigrpo: task={args.task} model={args.model} device={device}{threads_note(device)} "
-              f"dtype={str(dtype)[6:]} ranks={dist_info.world} steps={n_steps} "
-              f"trainable={sum(p.numel() for p in params):,} run={run.path}"
-              + "".join(f"; {n}" for n in (calls, dist_timeout.timeout_note(args)) if n), file=sys.stderr)
-    bar = ProgressBar(n_steps, step, args.task, enabled=dist_info.main and not args.quiet)
-    tracker = Tracker(args.log_to if dist_info.main else None, run, vars(args), step)    # --log-to
-    PHASES.reset()
-    off_policy_warned = False
-    while step < n_steps:
-        stop_if_ctrl_c()                                       # one Python swallowed in a callback stops here
-        epoch = data.epoch                                     # the epoch this step's examples come from
-        early = []    # this rank's Fixed, if computed while the judge graded; not when rewards pick the Seqs (DAPO)
-        meanwhile = None if args.dynamic_sampling else lambda seqs: early.append(fixed_logprobs(up, seqs, args, tok))
-        with PHASES("sample"):
-            rollout = lambda examples: rollout_step(model, tok, task, args, step, examples, dist_info, meanwhile)
-            all_seqs, my_seqs, drawn = sample_step(rollout, args, train_set, data)
-        overlong_shaping(all_seqs, args)                       # --overlong-buffer's length penalty, on the reward
-        adv_stats = assign_advantages(all_seqs, args)          # identical on every rank; sets each Seq's advantage
-        with PHASES("train"):
-            loss_stats, grad_norm = policy_update(up, my_seqs, args, dist_info, tok, early[0] if early else None)
-        loss_stats = [st for part in all_gather_objects(loss_stats, dist_info) for st in part]   # weighed by tokens
-        step += 1
-        nonfinite = nonfinite_streak(nonfinite, grad_norm, step, args.mu)
-        times = PHASES.times
-        m = step_metrics(step, epoch, all_seqs, adv_stats, loss_stats, grad_norm, sched.get_last_lr()[0],
-                         times["sample"], times["train"], task.step_metrics(all_seqs))
-        m.update(phase_metrics(times))                         # seconds by phase (this rank's)
-        m.update(drawn)                                        # --dynamic-sampling: prompts drawn and dropped
-        if args.eval_every and step % args.eval_every == 0:       # every rank validates its share
-            m.update(validate(model, tok, task, args, step, dist_info))
+    with RunFolder(args.runs_dir, args.run_name) as run:
+        device = pick_device(args.device)
+        dtype = pick_dtype(args.dtype, device)
+        dist_info = init_distributed(device, dist_timeout.collective_timeout(args))   # how long a rank waits for others
+        seed_everything(args.seed)
         if dist_info.main:
-            off_policy_warned = warn_off_policy(m, off_policy_warned)
-            run.append("metrics.jsonl", m)
-            tracker.log(m)
-            for rec in sample_records(step, all_seqs, tok):
-                run.append("samples.jsonl", rec)
-        PHASES.reset()       # the checkpoint's seconds go in the next row: a row is written before its checkpoint,
-        with PHASES("checkpoint"):                             # so that no checkpoint is without its row
-            if step % args.save_every == 0 or step == n_steps:
-                save(run, step, up, tok, args, dist_info, trainer_state(step, data, opt, sched, nonfinite))
-        bar.update(m)
-    bar.close()
-    tracker.close()
-    first_reward, last_reward = run.first_and_last("reward_mean")   # the run's, not only this process's steps
-    if dist_info.main:
-        print(epoch_summary(run.file("metrics.jsonl")))      # the result: stdout; progress and warnings: stderr
-        fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
-        print(f"mean reward: first step {fmt(first_reward)} -> last step {fmt(last_reward)}")
-    return {"run": run.path, "first_reward": first_reward, "last_reward": last_reward, "model": model}
+            run.claim(fresh=not args.resume)   # refuse a folder not a run's, or written by another: before any work
+        os.makedirs(run.path, mode=0o700, exist_ok=True)        # the judge's cache lives there; private to us
+        task = task or task_from_args(args)
+        train_set = task.examples("train")
+        n_steps = args.steps or args.epochs * math.ceil(len(train_set) / args.tasks_per_step)
+        model, tok, params, reference = policy or build_policy(args, device, dtype)
+        opt, sched = adamw(params, args.lr, n_steps, args.warmup, args.schedule, args.adam_beta2, args.weight_decay)
+        up = Updater(model, reference, params, opt, sched, loss_settings(args))
+        data, step, nonfinite = resume_or_start(run, args, model, opt, sched, dist_info, device, n_steps)
+        calls = callsize.size_calls(task, args, device, dtype, dist_info.world)   # a multi-turn task's rows per call
+        if dist_info.main:
+            print(f"minigrpo: task={args.task} model={args.model} device={device}{threads_note(device)} "
+                  f"dtype={str(dtype)[6:]} ranks={dist_info.world} steps={n_steps} "
+                  f"trainable={sum(p.numel() for p in params):,} run={run.path}"
+                  + "".join(f"; {n}" for n in (calls, dist_timeout.timeout_note(args)) if n), file=sys.stderr)
+        bar = ProgressBar(n_steps, step, args.task, enabled=dist_info.main and not args.quiet)
+        tracker = Tracker(args.log_to if dist_info.main else None, run, vars(args), step)    # --log-to
+        PHASES.reset()
+        off_policy_warned = False
+        while step < n_steps:
+            stop_if_ctrl_c()                                       # one Python swallowed in a callback stops here
+            epoch = data.epoch                                     # the epoch this step's examples come from
+            early = []    # this rank's Fixed, if computed while the judge graded; not when rewards pick the Seqs (DAPO)
+            meanwhile = (None if args.dynamic_sampling
+                         else lambda seqs: early.append(fixed_logprobs(up, seqs, args, tok)))
+            with PHASES("sample"):
+                rollout = partial(rollout_step, model, tok, task, args, step, dist_info=dist_info, meanwhile=meanwhile)
+                all_seqs, my_seqs, drawn = sample_step(rollout, args, train_set, data)
+            overlong_shaping(all_seqs, args)                       # --overlong-buffer's length penalty, on the reward
+            adv_stats = assign_advantages(all_seqs, args)          # identical on every rank; sets each Seq's advantage
+            with PHASES("train"):
+                loss_stats, grad_norm = policy_update(up, my_seqs, args, dist_info, tok, early[0] if early else None)
+            loss_stats = [st for part in all_gather_objects(loss_stats, dist_info) for st in part]   # weighed by tokens
+            step += 1
+            nonfinite = nonfinite_streak(nonfinite, grad_norm, step, args.mu)
+            times = PHASES.times
+            m = step_metrics(step, epoch, all_seqs, adv_stats, loss_stats, grad_norm, sched.get_last_lr()[0],
+                             times["sample"], times["train"], task.step_metrics(all_seqs))
+            m.update(phase_metrics(times))                         # seconds by phase (this rank's)
+            m.update(drawn)                                        # --dynamic-sampling: prompts drawn and dropped
+            if args.eval_every and step % args.eval_every == 0:       # every rank validates its share
+                m.update(validate(model, tok, task, args, step, dist_info))
+            if dist_info.main:
+                off_policy_warned = warn_off_policy(m, off_policy_warned)
+                run.append("metrics.jsonl", m)
+                tracker.log(m)
+                for rec in sample_records(step, all_seqs, tok):
+                    run.append("samples.jsonl", rec)
+            PHASES.reset()       # the checkpoint's seconds go in the next row: a row is written before its checkpoint,
+            with PHASES("checkpoint"):                             # so that no checkpoint is without its row
+                if step % args.save_every == 0 or step == n_steps:
+                    save(run, step, up, tok, args, dist_info, trainer_state(step, data, opt, sched, nonfinite))
+            bar.update(m)
+        bar.close()
+        tracker.close()
+        first_reward, last_reward = run.first_and_last("reward_mean")   # the run's, not only this process's steps
+        if dist_info.main:
+            print(epoch_summary(run.file("metrics.jsonl")))      # the result: stdout; progress and warnings: stderr
+            fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
+            print(f"mean reward: first step {fmt(first_reward)} -> last step {fmt(last_reward)}")
+        return {"run": run.path, "first_reward": first_reward, "last_reward": last_reward, "model": model}
 
 
 # -----------------------------------------------------------------------------------------------------------------
@@ -182,10 +177,7 @@ def rollout_step(model, tok, task, args, step, examples, dist_info, meanwhile=No
     # fewer tasks than ranks (gsm8k's one a step on 8 GPUs): a rank with none samples nothing, and then joins
     # every collective of the step with empty contributions (no Seqs, a zero normaliser, zero gradients)
     sampling = sampler_settings(args, tok, model.device, task.stop_strings, decode_rows(task, args, len(mine)))
-
-    def sampler(prompts, seeds, n, reuse=None, keep=False):     # the multi-turn loop's call (tasks/episodes.py)
-        with PHASES("generate"):
-            return generate(model, tok, prompts, seeds, replace(sampling, n=n), reuse, keep)
+    sampler = rollout_sampler(model, tok, sampling)
     seeds = [sample_seed(args, step, i) for i, _ in mine]
     my_seqs = task_rollout(task, sampler, tok, [ex for _, ex in mine], seeds, args, meanwhile) if mine else []
     parts = all_gather_objects(my_seqs, dist_info)              # rank-major; parts[rank] is ours
@@ -230,14 +222,17 @@ def sampler_settings(args, tok, device, stop_strings=(), rows=None):
                     vocab_size=tok.vocab_size, compile=fast, rows=rows if fast else None)
 
 
-def generate(model, tok, prompts, seeds, settings, reuse=None, keep=False):
-    """Sample settings.n completions for each prompt (token-id lists). Returns a list of n-lists of Samples.
-    keep / reuse: sampler.sample's (keep the state after each prompt; continue kept states: minigrpo/prefix.py)."""
-    n = settings.n
-    model.eval()
-    with torch.no_grad():
-        samples = sample(model, prompts, settings, tokenizer=tok, seed=list(seeds), reuse=reuse, keep=keep)
-    return [samples[i * n:(i + 1) * n] for i in range(len(prompts))]
+def rollout_sampler(model, tok, settings):
+    """The sampler a task's rollout calls (tasks/episodes.py): generate(prompts, seeds, n, reuse=None, keep=False)
+    samples n completions of each prompt (token-id lists) and returns a list of n-lists of Samples; keep / reuse:
+    sampler.sample's (keep the state after each prompt; continue kept states: minigrpo/prefix.py)."""
+    def generate(prompts, seeds, n, reuse=None, keep=False):
+        with PHASES("generate"), torch.no_grad():
+            model.eval()
+            samples = sample(model, prompts, replace(settings, n=n), tokenizer=tok, seed=list(seeds), reuse=reuse,
+                             keep=keep)
+        return [samples[i * n:(i + 1) * n] for i in range(len(prompts))]
+    return generate
 
 
 def assign_advantages(all_seqs, args):
@@ -419,7 +414,8 @@ def main(argv=None):
             cli.usage_error("train.py", f"--model {args.model}: {first_line(str(e))}")
     if pick_device(args.device).type == "cpu":   # saved in config.json: a resume computes as this run did
         args.threads = set_cpu_threads(args.threads, "kept from the run resumed" if args.resume else "set by --threads")
-    return cli.run("train.py", lambda: command(args), cli.training_ended(args, argv))
+    with cli.ending("train.py", cli.training_ended(args, argv)):   # how it ends: one line and an exit code
+        return command(args)
 
 
 def command(args):

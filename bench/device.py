@@ -85,8 +85,8 @@ def reference_rows(args):
 
 
 class StandInTokenizer:
-    """The fields train.sampler_settings and train.generate read. No EOS id: random weights would stop at random,
-    and a row that stops early would change the step count being timed."""
+    """The fields train.sampler_settings and train.rollout_sampler read. No EOS id: random weights would stop at
+    random, and a row that stops early would change the step count being timed."""
     eos_ids = ()
 
     def __init__(self, vocab_size, pad_id):

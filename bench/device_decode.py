@@ -10,7 +10,6 @@ import functools
 import statistics
 import time
 from collections import Counter
-from dataclasses import replace
 
 import torch
 
@@ -60,11 +59,11 @@ def attention_kernels(events, per=1):
 
 
 def rollout_call(model, tok, args, prompts, seeds, n):
-    """One sampler call as train.py makes it: train.generate, on the path args.decode names ("eager", or "fast":
-    the static-shape compiled decode), with the call's own rows as the decode batch."""
+    """One sampler call as train.py makes it (train.rollout_sampler), on the path args.decode names ("eager", or
+    "fast": the static-shape compiled decode), with the call's own rows as the decode batch."""
     import train
     settings = train.sampler_settings(args, tok, model.device, rows=len(prompts) * n)
-    return train.generate(model, tok, prompts, seeds, replace(settings, n=n))
+    return train.rollout_sampler(model, tok, settings)(prompts, seeds, n)
 
 
 def decode_section(sec, M):
@@ -122,7 +121,7 @@ def decode_section(sec, M):
         return dict(minigrpo=f"{dt:.1f} s", note=f"compile{' + CUDA graph capture' if cuda else ''} + a {k1}-token "
                                                  f"call; {graphs() - g0} graph(s)")
 
-    sec.measure(f"eager path (train.generate), {what}, LoRA r={args.lora_r}", lambda: ms_per_step("eager"),
+    sec.measure(f"eager path (train.rollout_sampler), {what}, LoRA r={args.lora_r}", lambda: ms_per_step("eager"),
                 need=need["eager"])
     sec.measure("fast path (sample(compile=True)): first call", fast_first, need=need["compile"],
                 cap=c["compile_cap"])

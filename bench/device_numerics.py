@@ -9,9 +9,9 @@
     sampler carries, sum((s - b)(t - b)) / sum((t - b)^2) over the sampled tokens, with t the trainer's, s the
     sampler's and b the base model's log-probs (the adapters disabled): 1 when the sampler samples the policy the
     trainer scores, 0 when it samples the base model. The paths: eager and the fast path's static step uncompiled
-    (Settings(static=True)), which tells the compiler's part from the step's; the fast path itself (train.generate
-    with --decode fast: Settings(compile=True)) is the compile section's (`compile_section`): its first call
-    compiles the graph the decode section then times.
+    (Settings(static=True)), which tells the compiler's part from the step's; the fast path itself
+    (train.rollout_sampler with --decode fast: Settings(compile=True)) is the compile section's (`compile_section`):
+    its first call compiles the graph the decode section then times.
 """
 
 import argparse
@@ -150,7 +150,7 @@ def gap_prompts(M):
 
 
 def draw(M, path, prompts, seeds, k):
-    """Samples of every prompt on one decode path: "eager" and "fast" as train.py calls them (train.generate),
+    """Samples of every prompt on one decode path: "eager" and "fast" as train.py calls them (train.rollout_sampler),
     "static" the fast path's static step uncompiled (the sampler's public Settings(static=True))."""
     from minigrpo.sampler import Settings, sample
     args = argparse.Namespace(**vars(M.args))

@@ -11,6 +11,7 @@
   130  Ctrl-C, 143 SIGTERM: what the run keeps and the command that works now (resume it, or start it again)
 
 train.py and eval.py end this way; judge.py's own failures use the same codes."""
+import contextlib
 import os
 import shutil
 import sys
@@ -39,12 +40,13 @@ def parse(prog, resolve, argv):
 USAGE, REFUSED, STOPPED = 2, 3, 4
 
 
-def run(prog, work, ended):
-    """work(), with how it ends mapped to an exit code. ended(e) is called with whatever ends it early, before the
-    line is printed: it undoes what the command made for itself and returns what is kept (the note of a stop or a
-    Ctrl-C)."""
+@contextlib.contextmanager
+def ending(prog, ended):
+    """`with ending(prog, ended): work`: how the work ends mapped to an exit code. ended(e) is called with whatever
+    ends it early, before the line is printed: it undoes what the command made for itself and returns what is kept
+    (the note of a stop or a Ctrl-C). A context, not a call: the command's work runs in its caller's frame."""
     try:
-        return work()
+        yield
     except BaseException as e:
         kept = ended(e)
         if isinstance(e, Refusal):

@@ -119,6 +119,12 @@ class RunFolder:
         """The writer is done: the next may take the folder (one that stops short is let go of at exit)."""
         lock.release(self.path)
 
+    def __enter__(self):       # `with RunFolder(...) as run:` releases it however the block ends
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
     def claim(self, fresh: bool):
         """Before any work: refuse a folder that is not ours, or written by another process, or (fresh) one that
         holds a run's logs, so that two runs never interleave their metrics; then make, mark and hold the folder

@@ -245,7 +245,7 @@ def test_rollout_call_picks_the_path_from_args(tmp_path):
             args.decode = path
             device_decode.rollout_call(SimpleNamespace(eval=lambda: None, device="cpu"), tok, args, [[1, 2]], [0], 2)
     assert calls[0]["compile"] is False and calls[1]["compile"] is True and calls[1]["rows"] == 2
-    assert calls[0]["seed"] == calls[1]["seed"] == [0] and calls[1]["n"] == 2   # train.generate's own arguments
+    assert calls[0]["seed"] == calls[1]["seed"] == [0] and calls[1]["n"] == 2   # the rollout sampler's own arguments
 
 
 def test_profiler_counts_and_the_attention_kernel_on_the_cpu():

@@ -170,9 +170,9 @@ def test_bad_reuse_is_one_line():
 
 
 @pytest.mark.oracle      # train.py: the run-time packages (the tokenizer's first)
-def test_train_generate_and_the_rollout_sampler_pass_keep_and_reuse():
-    """train.py's rollout_step hands the task a sampler(prompts, seeds, n, reuse=None, keep=False): a task that keeps its
-    first turn's state and continues it gets what train.generate samples with a fresh prefill."""
+def test_the_rollout_sampler_passes_keep_and_reuse():
+    """train.py's rollout_step hands the task a sampler(prompts, seeds, n, reuse=None, keep=False): a task that keeps
+    its first turn's state and continues it gets what the same sampler samples with a fresh prefill."""
     pytest.importorskip("tokenizers")
     import train
     model = load_pretrained("tiny-qwen3.5")
@@ -190,5 +190,6 @@ def test_train_generate_and_the_rollout_sampler_pass_keep_and_reuse():
     (first, second), _ = train.rollout_step(model, tok, Task(), args, 0, [(0, {"id": "a"})], Dist())
     assert first[0][0].kept is first[0][1].kept and first[0][0].kept.tokens == 64      # Qwen3.5: on the grid
     assert [(g[0].prefilled, g[0].reused) for g in second] == [(15, 64), (24, 64)]
-    want = train.generate(model, tok, later, [11, 12], train.sampler_settings(args, tok, model.device, rows=2))
+    fresh = train.rollout_sampler(model, tok, train.sampler_settings(args, tok, model.device, rows=2))
+    want = fresh(later, [11, 12], 1)
     assert_same([g[0] for g in second], [g[0] for g in want])

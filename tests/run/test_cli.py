@@ -9,8 +9,8 @@ from minigrpo.signals import Terminated
 
 
 def ends(exc, capsys):
-    """(exit code or the exception raised, stderr lines, what `ended` was called with) of cli.run on a work that
-    raises exc."""
+    """(exit code or the exception raised, stderr lines, what `ended` was called with) of a work that raises exc
+    inside cli.ending."""
     seen = []
 
     def work():
@@ -20,7 +20,8 @@ def ends(exc, capsys):
         seen.append(e)
         return "the note"
     try:
-        cli.run("prog.py", work, ended)
+        with cli.ending("prog.py", ended):
+            work()
         code = None
     except SystemExit as e:
         code = e.code
@@ -55,8 +56,10 @@ def test_a_ctrl_c_is_reported_by_rank_0_only(capsys, monkeypatch):
     assert got == 130 and err == []
 
 
-def test_work_that_ends_well_returns_its_value():
-    assert cli.run("prog.py", lambda: 7, lambda e: pytest.fail("ended called")) == 7
+def test_work_that_ends_well_goes_on_as_it_was():
+    with cli.ending("prog.py", lambda e: pytest.fail("ended called")):
+        got = 7
+    assert got == 7
 
 
 def test_a_refused_flag_is_a_usage_line(capsys):

@@ -272,8 +272,25 @@ def test_more_threads_than_usable_cores_warn(monkeypatch, capsys):
         "every parallel op; use --threads 2 or fewer"]
 
 
+def frames_to_the_sampler(monkeypatch) -> list:
+    """train.sample wrapped: at its first call, the names of the frames from train.main down to its caller."""
+    chain, real = [], train.sample
+
+    def sample(*a, **kw):
+        f = None if chain else sys._getframe(1)
+        while f is not None:
+            chain.insert(0, f.f_code.co_name)
+            f = None if f.f_code is train.main.__code__ else f.f_back
+        return real(*a, **kw)
+    monkeypatch.setattr(train, "sample", sample)
+    return chain
+
+
 def test_a_run_says_its_threads_records_them_and_prints_its_table_to_stdout(tmp_path, capsys, monkeypatch):
+    """... and the reader's route is short: from train.py's main to sampler.sample in at most 8 frames (main ->
+    command -> train -> sample_step -> rollout_step -> task_rollout -> task.rollout -> generate)."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    route = frames_to_the_sampler(monkeypatch)
     train.main([*SYN, "--tasks-per-step", "2", "--group-size", "2", "--max-new-tokens", "2",
                 "--runs-dir", str(tmp_path), "--run-name", "r"])
     out, err = capsys.readouterr()
@@ -282,6 +299,7 @@ def test_a_run_says_its_threads_records_them_and_prints_its_table_to_stdout(tmp_
     assert "| epoch | steps |" in out and "mean reward: first step" in out        # the result: stdout
     assert "| epoch |" not in err and "mean reward" not in err
     assert json.loads((tmp_path / "r" / "config.json").read_text())["threads"] == 1   # a resume reuses it
+    assert route[0] == "main" and len(route) <= 8, " -> ".join(route)
 
 
 def test_the_pipelines_take_threads_too(tmp_path, capsys):
