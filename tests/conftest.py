@@ -18,3 +18,22 @@ def keep_torch_threads():
     n = torch.get_num_threads()
     yield
     torch.set_num_threads(n)
+
+
+# pytest-xdist's `--dist loadfile` (the README's test command) hands whole files to its workers in queue order, and
+# by default queues them by their number of tests, not their length, so a long file of few tests ran alone at the
+# end while the other worker idled: the bf16 on-policy tests (a quarter hour at full width on a 2-core AVX2 box, the
+# longest file by far: `--durations` in any CI log). The queue keeps the collection order instead, and that order
+# puts the longest file first, then the files with a `slow` test, then the rest, each group as collected.
+LONGEST_FIRST = ("tests/model/test_on_policy_bf16.py",)
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):      # xdist 3.6+
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+    rank = {path: 0 for path in LONGEST_FIRST}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], 1 if item.nodeid.split("::")[0] in slow else 2))

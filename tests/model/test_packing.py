@@ -156,7 +156,7 @@ def test_train_pack_flag_packs_the_update(monkeypatch):
         up = train.Updater(model, None, params, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
                            grpo.LossSettings(beta=0.04))
         args = argparse.Namespace(temperature=1.0, micro_batch=2, mask_truncated=False, pack=pack_flag, mu=1,
-                                  max_grad_norm=1.0)
+                                  max_grad_norm=1.0, routing_replay=True)
         built.clear()
         _, norms[pack_flag] = train.policy_update(up, rollout(0), args, Dist(), tok)
         assert len(built) == 3 and all((b.packed is not None) == pack_flag for b in built)
