@@ -13,6 +13,7 @@ import os
 import torch
 
 from minigrpo.errors import UsageError
+from minigrpo.pretrained import TINY_MODELS
 from minigrpo.run import memplan
 
 GiB = memplan.GiB
@@ -61,7 +62,7 @@ def check_fits(args, rows: int, device: torch.device, dtype: torch.dtype, fast_d
     tells the user to do (default: lower the flags that size the plan's larger side); training=False: a sampling
     run (eval.py), which holds the weights at the compute dtype and the rollout, and trains nothing."""
     if cfg is None:
-        if "/" not in args.model and args.model not in ("tiny", "tiny-qwen3.5"):
+        if "/" not in args.model and args.model not in TINY_MODELS:
             return          # neither a folder nor a hub id: loading the model says so, with the nearest name
         cfg, _ = memplan.load_config(args.model)
     shape, s = memplan.run_shape(args, rows)

@@ -36,9 +36,11 @@ def test_a_run_that_cannot_fit_is_one_line_before_any_work(flags, lower, tmp_pat
     assert not (tmp_path / "runs").exists()         # nothing made: refused before the run folder
 
 
-def test_the_guard_compares_the_plan_with_what_the_device_has(monkeypatch):
-    """An honest tiny run fits a few hundred MiB; the same run with 1 MiB left (a fake cgroup) is refused."""
-    args = train.resolve_args(SYN)
+@pytest.mark.parametrize("model", ["tiny", "tiny-qwen3.5", "tiny-moe"])
+def test_the_guard_compares_the_plan_with_what_the_device_has(model, monkeypatch):
+    """An honest tiny run fits a few hundred MiB; the same run with 1 MiB left (a fake cgroup) is refused: every
+    built-in model is planned (the guard once passed over tiny-moe, as if it were a name the loader would refuse)."""
+    args = train.resolve_args([*SYN, "--model", model])
     device = train.pick_device("cpu")
     check = lambda: memguard.check_fits(args, 8, device, train.torch.float32, False)
     monkeypatch.setattr(memguard, "device_available", lambda d: (512 * 2 ** 20, "a fake 512 MiB limit"))
