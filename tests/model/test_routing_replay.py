@@ -11,20 +11,9 @@ import torch
 from minigrpo import moe, update
 from minigrpo.sampler import Settings, sample
 from minigrpo.tasks.base import Seq
+from test_moe import scaled_tiny  # noqa: E402  (the same random-margin tiny model)
 
 VOCAB = 261
-
-
-def scaled_tiny(kind, seed):
-    """tiny_model with every matrix redrawn at std 0.05: logits and routes with real margins, as a trained model's."""
-    from minigrpo.pretrained import tiny_model
-    model = tiny_model(kind)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim >= 2:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
-    return model.eval()
 
 
 def rollout(model, seed, n=2, new=24, **kw):
