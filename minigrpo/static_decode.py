@@ -195,7 +195,9 @@ def _step(model, tokens, cache):
     x = model.model.embed_tokens(tokens[:, None])                    # (B, 1, H)
     rope = model.model.rotary(cache.next_pos[:, None], x.dtype)      # the row's next position
     cache.mask.index_fill_(1, cache.next_slot, True)
-    mask = cache.mask[:, None, None, :cache.read.shape[0]]           # (B, 1, 1, W): written slots, real tokens
+    # (B, 1, 1, W): written slots, real tokens. Gathered, not sliced: a slice is contiguous only when W = S, and
+    # the compiled graph would specialize on that (a second graph once the window reaches the cache's end)
+    mask = cache.mask.index_select(1, cache.read)[:, None, None, :]
     for layer in model.model.layers:
         x = layer(x, rope, attn_mask=mask, cache=cache)
     cache.next_pos.add_(1)

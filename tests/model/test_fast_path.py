@@ -142,21 +142,20 @@ def test_static_batch_pads_and_splits_to_the_fixed_rows():
     assert static_decode.bucket_rows(5, 6) == 6 and static_decode.bucket_rows(5) == 8
 
 
-def test_fast_path_logprobs_equal_the_eager_path_fp32():
+def test_fast_path_logprobs_equal_the_eager_path_fp32(fresh_compile):
     """The whole fast path as train.py runs it on a GPU (static batch, inductor-compiled step) against the eager
     path, on the CPU in fp32: same tokens, log-probs to 1e-5, and still after a fused AdamW step (the compiled graph
     reads the parameters the optimizer updates in place)."""
-    torch._dynamo.reset()
-    static_decode._compiled.clear()
     model = lora_model("tiny-qwen3.5")
     eager = replace(FREE, n=2, max_new_tokens=24, top_p=0.9)
     for _ in range(2):
         assert_same(sample(model, PROMPTS, replace(eager, compile=True, rows=6), seed=7),
                     sample(model, PROMPTS, eager, seed=7))
         adamw_step(model, fused=True)
+    assert static_decode.compile_failure("cpu") is None                 # compiled, not the uncompiled fallback
 
 
-def test_a_compile_that_fails_warns_once_and_decodes_uncompiled(monkeypatch, capfd):
+def test_a_compile_that_fails_warns_once_and_decodes_uncompiled(monkeypatch, capfd, fresh_compile):
     """A compiled step that cannot be built (here a backend that raises as inductor does without a C compiler)
     prints one warning line naming the error, and the call is decoded again from its prefill with the uncompiled
     static step: the eager path's samples. Later calls do not try to compile again."""
@@ -167,7 +166,6 @@ def test_a_compile_that_fails_warns_once_and_decodes_uncompiled(monkeypatch, cap
         raise RuntimeError("Failed to find a C compiler. Please specify via CC environment variable.\nmore")
     real_step = static_decode.compiled_step
     monkeypatch.setattr(static_decode, "compiled_step", lambda device, backend="inductor": real_step(device, broken))
-    torch._dynamo.reset()
     model = lora_model("tiny-qwen3.5")
     eager = replace(FREE, n=2, max_new_tokens=12)
     for _ in range(2):
@@ -190,19 +188,15 @@ def soyuz_like_tasks(lengths):
             for k, n in enumerate(lengths)]
 
 
-def count_graphs(monkeypatch):
-    """Compile the decode step with the "eager" backend from a clean slate: the same dynamo graphs and guards as
-    inductor, without its code generation (minutes on a shared 2-core CPU). Returns a function giving the count."""
-    from torch._dynamo.utils import counters
+def count_graphs(monkeypatch, graphs):
+    """Compile the decode step with the "eager" backend (fresh_compile's clean slate): the same dynamo graphs and
+    guards as inductor, without its code generation (minutes on a shared 2-core CPU). Returns `graphs`, the count."""
     real_step = static_decode.compiled_step
     monkeypatch.setattr(static_decode, "compiled_step", lambda device, backend="inductor": real_step(device, "eager"))
-    torch._dynamo.reset()
-    static_decode._compiled.clear()
-    counters.clear()
-    return lambda: counters["stats"]["unique_graphs"]
+    return graphs
 
 
-def test_soyuz_rollout_compiles_one_graph_for_every_length(monkeypatch, capsys):
+def test_soyuz_rollout_compiles_one_graph_for_every_length(monkeypatch, capsys, fresh_compile):
     """train.py's rollout of soyuz's shape in its smallest calls (1 task a call x G=6 samples, then its 6 revisions:
     a GPU whose memory plan fits one task's rows, run/callsize.py), two steps over
     prompts of 40 to 1,400 tokens, on the fast path with LoRA: one graph (the cache's slot count is dynamic) and one
@@ -211,7 +205,7 @@ def test_soyuz_rollout_compiles_one_graph_for_every_length(monkeypatch, capsys):
     from tests.tasks.test_soyuz_rollout import ScriptedJudge
     from minigrpo.tasks.soyuz import SoyuzTask
     from torch._dynamo.utils import counters
-    graphs = count_graphs(monkeypatch)
+    graphs = count_graphs(monkeypatch, fresh_compile)
     needed = []
     real_bucket, real_slots = static_decode.bucket_len, static_decode.new_slots
     monkeypatch.setattr(static_decode, "new_slots",   # once a sampler call: its longest prompt + max_new_tokens
@@ -237,12 +231,12 @@ def test_soyuz_rollout_compiles_one_graph_for_every_length(monkeypatch, capsys):
     assert graphs() == 1 and sc.mask.shape == (6, max(buckets))
 
 
-def test_a_terminal_episode_compiles_one_graph_and_holds_its_longest_call_cache(monkeypatch, capsys):
+def test_a_terminal_episode_compiles_one_graph_and_holds_its_longest_call_cache(monkeypatch, capsys, fresh_compile):
     """A terminal-shaped episode: one prompt x 4 episodes, then 8 turns of 4 conversations, each continuing its kept
     state (sampler reuse) and growing ~1.4x a turn through 9 length buckets (256 to 4,096 slots, as terminal's 1,024
     to 16,384). One compiled graph for all of them (a graph per bucket made 9), and one set of cache buffers, at the
     longest call's length: what the memory plan counts (memplan.static_cache_bytes)."""
-    graphs = count_graphs(monkeypatch)
+    graphs = count_graphs(monkeypatch, fresh_compile)
     model = lora_model("tiny-qwen3.5")
     s = replace(FREE, n=4, max_new_tokens=8, compile=True, rows=4)
     g = torch.Generator().manual_seed(0)

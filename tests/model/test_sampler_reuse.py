@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from minigrpo import prefix
+from minigrpo import prefix, static_decode
 from minigrpo.run.dist import Dist
 from minigrpo.pretrained import load_pretrained
 from minigrpo.sampler import Settings, sample
@@ -151,7 +151,7 @@ def test_reuse_that_is_not_a_proper_prefix_is_prefilled_afresh(model):
     assert [(s.prefilled, s.reused) for s in got] == [(128, 0), (0, 0)] * 3
 
 
-def test_compiled_continuation_equals_fresh():
+def test_compiled_continuation_equals_fresh(fresh_compile):
     """The compiled static step (backend "eager": the same graphs, uncompiled) after a continued prefill, the call
     split into calls of one prompt each (rows=2 for 2 x n=2 rows): each part continues its own prompts' states."""
     model = load_pretrained("tiny-qwen3.5")
@@ -159,6 +159,7 @@ def test_compiled_continuation_equals_fresh():
     got = sample(model, FULL[:2], replace(GREEDY, n=2, compile="eager", rows=2), reuse=reuse)
     assert_same(got, sample(model, FULL[:2], replace(GREEDY, n=2)))
     assert [s.reused for s in got] == [64, 0, 64, 0]
+    assert fresh_compile() == 1 and static_decode.compile_failure("cpu", "eager") is None   # compiled, one graph
 
 
 def test_bad_reuse_is_one_line():
