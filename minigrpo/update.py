@@ -151,10 +151,10 @@ def step_normalizer(batches, settings: LossSettings, dist_info) -> float:
 
 
 def log_probs(model, b: Batch, temperature, vocab_size, entropy=False):
-    """The trainer's log-probs: logits / T with the sampler's T, ids past the tokenizer's vocabulary masked, as
-    the sampler does, so that the two agree; the lm_head runs only over completion columns. A packed batch runs
-    its packed row and gives the same (B, T-1) layout. An MoE model routes through the batch's recorded routes
-    (`routed`)."""
+    """The trainer's log-probs: logits / temperature with the sampler's temperature, ids past the tokenizer's
+    vocabulary masked, as the sampler does, so that the two agree; the lm_head runs only over completion columns.
+    A packed batch runs its packed row and gives the same (B, T-1) layout. An MoE model routes through the batch's
+    recorded routes (`routed`)."""
     with routed(model, b):
         if b.packed is not None:
             p = b.packed
