@@ -45,6 +45,7 @@ from minigrpo.update import adamw
 from minigrpo.pretrained import CheckpointError, load_pretrained
 from minigrpo.run import callsize, cli, dist_timeout, memguard, plots
 from minigrpo.run.flags import loss_settings, resolve_args
+from minigrpo.run.presets import gpu_preset_note
 from minigrpo.run.folder import ProgressBar, RunFolder, Tracker, epoch_summary, sample_records, step_metrics
 from minigrpo.run.gap import token_sums, warn_off_policy
 from minigrpo.run.resume import nonfinite_streak, resume_or_start, trainer_state
@@ -433,14 +434,19 @@ def command(args):
 
 def refuse_what_cannot_fit(args):
     """The memory plan of the run against the memory the device has, before anything is loaded: one line naming
-    the flags to lower (minigrpo/run/memguard.py)."""
+    the flags to lower (minigrpo/run/memguard.py). A GPU preset on a CPU says so instead, in that line when the
+    run cannot fit, else in a note before the run's first line."""
     from minigrpo.tasks import task_class
     device = pick_device(args.device)
     rows = decode_rows(task_class(args.task), args, args.tasks_per_step)
+    on_cpu = gpu_preset_note(args.task, args.model, device.type)
     try:
-        memguard.check_fits(args, rows, device, pick_dtype(args.dtype, device), decode_path(args, device) == "fast")
+        memguard.check_fits(args, rows, device, pick_dtype(args.dtype, device), decode_path(args, device) == "fast",
+                            lower=on_cpu)
     except (OSError, ValueError):   # no config.json to plan from: loading the model names what is wrong with it
         pass
+    if on_cpu:
+        print(f"train.py: note: {on_cpu}", file=sys.stderr)
 
 
 if __name__ == "__main__":
