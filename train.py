@@ -46,7 +46,8 @@ from minigrpo.pretrained import CheckpointError, load_pretrained
 from minigrpo.run import callsize, cli, dist_timeout, memguard, plots
 from minigrpo.run.flags import loss_settings, resolve_args
 from minigrpo.run.presets import gpu_preset_note
-from minigrpo.run.folder import ProgressBar, RunFolder, Tracker, epoch_summary, sample_records, step_metrics
+from minigrpo.run.folder import RunFolder
+from minigrpo.run.steplog import ProgressBar, Tracker, epoch_summary, sample_records, step_metrics
 from minigrpo.run.gap import token_sums, warn_off_policy
 from minigrpo.run.resume import nonfinite_streak, resume_or_start, trainer_state
 from minigrpo.sampler import Settings, sample
