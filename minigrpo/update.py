@@ -228,9 +228,9 @@ def lr_factor(step: int, total_steps: int, warmup: float, schedule: str = "cosin
               peak_in_warmup: bool = False) -> float:
     """The learning rate's multiplier after `step` optimizer steps: a linear warmup, then 1 (constant) or cosine
     from 1 at step = warmup down to 0 at the last step. The warmup is (step + 1) / (warmup + 1), whose peak is the
-    cosine's first step; peak_in_warmup (the supervised stages of the experiments, minigrpo/experiments/
-    supervised.py) is (step + 1) / warmup, whose last warmup step is already the peak, so the peak lasts a step
-    more. Both schedules stay as the runs in the README and docs/ were trained."""
+    cosine's first step; with peak_in_warmup it is (step + 1) / warmup, whose last step is already the peak, so the
+    peak lasts a step more: the SFT and DPO stages' ramp (experiments/supervised.py), kept because the results the
+    README quotes were trained with it."""
     if step < warmup:
         return (step + 1) / (warmup + (0 if peak_in_warmup else 1))
     if schedule == "constant":
