@@ -43,9 +43,10 @@ from minigrpo.lora import inject_lora
 from minigrpo.model import enable_activation_checkpointing
 from minigrpo.update import adamw
 from minigrpo.pretrained import CheckpointError, load_pretrained
-from minigrpo.run import callsize, cli, dist_timeout, memguard, plots
+from minigrpo.run import callsize, cli, dist_timeout, memguard, plots, presets
 from minigrpo.run.flags import loss_settings, resolve_args
-from minigrpo.run.folder import ProgressBar, RunFolder, Tracker, epoch_summary, sample_records, step_metrics
+from minigrpo.run.folder import RunFolder
+from minigrpo.run.steplog import ProgressBar, Tracker, epoch_summary, sample_records, step_metrics
 from minigrpo.run.gap import token_sums, warn_off_policy
 from minigrpo.run.resume import nonfinite_streak, resume_or_start, trainer_state
 from minigrpo.sampler import Settings, sample
@@ -433,7 +434,7 @@ def command(args):
 
 def refuse_what_cannot_fit(args):
     """The memory plan of the run against the memory the device has, before anything is loaded: one line naming
-    the flags to lower (minigrpo/run/memguard.py)."""
+    the flags to lower (minigrpo/run/memguard.py), or, for a GPU preset on a CPU, saying so (a note if it fits)."""
     from minigrpo.tasks import task_class
     device = pick_device(args.device)
     rows = decode_rows(task_class(args.task), args, args.tasks_per_step)
@@ -441,6 +442,8 @@ def refuse_what_cannot_fit(args):
         memguard.check_fits(args, rows, device, pick_dtype(args.dtype, device), decode_path(args, device) == "fast")
     except (OSError, ValueError):   # no config.json to plan from: loading the model names what is wrong with it
         pass
+    if note := presets.gpu_preset_note(args.task, args.model, device.type):    # it fits, and runs on a CPU
+        print(f"train.py: note: {note}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import shapes  # noqa: E402
+import step_stacks  # noqa: E402
 import train_step  # noqa: E402
 from minigrpo.run import layercost, memplan  # noqa: E402
 from minigrpo.pretrained import QwenConfig  # noqa: E402
@@ -36,7 +37,7 @@ def planned(args, checkpointing):
     """The plan's bytes for train_step's step (everything but the weights and the LoRA weights themselves)."""
     cfg = QwenConfig.from_dict(shapes.hf_config(args.shape, args.layers))
     dtype = getattr(torch, args.dtype)
-    targets = train_step.targets(args)
+    targets = step_stacks.targets(args)
     _, trainable = memplan.param_counts(cfg, args.lora_r, targets)
     costs = layercost.layer_costs(cfg, dtype, args.lora_r, targets)
     s = dtype.itemsize
@@ -51,7 +52,7 @@ def check(args):
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(64 << 10))  # the children inherit it
     out = []
     with tempfile.TemporaryDirectory(prefix="minigrpo-memplan-") as folder:
-        train_step.save_random_model(folder, args)
+        step_stacks.save_random_model(folder, args)
         for ckpt in args.checkpointing:
             a = argparse.Namespace(**{**vars(args), "grad_checkpoint": ckpt})
             measured = train_step.run_child("ours", folder, a)["peak"]
@@ -62,7 +63,7 @@ def check(args):
 def layer_check(args):
     """[(layer kind, what, fitted bytes, measured bytes)] at args.layers_at tokens, bf16, B = 1."""
     cfg = QwenConfig.from_dict(shapes.hf_config(args.shape, args.layers))
-    T, targets, out = args.layers_at, train_step.targets(args), []
+    T, targets, out = args.layers_at, step_stacks.targets(args), []
     costs = layercost.layer_costs(cfg, torch.bfloat16, args.lora_r, targets)
     for kind in dict.fromkeys(layercost.layer_keys(cfg)):
         block = layercost.layer(cfg, kind, torch.bfloat16, args.lora_r, targets)

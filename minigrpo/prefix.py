@@ -1,13 +1,13 @@
 """The cache kept across turns: an agent's prompt at turn t is its prompt at turn t-1, the policy's answer and the
-environment's reply, so the state after prefilling the earlier prompt can be continued instead of recomputed
-(sampler.sample(keep=True) hands the states out, sampler.sample(reuse=...) continues them).
+environment's reply, so the state after prefilling the earlier prompt can be continued instead of recomputed.
+One meaning each, here, in sampler.py and in tasks/: `keep` (bool) asks a call to hand out each prompt's state;
+`kept` is such a state, a `Kept` (or one Kept or None per prompt); `reuse` is one Kept or None per prompt, given
+to a call to continue; `reused` counts the prompt tokens a continuation took from its Kept.
 
-A kept state (`Kept`) is a one-row model.Cache of exactly its prompt's first tokens: all of them for an
-attention-only model, up to the last multiple of 64 for Qwen3.5 (`kept_length`), so that the next turn prefills on
-Gated DeltaNet's chunk grid, the trainer's. Not the state after the answer: a DeltaNet memory cannot be rewound.
-Continued rows are prefilled one at a time (pads inside a row would run through DeltaNet's conv and decay), then
+A Kept is a one-row model.Cache of exactly its prompt's first tokens: all of them for an attention-only model, up
+to the last multiple of 64 for Qwen3.5 (`kept_length`), on Gated DeltaNet's chunk grid, the trainer's. Not the
+state after the answer: a DeltaNet memory cannot be rewound. Continued rows are prefilled one at a time, then
 right-aligned into one decode batch. Why each: docs/agentic.md, "The cache kept across turns".
-
 Letters: P prompts, L longest prompt, T_new a continued row's new tokens, V vocabulary.
 """
 

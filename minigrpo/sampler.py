@@ -8,7 +8,7 @@ log_softmax(logits / temperature) in fp32, as logprobs.token_logprobs recomputes
 counter-based (splitmix64 of its prompt's seed, its index and the step), so it does not depend on the batch. What a
 Sample holds, kept states (keep=, reuse=) and the seeds: docs/training.md, "The group sampler".
 
-Shape letters: P prompts, B rows being decoded (P*n, fewer after compaction), L longest prompt, V vocab kept.
+Shape letters: P prompts, B rows being decoded (P*n, fewer after compaction), L longest prompt, V vocabulary.
 """
 
 from dataclasses import dataclass, replace
@@ -44,7 +44,7 @@ class Settings:
     temperature: float = 1.0        # 0 = greedy
     top_p: float = 1.0              # top_k=0 / top_p=1.0 = no truncation; log-probs are before it (module doc)
     top_k: int = 0
-    # ids that end a row (kept in its completion); None: tokenizer.eos_ids, or none without a tokenizer
+    # ids that end a row (the last token of its completion); None: tokenizer.eos_ids, or none without a tokenizer
     stop_ids: tuple | None = None
     stop_strings: tuple = ()        # texts that end a row (need a tokenizer to decode completions)
     # logits of ids >= vocab_size are never sampled nor counted in log-probs; None: tokenizer.vocab_size (Qwen's
@@ -59,8 +59,8 @@ class Settings:
     # round small updates away and sample a policy nearer the base). A string names the torch.compile backend
     # (default inductor).
     compile: bool | str = False
-    # static: the same static-shape step without compiling (its eager twin; compile implies it): caches of fixed
-    # sizes kept across calls, attention over all their slots, no compaction.
+    # static: the same static-shape step without compiling (its eager twin; compile implies it: `resolved` sets
+    # it): caches of fixed sizes held across calls, attention over all their slots, no compaction.
     static: bool = False
     # rows: the static batch's fixed row count (the caller's largest call): a call with fewer rows is padded to it,
     # one with more is split into calls of whole prompts (None: the next power of two of the call's rows).
@@ -80,17 +80,18 @@ class Settings:
         sync_every = self.sync_every
         if sync_every is None:
             sync_every = 8 if device.type == "cuda" else 1
-        return replace(self, stop_ids=stop_ids, vocab_size=vocab_size, pad_id=pad_id, sync_every=sync_every)
+        return replace(self, stop_ids=stop_ids, vocab_size=vocab_size, pad_id=pad_id, sync_every=sync_every,
+                       static=self.static or bool(self.compile))
 
 
 # ------------------------------------------------------------------------------------------------ token choice
 
 def truncate(probs, top_k=0, top_p=1.0):
     """Top-k then top-p, as transformers' TopKLogitsWarper then TopPLogitsWarper -> (probs, token ids) of each row,
-    sorted descending, with the dropped tokens' probs set to 0 (the kept ones are not renormalised).
-    Top-k keeps every token whose prob reaches the k-th largest (ties with it stay, so possibly more than k).
-    Top-p is measured on the distribution renormalised over what top-k kept: it drops a token when the mass of it
-    and every less likely token is <= 1 - top_p, i.e. keeps the smallest prefix whose mass reaches top_p (the
+    sorted descending, with the dropped tokens' probs set to 0 (the others are not renormalised).
+    Top-k leaves every token whose prob reaches the k-th largest (ties with it stay, so possibly more than k).
+    Top-p is measured on the distribution renormalised over what top-k left: it drops a token when the mass of it
+    and every less likely token is <= 1 - top_p, i.e. leaves the smallest prefix whose mass reaches top_p (the
     warper's own arithmetic: an ascending cumulative sum); the most likely token always stays."""
     p, ids = probs.sort(dim=-1, descending=True)                    # (B, V)
     if top_k and top_k < p.shape[-1]:
@@ -125,7 +126,7 @@ def uniforms(keys, t):
 
 
 def choose(logits, temperature, top_k, top_p, u):
-    """Next token and its log-prob (untruncated, at temperature T) for each row. logits (B, V) fp32."""
+    """Next token and its log-prob (untruncated, at `temperature`) for each row. logits (B, V) fp32."""
     if temperature == 0:
         logp_all = torch.log_softmax(logits, dim=-1)
         token = logits.argmax(-1)
@@ -177,7 +178,7 @@ class StopScanner:
 
     def scan(self, ids, scanned):
         """ids: the row's tokens so far, of which the first `scanned` were scanned by an earlier call.
-        Returns (kept length, "eos" | "stop") or None."""
+        Returns (the completion's length, "eos" | "stop") or None."""
         for j in range(scanned, len(ids)):
             if ids[j] in self.stop_ids:
                 end, reason = j + 1, "eos"
@@ -239,13 +240,12 @@ def sample(model, prompts, settings, tokenizer=None, seed=None, reuse=None, keep
     seeds = prompt_seeds(seed, len(prompts))
     scanner = StopScanner(s.stop_ids, s.stop_strings, tokenizer)
     reuse = prefix.check_reuse(reuse, len(prompts))
-    if not (s.compile or s.static):
-        return sample_batch(model, prompts, seeds, s, scanner, (reuse, keep))
+    if not s.static:
+        return sample_batch(model, prompts, seeds, s, scanner, reuse, keep)
     s = replace(s, compact_fraction=float("inf"))  # fixed shapes: no compaction
     out = []
     for part in static_decode.whole_prompt_calls(len(prompts), s.n, s.rows):
-        got = sample_batch(model, prompts[part], seeds[part], s, scanner, (reuse[part], keep),
-                           static=(s.rows, s.compile))
+        got = sample_batch(model, prompts[part], seeds[part], s, scanner, reuse[part], keep)
         out += [replace(x, prompt_index=x.prompt_index + part.start) for x in got]
     return out
 
@@ -261,25 +261,24 @@ def prompt_seeds(seed, P):
     return seeds
 
 
-def sample_batch(model, prompts, seeds, s, scanner, kept, static=None):
-    """n completions of each prompt, decoded as one batch: prefill, the decode loop, the Samples.
-    kept: (reuse, keep) as `sample` takes them, reuse a list; static: (rows, compile) for static_decode.py's
-    fixed-shape step, None for the ordinary one."""
+def sample_batch(model, prompts, seeds, s, scanner, reuse, keep):
+    """n completions of each prompt, decoded as one batch: prefill, the decode loop, the Samples. reuse (a list)
+    and keep as `sample` takes them; s.static: static_decode.py's fixed-shape step, else the ordinary one."""
     row_keys = sample_keys(seeds, s.n, model.device)                 # (P*n,) int64, one per sample row
-    extra = s.max_new_tokens if static is None else static_decode.new_slots(prompts, s.max_new_tokens)
-    cache, logits, keeps, reused, routes = prefill_reusing(model, prompts, extra, s.pad_id, *kept)
+    extra = static_decode.new_slots(prompts, s.max_new_tokens) if s.static else s.max_new_tokens
+    cache, logits, kept, reused, routes = prefill_reusing(model, prompts, extra, s.pad_id, reuse, keep)
     run = lambda cache, step: decode(model, step, cache, logits, row_keys, s, scanner)  # noqa: E731
-    if static is None:
+    if not s.static:
         gen_ids, logprobs, ended, steps = run(cache.repeat_interleave(s.n), decode_step)
     else:       # a compiled step that fails: one warning line, and this call again uncompiled (static_decode.py)
-        gen_ids, logprobs, ended, steps = static_decode.decode_call(model, cache, s.n, *static, run)
+        gen_ids, logprobs, ended, steps = static_decode.decode_call(model, cache, s, run)
     out = []
     for r in range(len(row_keys)):  # the static batch's padding rows are not returned
         length, reason = ended.get(r, (s.max_new_tokens, "length"))
         ids, i, first = gen_ids[r][:length], r // s.n, r % s.n == 0
         route = None if routes[i] is None else torch.cat([routes[i], steps[r, :length]])
         out.append(Sample(i, ids, logprobs[r, :length].tolist(), reason, scanner.text(ids, reason),
-                          prefilled=(len(prompts[i]) - reused[i]) * first, reused=reused[i] * first, kept=keeps[i],
+                          prefilled=(len(prompts[i]) - reused[i]) * first, reused=reused[i] * first, kept=kept[i],
                           routes=route))
     return out
 
@@ -371,13 +370,13 @@ def decode(model, step, cache, logits, row_keys, s, scanner):
         if last or (t + 1 - checked) >= s.sync_every:
             scanner.read(out_tok[rows, checked:t + 1].tolist(), live, gen_ids, ended)  # one host sync
             checked = t + 1
-            keep = [i for i, r in enumerate(live) if r not in ended]
-            if not keep or last:
+            going = [i for i, r in enumerate(live) if r not in ended]    # batch rows still decoding
+            if not going or last:
                 break
-            if len(live) - len(keep) >= max(1, s.compact_fraction * len(live)):
-                idx = torch.tensor(keep, device=device)
+            if len(live) - len(going) >= max(1, s.compact_fraction * len(live)):
+                idx = torch.tensor(going, device=device)
                 cache, token, rows = cache.index_select(idx), token[idx], rows[idx]
-                live = [live[i] for i in keep]
+                live = [live[i] for i in going]
         logits = step(model, token, cache)
         if blocks:                          # the experts token t went through in that step
             out_routes[rows, t] = torch.stack([b.chosen[:, 0] for b in blocks], dim=1).to(torch.int16)

@@ -52,7 +52,7 @@ def new_slots(prompts, max_new_tokens):
 
 
 def start(model, cache, n, rows=None, compile=False):
-    """(StaticCache, decode step) for a prefilled model.Cache of P prompts, each decoded n times: the model's kept
+    """(StaticCache, decode step) for a prefilled model.Cache of P prompts, each decoded n times: the model's pooled
     cache of bucket_rows(P * n, rows) rows, loaded, and decode_step, or compiled_step when `compile` (a string names
     the torch.compile backend, default inductor)."""
     cache = static_cache(model, cache, n, bucket_rows(cache.mask.shape[0] * n, rows))
@@ -117,7 +117,7 @@ class StaticCache:
 
     def window(self):
         """On the host, before a step: `read` = the slots [0, W) its attention reads, W = bucket_len of the slots
-        written once the step's token is in (capped at S). One view per W, kept: a fixed address for CUDA graphs."""
+        written once the step's token is in (capped at S). One view per W, held: a fixed address for CUDA graphs."""
         W = min(bucket_len(self.written + 1), self.mask.shape[1])
         if W not in self._reads:
             self._reads[W] = read = self.slot_ids[:W]
@@ -168,7 +168,7 @@ _pool = weakref.WeakKeyDictionary()  # model -> {shape_key: its StaticCache, siz
 
 def static_cache(model, cache, n, rows):
     """The model's StaticCache of `rows` rows for `cache` (P prompts, each decoded n times; P*n <= rows), loaded
-    from `cache`: the kept buffers viewed at this call's length, or, for a call longer than any before, new buffers
+    from `cache`: the pooled buffers viewed at this call's length, or, for a call longer than any before, new buffers
     of its length that replace them (the old ones are freed first: one set is held, the longest call's)."""
     caches = _pool.setdefault(model, {})
     key = shape_key(cache, rows)
@@ -179,7 +179,7 @@ def static_cache(model, cache, n, rows):
 
 
 def release(model):
-    """Free the model's kept StaticCaches (their memory returns to the allocator)."""
+    """Free the model's pooled StaticCaches (their memory returns to the allocator)."""
     _pool.pop(model, None)
 
 
@@ -262,11 +262,12 @@ def describe(error):
     return f"{type(error).__name__}: {line[:200]}"
 
 
-def decode_call(model, prefilled, n, rows, compile, decode):
-    """decode(static cache, step) for a prefilled model.Cache, as `start` sets them up; if the compiled step fails
-    (CompileFailed, whose warning has been printed), the call is decoded again from `prefilled` uncompiled, so no
-    half-run step is ever continued."""
+def decode_call(model, prefilled, settings, decode):
+    """decode(static cache, step) for a prefilled model.Cache, as `start` sets them up from the sampler's settings
+    (n, rows, compile); if the compiled step fails (CompileFailed, whose warning has been printed), the call is
+    decoded again from `prefilled` uncompiled, so no half-run step is ever continued."""
+    s = settings
     try:
-        return decode(*start(model, prefilled, n, rows, compile))
+        return decode(*start(model, prefilled, s.n, s.rows, s.compile))
     except CompileFailed:
-        return decode(*start(model, prefilled, n, rows, False))
+        return decode(*start(model, prefilled, s.n, s.rows, False))

@@ -381,10 +381,10 @@ def byte_tokenizer_json() -> str:
 
 def _bytes_to_unicode() -> dict:
     """GPT-2's byte -> printable character table, which byte-level BPE vocabularies are written in."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
     chars, extra = {}, 0
     for b in range(256):
-        if b in keep:
+        if b in printable:
             chars[b] = chr(b)
         else:
             chars[b] = chr(256 + extra)

@@ -8,7 +8,6 @@ import math
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
-import numpy as np
 import torch
 
 from minigrpo import grpo, moe
@@ -152,10 +151,10 @@ def step_normalizer(batches, settings: LossSettings, dist_info) -> float:
 
 
 def log_probs(model, b: Batch, temperature, vocab_size, entropy=False):
-    """The trainer's log-probs: logits / T with the sampler's T, ids past the tokenizer's vocabulary masked, as
-    the sampler does, so that the two agree; the lm_head runs only over completion columns. A packed batch runs
-    its packed row and gives the same (B, T-1) layout. An MoE model routes through the batch's recorded routes
-    (`routed`)."""
+    """The trainer's log-probs: logits / temperature with the sampler's temperature, ids past the tokenizer's
+    vocabulary masked, as the sampler does, so that the two agree; the lm_head runs only over completion columns.
+    A packed batch runs its packed row and gives the same (B, T-1) layout. An MoE model routes through the batch's
+    recorded routes (`routed`)."""
     with routed(model, b):
         if b.packed is not None:
             p = b.packed
@@ -225,11 +224,15 @@ def warmup_steps(warmup: float, total_steps: int) -> float:
     return warmup * total_steps if 0 < warmup < 1 else warmup
 
 
-def lr_factor(step: int, total_steps: int, warmup: float, schedule: str = "cosine") -> float:
-    """The learning rate's multiplier after `step` optimizer steps: (step + 1) / (warmup + 1) while step < warmup,
-    then 1 (constant) or cosine from 1 at step = warmup down to 0 at the last step."""
+def lr_factor(step: int, total_steps: int, warmup: float, schedule: str = "cosine",
+              peak_in_warmup: bool = False) -> float:
+    """The learning rate's multiplier after `step` optimizer steps: a linear warmup, then 1 (constant) or cosine
+    from 1 at step = warmup down to 0 at the last step. The warmup is (step + 1) / (warmup + 1), whose peak is the
+    cosine's first step; with peak_in_warmup it is (step + 1) / warmup, whose last step is already the peak, so the
+    peak lasts a step more: the SFT and DPO stages' ramp (experiments/supervised.py), kept because the results the
+    README quotes were trained with it."""
     if step < warmup:
-        return (step + 1) / (warmup + 1)
+        return (step + 1) / (warmup + (0 if peak_in_warmup else 1))
     if schedule == "constant":
         return 1.0
     progress = (step - warmup) / max(1.0, total_steps - warmup)
@@ -237,21 +240,10 @@ def lr_factor(step: int, total_steps: int, warmup: float, schedule: str = "cosin
 
 
 def adamw(params, lr: float, total_steps: int, warmup: float = 0, schedule: str = "cosine", beta2: float = 0.999,
-          weight_decay: float = 0.0):
+          weight_decay: float = 0.0, peak_in_warmup: bool = False):
     """(AdamW, LambdaLR) with lr_factor's schedule; call sched.step() once per optimizer step. warmup: steps, or a
     fraction of total_steps when below 1 (warmup_steps)."""
     warmup = warmup_steps(warmup, total_steps)
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, beta2), weight_decay=weight_decay)
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, total_steps, warmup, schedule))
-
-
-def adamw_pipeline(params, lr, steps, warmup):
-    """The mdp pipeline's SFT and DPO stages (minigrpo/experiments/supervised.py): AdamW (beta2 0.99, no weight
-    decay), linear warmup over n = int(warmup * steps) steps, the last of them at the peak, then cosine from the peak
-    to zero. Not lr_factor: the peak is held for one step more. One formula for both would move the mdp quickstart's
-    numbers, so the two stay side by side until a change that may move them."""
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
-    n_warm = max(1, int(warmup * steps))
-    factor = lambda s: (s + 1) / n_warm if s < n_warm else \
-        0.5 * (1 + np.cos(np.pi * (s - n_warm) / max(1, steps - n_warm)))
+    factor = lambda step: lr_factor(step, total_steps, warmup, schedule, peak_in_warmup)
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)

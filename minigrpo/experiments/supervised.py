@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from minigrpo.packing import left_pad
 from minigrpo.lora import adapters_disabled
-from minigrpo.update import adamw_pipeline
+from minigrpo.update import adamw
 
 
 # -----------------------------------------------------------------------------------------------------------------
@@ -54,6 +54,12 @@ def batches(n_items, size, steps, seed):
     return out
 
 
+def optimizer(params, lr, steps, warmup):
+    """AdamW (beta2 0.99, no weight decay) for a supervised stage: a linear warmup over int(warmup x steps) steps
+    (at least one), the last of them at the peak, then cosine to zero (update.lr_factor's peak_in_warmup)."""
+    return adamw(params, lr, steps, max(1, int(warmup * steps)), beta2=0.99, peak_in_warmup=True)
+
+
 def log_progress(stage: str, step: int, steps: int, stats: dict, quiet: bool):
     if not quiet and (step == 1 or step == steps or step % max(1, steps // 5) == 0):
         print(f"  {stage} {step}/{steps} " + " ".join(f"{k}={v:.3f}" for k, v in stats.items()), file=sys.stderr)
@@ -65,7 +71,7 @@ def log_progress(stage: str, step: int, steps: int, stats: dict, quiet: bool):
 def sft_loop(model, tok, params, items, steps, lr, cfg, seed, stage, quiet):
     """Cross-entropy on the answer tokens of `items` [(prompt ids, answer ids)]; the token mean is taken over the
     whole optimizer step (all micro-batches), so grad-accum does not reweight."""
-    opt, sched = adamw_pipeline(params, lr, steps, cfg.warmup)
+    opt, sched = optimizer(params, lr, steps, cfg.warmup)
     device = model.device
     model.train()
     for step, idx in enumerate(batches(len(items), cfg.batch * cfg.grad_accum, steps, seed), 1):
@@ -108,7 +114,7 @@ def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta=0.1,
 def dpo_loop(model, tok, params, pairs, cfg, seed, stage, quiet):
     """DPO on [(prompt, chosen answer, rejected answer)] token-id triples; the reference is `model` with its LoRA
     adapters off; + cfg.dpo_nll x the chosen answer's NLL per token (RPO) when set."""
-    opt, sched = adamw_pipeline(params, cfg.dpo_lr, cfg.dpo_steps, cfg.warmup)
+    opt, sched = optimizer(params, cfg.dpo_lr, cfg.dpo_steps, cfg.warmup)
     device = model.device
     for step, idx in enumerate(batches(len(pairs), cfg.batch * cfg.grad_accum, cfg.dpo_steps, seed), 1):
         opt.zero_grad(set_to_none=True)

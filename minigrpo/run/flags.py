@@ -10,7 +10,8 @@ import time
 
 from minigrpo.grpo import LossSettings
 from minigrpo.losses import IS_CORRECTIONS, IS_LEVELS, LOSSES
-from minigrpo.run.folder import TRACKERS, RunFolder, require_tracker
+from minigrpo.run.folder import RunFolder
+from minigrpo.run.steplog import TRACKERS, require_tracker
 from minigrpo.run.presets import PRESETS
 from minigrpo.run.resume import check_resume_flags
 from minigrpo.tasks import TASKS, task_class

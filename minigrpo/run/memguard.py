@@ -15,6 +15,7 @@ import torch
 from minigrpo.errors import UsageError
 from minigrpo.pretrained import TINY_MODELS
 from minigrpo.run import memplan
+from minigrpo.run.presets import gpu_preset_note
 
 GiB = memplan.GiB
 CGROUP = "/sys/fs/cgroup"
@@ -59,7 +60,8 @@ def check_fits(args, rows: int, device: torch.device, dtype: torch.dtype, fast_d
                lower: str | None = None, training: bool = True):
     """Raise UsageError when the run `args` would start (largest sampler call: `rows` rows) cannot fit `device`.
     cfg: the model's QwenConfig where args.model does not name it (a model built from scratch); lower: what the line
-    tells the user to do (default: lower the flags that size the plan's larger side); training=False: a sampling
+    tells the user to do (default: a GPU preset on a CPU says so and what runs there, any other run is told to lower
+    the flags that size the plan's larger side); training=False: a sampling
     run (eval.py), which holds the weights at the compute dtype and the rollout, and trains nothing."""
     if cfg is None:
         if "/" not in args.model and args.model not in TINY_MODELS:
@@ -74,6 +76,7 @@ def check_fits(args, rows: int, device: torch.device, dtype: torch.dtype, fast_d
         peak = p["params"] * (torch.finfo(dtype).bits // 8) + p["static_caches"] + p["rollout"]
     have, where = device_available(device)
     if needed(peak, device) > have:
-        todo = lower or f"lower {lower_flags(p, args)} (`train.py ... --plan` shows the plan)"
+        todo = lower or gpu_preset_note(args.task, args.model, device.type) or \
+            f"lower {lower_flags(p, args)} (`train.py ... --plan` shows the plan)"
         raise UsageError(f"the run needs ~{needed(peak, device) / GiB:,.1f} GiB at its peak and {device.type} has "
                          f"{have / GiB:,.1f} GiB ({where}): {todo}")

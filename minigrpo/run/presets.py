@@ -29,3 +29,15 @@ PRESETS = {
     "revise": dict(model="tiny", lora_r=0, group_size=8, tasks_per_step=4, steps=100, lr=3e-4, warmup=2,
                    schedule="constant", max_new_tokens=8, temperature=1.0, micro_batch=64, save_every=100),
 }
+
+QUICKSTART = "python train.py --task synthetic --model tiny"
+
+
+def gpu_preset_note(task: str, model: str, device_type: str) -> str | None:
+    """On a device other than CUDA, for a preset sized for a GPU (its model a hub checkpoint) run with that model:
+    a sentence that says so and what runs on a CPU instead; None otherwise."""
+    preset_model = PRESETS.get(task, {}).get("model", "")
+    if device_type == "cuda" or model != preset_model or "/" not in preset_model:
+        return None
+    return (f"the {task} preset is sized for a GPU ({preset_model}); on a CPU run the quickstart (`{QUICKSTART}`), "
+            f"or this task's code on the tiny model (`python train.py --task {task} --model tiny`)")

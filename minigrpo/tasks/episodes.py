@@ -96,13 +96,13 @@ def fitted(messages, render, budget):
         out = []
         for m, text in zip(messages, texts):
             if text is not None:
-                keep, k = text[:max(k, 0)], k - len(text)
-                m = {**m, "content": keep if len(keep) == len(text) else keep + CUT_NOTE.format(budget)}
+                head, k = text[:max(k, 0)], k - len(text)
+                m = {**m, "content": head if len(head) == len(text) else head + CUT_NOTE.format(budget)}
             out.append(m)
         return render(out)
 
     lo, hi, best = 0, sum(len(t) for t in texts if t is not None) - 1, None
-    while lo <= hi:             # the longest cut that fits (every answer kept is a rendering that was counted)
+    while lo <= hi:             # the longest cut that fits (every answer taken is a rendering that was counted)
         mid = (lo + hi) // 2
         got = cut(mid)
         if len(got) <= budget:

@@ -368,8 +368,8 @@ def _sample(records: list[dict], limit: int | None, seed: int) -> list[dict]:
     """A fixed sample of `limit` records (file order kept), or all of them."""
     if limit is None or len(records) <= limit:
         return records
-    keep = np.sort(np.random.default_rng(seed).permutation(len(records))[:limit])
-    return [records[i] for i in keep]
+    chosen = np.sort(np.random.default_rng(seed).permutation(len(records))[:limit])
+    return [records[i] for i in chosen]
 
 
 def load_svamp(data: str | None = None, split: str = "test", limit: int | None = 300, seed: int = SEED):

@@ -81,11 +81,11 @@ def tasks_for_judge(tasks: list[dict], judge_spec: str) -> tuple[list[dict], lis
     if judge_spec != "local" or not left:
         return list(tasks), []
     ids = {i for i, _ in left}
-    kept = [t for t in tasks if t["id"] not in ids]
-    if not kept:
+    graded = [t for t in tasks if t["id"] not in ids]
+    if not graded:
         raise ValueError(f"every task is left out with the local judge ({', '.join(sorted(ids))}); pass an LLM judge "
                          "(--judge claude | cmd:... | http...)")
-    return kept, [f"soyuz: {i} left out with the local judge (an LLM judge includes it): {why}" for i, why in left]
+    return graded, [f"soyuz: {i} left out with the local judge (an LLM judge includes it): {why}" for i, why in left]
 
 
 def critique(task: dict, verdict, max_problems: int = 6) -> str:

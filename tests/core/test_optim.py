@@ -1,13 +1,14 @@
 """minigrpo/update.py: the learning-rate schedule --warmup and --schedule describe. --warmup as a count or a fraction
 of the run, lr_factor's linear warmup then cosine to zero (or constant), the schedule adamw's LambdaLR applies step
-by step, and the mdp pipeline's own schedule, which holds its peak one step longer. Every expected rate is written
+by step, and the supervised stages' peak_in_warmup, which holds the peak one step longer. Every expected rate is written
 out by hand."""
 import math
 
 import pytest
 import torch
 
-from minigrpo.update import adamw, adamw_pipeline, lr_factor, warmup_steps
+from minigrpo.experiments.supervised import optimizer
+from minigrpo.update import adamw, lr_factor, warmup_steps
 
 
 def rates(opt, sched, steps):
@@ -63,12 +64,12 @@ def test_a_warmup_of_one_or_more_counts_steps():
     assert rates(*adamw([p], 1.0, 100, warmup=2, schedule="constant"), 3)[2] == 1.0
 
 
-def test_pipeline_schedule_holds_the_peak_one_step_longer():
+def test_supervised_schedule_holds_the_peak_one_step_longer():
     p = torch.nn.Parameter(torch.zeros(3))
     p.grad = torch.ones(3)
-    opt, sched = adamw_pipeline([p], 1.0, 10, 0.2)  # int(0.2 * 10) = 2 warmup steps, the second at the peak
+    opt, sched = optimizer([p], 1.0, 10, 0.2)  # int(0.2 * 10) = 2 warmup steps, the second at the peak
     assert opt.param_groups[0]["betas"] == (0.9, 0.99) and opt.param_groups[0]["weight_decay"] == 0.0
     cos = [0.5 * (1 + math.cos(math.pi * k / 8)) for k in range(8)]
     assert rates(opt, sched, 10) == pytest.approx([0.5, 1.0, *cos])
-    opt, sched = adamw_pipeline([p], 1.0, 10, 0.0)  # at least one warmup step, which is the peak
+    opt, sched = optimizer([p], 1.0, 10, 0.0)  # at least one warmup step, which is the peak
     assert rates(opt, sched, 3) == pytest.approx([1.0, 1.0, 0.5 * (1 + math.cos(math.pi / 9))])

@@ -1,7 +1,7 @@
 """README.md and docs/*.md point only at what the repository has: every path they name exists, every flag of a
 train.py / eval.py / judge.py / mdp.py command is one that script's parser takes, every local markdown link (and
 its #anchor) resolves, the README stays a front page (at most 15,000 bytes), a core module's docstring stays a
-first screen (at most 12 lines), and no file of the code, the tests or the docs refers to a document outside the
+first screen (at most 12 lines), a file of code a one-sitting read (at most 450 lines), and no file of the code, the tests or the docs refers to a document outside the
 repository. No model is built and nothing is trained."""
 import argparse
 import ast
@@ -16,6 +16,7 @@ from repo_root import ROOT
 SCRIPTS = ("train.py", "eval.py", "judge.py", "mdp.py")
 README_LIMIT = 15_000
 DOCSTRING_LIMIT = 12   # lines, the quotes included
+FILE_LIMIT = 450      # lines of a library, bench or script file
 PATH_ROOTS = ("minigrpo", "tests", "bench", "scripts", "docs", ".ci")
 SKIP_DIRS = {".git", "__pycache__", "runs", "node_modules"}
 # other programs' flags the docs quote: tensorboard's, torchrun's
@@ -248,6 +249,16 @@ def test_core_module_docstrings_are_a_first_screen():
             if lines > DOCSTRING_LIMIT:
                 long[rel(path)] = lines
     assert not long, f"module docstrings over {DOCSTRING_LIMIT} lines: {long}; move the detail to docs/ or to its line"
+
+
+def test_every_file_of_code_is_a_one_sitting_read():
+    """One idea per file, each read in one sitting: a file of minigrpo/, bench/, scripts/ or the top-level scripts
+    that grows past 450 lines holds more than one idea; split it by idea (not by line count)."""
+    paths = [*glob.glob(os.path.join(ROOT, "minigrpo", "**", "*.py"), recursive=True),
+             *glob.glob(os.path.join(ROOT, "bench", "*.py")), *glob.glob(os.path.join(ROOT, "scripts", "*.py")),
+             *glob.glob(os.path.join(ROOT, "*.py"))]
+    long = {rel(p): n for p in sorted(paths) if (n := read(p).count("\n")) > FILE_LIMIT}
+    assert not long, f"files over {FILE_LIMIT} lines: {long}; split each by what it is for"
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -96,3 +96,25 @@ def test_tooluse_that_cannot_fit_is_one_line_before_any_work(monkeypatch, tmp_pa
     assert e.value.code == 2 and len(err) == 1, err
     assert err[0].startswith("tooluse.py: error: the run needs ~") and "no flag of tooluse.py sizes it" in err[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_gpu_preset_on_a_cpu_says_so_and_what_to_run_instead(monkeypatch, capsys):
+    """`train.py --task soyuz` on a machine without CUDA: the refusal line (the plan cannot fit) or, where it fits,
+    a note before the run says the preset is sized for a GPU and names the CPU commands. The 4B plan is faked (it
+    costs a minute here; its config is the bundled one): what is checked is what the guard and train.py say.
+    --model tiny, or a CUDA device, is no GPU preset's run: no note, and a refusal names the flags to lower."""
+    peak = dict(peak=2 ** 40, peak_ckpt=2 ** 40, rollout=1, activations=0, logprob_chunk=0)
+    monkeypatch.setattr(memguard.memplan, "plan", lambda *a, **k: peak)
+    monkeypatch.setattr(memguard, "device_available", lambda d: (2 ** 20, "a fake 1 MiB limit"))
+    args = train.resolve_args(["--task", "soyuz", "--device", "cpu", "--quiet"])
+    with pytest.raises(memguard.UsageError, match=r"\(a fake 1 MiB limit\): the soyuz preset is sized for a GPU "
+                                                  r"\(Qwen/Qwen3.5-4B\); on a CPU run the quickstart "
+                                                  r"\(`python train.py --task synthetic --model tiny`\)"):
+        train.refuse_what_cannot_fit(args)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(memguard, "device_available", lambda d: (2 ** 50, "a fake 1 PiB"))
+    train.refuse_what_cannot_fit(args)
+    assert capsys.readouterr().err.startswith("train.py: note: the soyuz preset is sized for a GPU"), "no note"
+    train.refuse_what_cannot_fit(train.resolve_args(["--task", "soyuz", "--model", "tiny", "--device", "cpu"]))
+    assert capsys.readouterr().err == ""
+    assert train.presets.gpu_preset_note("soyuz", "Qwen/Qwen3.5-4B", "cuda") is None

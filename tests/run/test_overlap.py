@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 import train
 from minigrpo.judge import CriterionResult, Verdict
-from minigrpo.run.folder import is_timing
+from minigrpo.run.steplog import is_timing
 from minigrpo.tasks.soyuz import SoyuzTask
 
 TASKS, G = 2, 2

@@ -1,4 +1,4 @@
-"""--log-to (minigrpo/run/folder.py Tracker): a missing package is one line at start; W&B gets every step and a resume
+"""--log-to (minigrpo/run/steplog.py Tracker): a missing package is one line at start; W&B gets every step and a resume
 continues the same W&B run (a stand-in module, so no package is needed); TensorBoard, where it is installed,
 appends on resume and hides the events past the checkpoint."""
 import sys
@@ -7,7 +7,8 @@ import types
 import pytest
 
 import train
-from minigrpo.run.folder import RunFolder, Tracker
+from minigrpo.run.folder import RunFolder
+from minigrpo.run.steplog import Tracker
 
 SMALL = ["--task", "synthetic", "--model", "tiny", "--tasks-per-step", "4", "--group-size", "4",
          "--micro-batch", "8", "--quiet"]

@@ -7,7 +7,7 @@ import time
 
 from safetensors.torch import load_file
 
-from minigrpo.run.folder import is_timing
+from minigrpo.run.steplog import is_timing
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}   # one thread: the same kernels as recorded
 

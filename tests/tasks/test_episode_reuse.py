@@ -4,7 +4,7 @@ dropping the largest states first, and the prefill counts in each episode's Seq 
 sampler that knows nothing of reuse, the same episodes and counts of a full prefill every turn."""
 from argparse import Namespace
 
-from minigrpo.run.folder import step_metrics
+from minigrpo.run.steplog import step_metrics
 from minigrpo.sampler import Sample
 from minigrpo.tasks import episodes
 from minigrpo.tokenizer import Tokenizer

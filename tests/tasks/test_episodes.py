@@ -175,7 +175,7 @@ def test_an_environment_that_raises_ends_its_episode_alone(workers, capsys):
 
 
 def test_the_steps_lengths_and_truncation_are_per_policy_turn():
-    from minigrpo.run.folder import step_metrics
+    from minigrpo.run.steplog import step_metrics
     seqs = episodes.rollout(CounterTask(), scripted_(PLANS, []), TOK, [{"id": "a"}], [0], ARGS)
     seqs[2].info["turns"][1]["finish_reason"] = "length"          # one of the capped episode's 4 turns cut
     m = step_metrics(1, 0, seqs, {}, [], 0.0, 0.0, 1.0, 1.0, {})

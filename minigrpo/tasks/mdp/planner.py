@@ -39,10 +39,10 @@ class Belief:
 
     def alive(self, seen: tuple) -> np.ndarray:
         """Rows that agree with what the probes showed; seen = ((letter index, output), ...)."""
-        keep = np.ones(len(self.cls), dtype=bool)
+        agree = np.ones(len(self.cls), dtype=bool)
         for a, o in seen:
-            keep &= self.rows[:, a] == o
-        return np.nonzero(keep)[0]
+            agree &= self.rows[:, a] == o
+        return np.nonzero(agree)[0]
 
     def value(self, idx: np.ndarray, left: int, seen: tuple) -> float:
         """V_left of the candidate rows idx (those still alive after `seen`)."""

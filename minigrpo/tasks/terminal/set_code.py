@@ -157,14 +157,14 @@ print(f"total {sum(float(r['amount']) for r in rows):.2f}")
 _HIDDEN_SALES = [("a", 12.5), ("b", 7.25), ("c", 100.0)]
 _RUNNER = {"run.sh": "#!/bin/bash\nset -e\npython3 tools/summarise.py data/sales.csv > summary.txt\n",
            "tools/summarise.py": _SUMMARISE_PY, "input/sales.csv": "id,amount\nx,3.50\ny,4.00\n"}
-_KEEP = {p: c for p, c in _RUNNER.items() if p.startswith(("input/", "tools/"))}
+_GIVEN = {p: c for p, c in _RUNNER.items() if p.startswith(("input/", "tools/"))}
 
 
 def _runner_fixed(f, a):
     # run.sh runs on hidden data; and input/ and tools/ are as they were given (the probe brings its own copies,
     # so what the agent did there would otherwise go unseen)
-    kept = as_given(f, _KEEP, "input") and as_given(f, _KEEP, "tools")
-    return (1.0 if kept else 0.0) * _output_is(
+    intact = as_given(f, _GIVEN, "input") and as_given(f, _GIVEN, "tools")
+    return (1.0 if intact else 0.0) * _output_is(
         f, "bash run.sh >/dev/null 2>&1; cat summary.txt",
         [f"orders {len(_HIDDEN_SALES)}", f"total {sum(v for _, v in _HIDDEN_SALES):.2f}"],
         take=lambda rel: rel == "run.sh",

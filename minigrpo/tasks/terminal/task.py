@@ -206,13 +206,13 @@ class TerminalEnv:
             info["tool_errors"] += 1
             message = _tool(f"error: {why}")
         else:
-            keep = min(left, self.output_bytes)
-            r = self.ep.run(command, keep)
+            room = min(left, self.output_bytes)
+            r = self.ep.run(command, room)
             info["tool_calls"] += 1
             info["timeouts"] += r.status in ("timeout", "cpu", "budget")
             # the output as shown: control tokens neutralised and invalid UTF-8 replaced, both of which grow it
             out = neutralise(r.output)
-            shown = _cut(out, keep)
+            shown = _cut(out, room)
             r = dataclasses.replace(r, output=shown, cut_bytes=r.cut_bytes + len(out.encode()) - len(shown.encode()))
             info["cut_bytes"] += r.cut_bytes
             message = _tool(r.observation())
