@@ -374,8 +374,8 @@ def build_policy(args, device, dtype):
             params = inject_lora(model, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout, **kw,
                                  experts=args.lora_experts, router=args.lora_router)
         except ValueError as e:              # --lora-targets that name no projection, --lora-experts on a dense model
-            flag = ("--lora-experts" if str(e).startswith("LoRA on the experts") else
-                    "--lora-router" if str(e).startswith("LoRA on the router") else f"--lora-targets {args.lora_targets}")
+            flag = ("--lora-experts" if str(e).startswith("LoRA on the experts") else "--lora-router"
+                    if str(e).startswith("LoRA on the router") else f"--lora-targets {args.lora_targets}")
             raise UsageError(f"{flag}: {first_line(e)}; --model {args.model}") from None
         reference = None  # the reference is the same model under adapters_disabled()
     else:

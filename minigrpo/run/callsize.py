@@ -23,7 +23,7 @@ def planned_chunk(args, n_examples, capacity, dtype) -> tuple[int, float, float]
     from minigrpo.run import memplan     # on use: only a multi-turn task on a GPU reads the plan (not a CPU run's import)
     cfg, _ = memplan.load_config(args.model)
     shape, s = memplan.run_shape(args, n_examples * args.group_size)     # rows: replaced for each count below
-    costs = memplan.layer_costs(cfg, dtype, s["lora_r"], s["targets"], **s["switches"])     # once: each count below reuses it
+    costs = memplan.layer_costs(cfg, dtype, s["lora_r"], s["targets"], **s["switches"])   # once: each count reuses it
     peak = "peak_ckpt" if args.grad_checkpoint else "peak"
 
     def need(examples):      # a later turn's call: every row is a prompt of its own (its conversation so far)

@@ -5,7 +5,8 @@ What it adds up (bytes, for the resolved preset and model; one process):
   weights        every parameter once (tied embeddings once) in the compute dtype; a full fine-tune keeps them in
                  fp32, plus a frozen copy in the compute dtype when beta > 0 (the KL reference)
   trainable      LoRA A/B in fp32 and, after the first step, their gradients and AdamW's two moments: 16 bytes per
-                 trainable parameter (a MoE model's expert and router adapters too, with --lora-experts/-router) (a full fine-tune: 12 more bytes per weight, the weight itself is counted above)
+                 trainable parameter, a MoE model's expert and router adapters too (--lora-experts, --lora-router)
+                 (a full fine-tune: 12 more bytes per weight, the weight itself is counted above)
   rollout        the sampler's cache for one sampler call: attention K and V for rows x max_len slots, Gated
                  DeltaNet's recurrent state (fp32) and conv state, plus the prefill's transient, bounded by one
                  layer's training activations over the tokens one prefill runs (no_grad keeps less), and the

@@ -61,11 +61,12 @@ def test_looped_expert_lora_equals_the_per_expert_reference():
 def test_grouped_expert_lora_equals_the_loop():
     """bf16 (torch._grouped_mm on the CPU): the grouped path's adapters ride the same token sort as the loop's.
     Outputs and gradients (input, every A and B) of the two paths; the grouped branch runs in bf16, the loop's in
-    fp32: measured 0.5-0.75% relative apart (1 and 2 threads, seeds 0 and 1); the bound 2e-2 catches a grouped
-    path that drops the branch or adds it to the wrong rows (O(1))."""
+    fp32 (without adapters the two paths are bit-equal: test_moe): measured up to 2.8% relative apart (seeds 0-3
+    of the block and x, 1 and 2 threads; the update is as large as the expert's output); the bound 8e-2 catches a
+    grouped path that drops either projection's branch (>= 0.3) or adds it to the wrong rows."""
     if not hasattr(torch, "_grouped_mm"):
         pytest.skip("this torch has no _grouped_mm")
-    x = torch.randn(3, 40, 64, dtype=torch.bfloat16)
+    x = torch.randn(3, 40, 64, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
     runs = {}
     for grouped in (True, False):
         b, params = adapted(torch.bfloat16)
@@ -77,7 +78,7 @@ def test_grouped_expert_lora_equals_the_loop():
     assert moe.use_grouped_mm(x, [b.experts.gate_up_lora])         # r 8: the automatic choice is grouped
     assert not moe.use_grouped_mm(x, [adapted(torch.bfloat16, r=4)[0].experts.gate_up_lora])   # r 4: the loop
     for a, c in zip(runs[True], runs[False], strict=True):
-        assert rel(a, c) <= 2e-2
+        assert rel(a, c) <= 8e-2
 
 
 def test_gradients_reach_routed_experts_only_and_the_router_when_asked():
