@@ -7,9 +7,7 @@ LoRA (Hu et al. 2021) freezes a linear layer W (out × in) and learns a low-rank
 A starts as PEFT initialises it (kaiming_uniform_ with a=√5, like nn.Linear) and B at zero, so an injected model
 computes exactly the base model until the first optimizer step. Each choice is written where its code is: precision
 and state_dict names at LoRALinear, the KL reference at adapters_disabled, merging at merge_lora, the projections
-that read one input at shared_input. A MoE model's routed experts and router are parameters, not nn.Linear layers:
-their adapters are ParamLoRA (opt-in, inject_lora's `experts` and `router`), computed inside moe.py's grouped
-expert compute.
+that read one input at shared_input, a MoE model's experts and router (parameters, not layers) at ParamLoRA.
 """
 
 import math

@@ -7,10 +7,7 @@ as one grouped matmul over the blocks (`torch._grouped_mm`), or a loop over the 
 Routing replay (for RL): given `replay` routes, a block uses those expert ids, weighted by its own softmax at them,
 so the trainer scores the experts the sampler took and the gradient reaches the router through the weights;
 `chosen` keeps the ids it chose, `flips` how many it would have routed differently. All of it, measured: docs/moe.md.
-
-LoRA (lora.ParamLoRA, opt-in): the router's `lora` and the experts' `gate_up_lora` / `down_lora` add their updates
-where the block multiplies by the weight they adapt; the experts' ride the same sort, block by block.
-
+LoRA on the router and the experts (lora.ParamLoRA) is added where the block multiplies by the weight it adapts.
 Shape letters: N tokens (B * T flattened), H hidden size, E experts, k experts a token, I expert width.
 """
 
