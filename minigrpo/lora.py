@@ -196,7 +196,7 @@ def inject_param_lora(model, r, alpha, dropout, experts, router):
         for cls, weight, attr in PARAM_TARGETS[key]:
             for _, m in owners:
                 setattr(m, attr, ParamLoRA(getattr(m, weight), r, alpha))
-            names.append(f"{owners[0][0].split('.', 3)[-1]}.{weight}")     # mlp.experts.gate_up_proj, mlp.gate.weight
+            names.append(".".join([*owners[0][0].split(".")[-2:], weight]))   # mlp.experts.gate_up_proj, mlp.gate.weight
     return names
 
 
