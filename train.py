@@ -372,9 +372,12 @@ def build_policy(args, device, dtype):
     if args.lora_r > 0:
         kw = {"targets": args.lora_targets.split(",")} if args.lora_targets else {}
         try:
-            params = inject_lora(model, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout, **kw)
-        except ValueError as e:              # --lora-targets that name no projection of this model
-            raise UsageError(f"--lora-targets {args.lora_targets}: {first_line(e)}") from None
+            params = inject_lora(model, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout, **kw,
+                                 experts=args.lora_experts, router=args.lora_router)
+        except ValueError as e:              # --lora-targets that name no projection, --lora-experts on a dense model
+            flag = ("--lora-experts" if str(e).startswith("LoRA on the experts") else "--lora-router"
+                    if str(e).startswith("LoRA on the router") else f"--lora-targets {args.lora_targets}")
+            raise UsageError(f"{flag}: {first_line(e)}; --model {args.model}") from None
         reference = None  # the reference is the same model under adapters_disabled()
     else:
         # Full fine-tune: every weight trains, in fp32 (a bf16 weight cannot absorb small updates). With β > 0

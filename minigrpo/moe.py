@@ -7,7 +7,7 @@ as one grouped matmul over the blocks (`torch._grouped_mm`), or a loop over the 
 Routing replay (for RL): given `replay` routes, a block uses those expert ids, weighted by its own softmax at them,
 so the trainer scores the experts the sampler took and the gradient reaches the router through the weights;
 `chosen` keeps the ids it chose, `flips` how many it would have routed differently. All of it, measured: docs/moe.md.
-
+LoRA on the router and the experts (lora.ParamLoRA) is added where the block multiplies by the weight it adapts.
 Shape letters: N tokens (B * T flattened), H hidden size, E experts, k experts a token, I expert width.
 """
 
@@ -31,10 +31,13 @@ class Router(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(cfg.num_experts, cfg.hidden_size))
         self.k, self.norm_topk_prob = cfg.num_experts_per_tok, cfg.norm_topk_prob
+        self.lora = None  # a lora.ParamLoRA when the router trains (inject_lora(router=True))
 
     def forward(self, x, replay=None):
         """x: (N, H). Returns (weights (N, k) model dtype, ids (N, k) long, own top-k ids (N, k))."""
         logits = F.linear(x, self.weight)                                    # (N, E) model dtype
+        if active(self.lora):
+            logits = self.lora.looped(logits, x)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)           # (N, E) fp32
         top_p, own = torch.topk(probs, self.k, dim=-1)                       # (N, k)
         ids = own if replay is None else torch.where(replay >= 0, replay, own)  # -1: no route recorded, own
@@ -54,6 +57,7 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.zeros(E, 2 * I, H))
         self.down_proj = nn.Parameter(torch.zeros(E, H, I))
         self.grouped = None  # None: grouped matmul where use_grouped_mm allows; True / False forces one path
+        self.gate_up_lora = self.down_lora = None  # lora.ParamLoRA each, with inject_lora(experts=True)
 
     def forward(self, x, ids, weights):
         """x: (N, H); ids, weights: (N, k). Returns sum_j weights_j * Expert_ids_j(x), (N, H)."""
@@ -64,38 +68,57 @@ class Experts(nn.Module):
         token = order // k                                                   # (N*k,) the token of each sorted pair
         counts = torch.bincount(flat, minlength=E)                           # (E,) tokens per expert
         xs = x[token]                                                        # (N*k, H) grouped by expert
-        grouped = use_grouped_mm(x) if self.grouped is None else self.grouped
+        lora = [a if active(a) else None for a in (self.gate_up_lora, self.down_lora)]
+        grouped = use_grouped_mm(x, lora) if self.grouped is None else self.grouped
         run = grouped_swiglu if grouped else looped_swiglu
-        ys = run(xs, counts, self.gate_up_proj, self.down_proj)             # (N*k, H)
+        ys = run(xs, counts, self.gate_up_proj, self.down_proj, *lora)      # (N*k, H)
         ys = ys * weights.reshape(-1)[order, None]
         return torch.zeros_like(x).index_add_(0, token, ys)                  # sum each token's k outputs
 
 
-def use_grouped_mm(x):
+def active(adapter):
+    return adapter is not None and adapter.active
+
+
+def use_grouped_mm(x, lora=()):
     """torch._grouped_mm runs bf16 on CPU and on CUDA from compute capability 9.0 (H100); on CPU in torch 2.13 its
-    fp32 backward fails, so fp32 takes the loop. Rows must be 16-byte aligned (H and I multiples of 8 in bf16)."""
+    fp32 backward fails, so fp32 takes the loop. Rows must be 16-byte aligned (H, I and a LoRA rank multiples of 8
+    in bf16: another rank takes the loop)."""
     if not hasattr(torch, "_grouped_mm") or x.dtype != torch.bfloat16:
+        return False
+    if any(a is not None and a.r % 8 for a in lora):
         return False
     return x.device.type == "cpu" or (x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] >= 9)
 
 
-def grouped_swiglu(xs, counts, gate_up, down):
-    """One grouped matmul per projection: rows [offs[e-1], offs[e]) go through expert e. Static shapes (N*k rows
-    whatever the routing), so a decode step that uses it compiles as the dense one does."""
+def grouped_swiglu(xs, counts, gate_up, down, gate_up_lora=None, down_lora=None):
+    """One grouped matmul per projection: rows [offs[e-1], offs[e]) go through expert e (and its LoRA update, two
+    more grouped matmuls on the same offsets). Static shapes (N*k rows whatever the routing), so a decode step that
+    uses it compiles as the dense one does."""
     offs = torch.cumsum(counts, 0).to(torch.int32)                           # (E,) end row of each expert
     h = torch._grouped_mm(xs, gate_up.transpose(1, 2), offs=offs)            # (N*k, 2I)
+    if gate_up_lora is not None:
+        h = gate_up_lora.grouped(h, xs, offs)
     g, u = h.chunk(2, dim=-1)
-    return torch._grouped_mm(F.silu(g) * u, down.transpose(1, 2), offs=offs)  # (N*k, H)
+    a = F.silu(g) * u                                                        # (N*k, I)
+    y = torch._grouped_mm(a, down.transpose(1, 2), offs=offs)                # (N*k, H)
+    return y if down_lora is None else down_lora.grouped(y, a, offs)
 
 
-def looped_swiglu(xs, counts, gate_up, down):
+def looped_swiglu(xs, counts, gate_up, down, gate_up_lora=None, down_lora=None):
     """The same, one expert at a time, over the experts that received tokens (one host read of the counts)."""
     out = xs.new_empty(xs.shape[0], down.shape[1])
     start = 0
     for e, n in enumerate(counts.tolist()):
         if n:
-            g, u = F.linear(xs[start:start + n], gate_up[e]).chunk(2, dim=-1)
-            out[start:start + n] = F.linear(F.silu(g) * u, down[e])
+            x = xs[start:start + n]
+            h = F.linear(x, gate_up[e])                                      # (n, 2I)
+            if gate_up_lora is not None:
+                h = gate_up_lora.looped(h, x, e)
+            g, u = h.chunk(2, dim=-1)
+            a = F.silu(g) * u
+            y = F.linear(a, down[e])                                         # (n, H)
+            out[start:start + n] = y if down_lora is None else down_lora.looped(y, a, e)
             start += n
     return out
 

@@ -23,13 +23,14 @@ def planned_chunk(args, n_examples, capacity, dtype) -> tuple[int, float, float]
     from minigrpo.run import memplan     # on use: only a multi-turn task on a GPU reads the plan (not a CPU run's import)
     cfg, _ = memplan.load_config(args.model)
     shape, s = memplan.run_shape(args, n_examples * args.group_size)     # rows: replaced for each count below
-    costs = memplan.layer_costs(cfg, dtype, s["lora_r"], s["targets"])     # once: each count below reuses it
+    costs = memplan.layer_costs(cfg, dtype, s["lora_r"], s["targets"], **s["switches"])   # once: each count reuses it
     peak = "peak_ckpt" if args.grad_checkpoint else "peak"
 
     def need(examples):      # a later turn's call: every row is a prompt of its own (its conversation so far)
         rows = examples * s["group_size"]
         p = memplan.plan(cfg, replace(shape, rollout_prompts=rows, rollout_rows=rows), dtype, s["lora_r"],
-                         s["targets"], s["beta"], costs=costs, fast_decode=getattr(args, "decode", None) != "eager")
+                         s["targets"], s["beta"], costs=costs, fast_decode=getattr(args, "decode", None) != "eager",
+                         **s["switches"])
         return memplan.needed_bytes(p[peak])
 
     whole = need(n_examples)

@@ -99,6 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lora-alpha", type=float, default=32)
     p.add_argument("--lora-dropout", type=float, default=0.0)
     p.add_argument("--lora-targets", help="comma-separated module names (default: every projection)")
+    p.add_argument("--lora-experts", action="store_true",
+                   help="MoE models: LoRA on the routed experts too, each expert its own pair on gate_up_proj and "
+                        "down_proj: r (2H + 3I) parameters an expert and layer, at r 32 1.26 B for Qwen3-30B-A3B "
+                        "(20 GB in fp32 with grads and AdamW), 1.85 B for Qwen3.5-35B-A3B (30 GB); --plan shows "
+                        "the run's (docs/moe.md)")
+    p.add_argument("--lora-router", action="store_true",
+                   help="MoE models: LoRA on the router too (frozen by default: a router that trains moves routes, "
+                        "and the sampler's replayed routes then differ from the ones the policy would choose)")
     # optimizer and schedule
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--warmup", type=float, default=0, help="warmup steps, or a fraction of all steps if < 1")
@@ -341,7 +349,7 @@ DATA_TASKS = {"gsm8k": "a GSM8K JSONL file, a folder holding train.jsonl and tes
               "soyuz": "a tasks JSON file in the schema of minigrpo/data/soyuz_tasks.json"}
 JUDGE_FLAGS = ("judge", "judge_workers", "judge_model", "judge_max_turns", "judge_mode", "judge_retries",
                "judge_timeout")
-LORA_FLAGS = ("lora_alpha", "lora_dropout", "lora_targets")
+LORA_FLAGS = ("lora_alpha", "lora_dropout", "lora_targets", "lora_experts", "lora_router")
 
 
 def check_args(args, given):
@@ -375,6 +383,10 @@ def check_args(args, given):
         if key in given and args.lora_r == 0:
             raise SystemExit(f"{_named(key, given[key])}: only LoRA reads it, and --lora-r is 0 (full fine-tuning"
                              f"{'' if 'lora_r' in given else ', from the preset'}); add --lora-r N, or drop it")
+    for key in ("lora_experts", "lora_router"):
+        if getattr(args, key) and args.lora_dropout:
+            raise SystemExit(f"--{key.replace('_', '-')}: takes no --lora-dropout (PEFT's adapters on the experts "
+                             f"and the router have none); drop --lora-dropout {args.lora_dropout}")
     if args.lora_targets is not None:
         from minigrpo.lora import DEFAULT_TARGETS
         unknown = [t for t in args.lora_targets.split(",") if t not in DEFAULT_TARGETS]
@@ -412,4 +424,4 @@ def check_device(name):
 
 
 def _named(key, value) -> str:
-    return f"--{key.replace('_', '-')} {value}"
+    return f"--{key.replace('_', '-')}" + ("" if isinstance(value, bool) else f" {value}")

@@ -149,9 +149,9 @@ def layer_keys(cfg):
     return [kind + "+experts" * is_sparse_layer(cfg, i) for i, kind in enumerate(cfg.layer_types)]
 
 
-def layer(cfg, key, dtype, lora_r, targets=DEFAULT_TARGETS):
+def layer(cfg, key, dtype, lora_r, targets=DEFAULT_TARGETS, **switches):
     """One decoder layer of `key` (layer_keys) at the config's width, random values, LoRA injected as the run
-    would."""
+    would (switches: lora.inject_lora's experts and router, where the layer has them)."""
     wdtype = dtype if lora_r > 0 else torch.float32  # a full fine-tune trains fp32 weights (train.build_policy)
     i = layer_keys(cfg).index(key)
     with torch.device("meta"):
@@ -165,7 +165,8 @@ def layer(cfg, key, dtype, lora_r, targets=DEFAULT_TARGETS):
         if isinstance(m, Experts):  # its products run in fp32 here (_product), where _grouped_mm's bf16 is slow
             m.grouped = False
     if lora_r > 0:
-        inject_lora(block, r=lora_r, alpha=lora_r, targets=targets)
+        sparse = "+experts" in key
+        inject_lora(block, r=lora_r, alpha=lora_r, targets=targets, **{k: v and sparse for k, v in switches.items()})
     return block
 
 
@@ -188,12 +189,12 @@ def measure_layer(cfg, block, T, found=None):
     return saved, grads
 
 
-def layer_costs(cfg, dtype, lora_r, targets=DEFAULT_TARGETS, lengths=LENGTHS):
+def layer_costs(cfg, dtype, lora_r, targets=DEFAULT_TARGETS, lengths=LENGTHS, **switches):
     """{layer key (layer_keys): LayerCost} of the policy pass with gradients, plus "final_norm" and "attention_kernel" (the
     CUDA kernel of the attention layer's call), measured on the CPU at the config's width, B = 1, at `lengths`."""
     costs = {}
     for key in dict.fromkeys(layer_keys(cfg)):
-        block = layer(cfg, key, dtype, lora_r, targets)
+        block = layer(cfg, key, dtype, lora_r, targets, **switches)
         measured = [measure_layer(cfg, block, T, costs) for T in lengths]
         costs[key] = LayerCost.fit(lengths, [m[0] for m in measured])
         costs[key].backward = LayerCost.fit(lengths, [m[1] for m in measured])

@@ -69,7 +69,8 @@ def check_fits(args, rows: int, device: torch.device, dtype: torch.dtype, fast_d
         cfg, _ = memplan.load_config(args.model)
     shape, s = memplan.run_shape(args, rows)
     if training:
-        p = memplan.plan(cfg, shape, dtype, s["lora_r"], s["targets"], s["beta"], fast_decode=fast_decode)
+        p = memplan.plan(cfg, shape, dtype, s["lora_r"], s["targets"], s["beta"], fast_decode=fast_decode,
+                         **s["switches"])
         peak = p["peak_ckpt" if args.grad_checkpoint else "peak"]
     else:
         p = memplan.plan(cfg, shape, dtype, 0, fast_decode=fast_decode)

@@ -5,7 +5,8 @@ What it adds up (bytes, for the resolved preset and model; one process):
   weights        every parameter once (tied embeddings once) in the compute dtype; a full fine-tune keeps them in
                  fp32, plus a frozen copy in the compute dtype when beta > 0 (the KL reference)
   trainable      LoRA A/B in fp32 and, after the first step, their gradients and AdamW's two moments: 16 bytes per
-                 trainable parameter (a full fine-tune: 12 more bytes per weight, the weight itself is counted above)
+                 trainable parameter, a MoE model's expert and router adapters too (--lora-experts, --lora-router)
+                 (a full fine-tune: 12 more bytes per weight, the weight itself is counted above)
   rollout        the sampler's cache for one sampler call: attention K and V for rows x max_len slots, Gated
                  DeltaNet's recurrent state (fp32) and conv state, plus the prefill's transient, bounded by one
                  layer's training activations over the tokens one prefill runs (no_grad keeps less), and the
@@ -79,14 +80,15 @@ def load_config(model):
 # counts
 
 
-def param_counts(cfg, lora_r, targets=DEFAULT_TARGETS):
-    """(all parameters, trainable parameters): exact, from a meta-device model (no memory, no weights)."""
+def param_counts(cfg, lora_r, targets=DEFAULT_TARGETS, **switches):
+    """(all parameters, trainable parameters): exact, from a meta-device model (no memory, no weights). switches:
+    inject_lora's experts and router."""
     with torch.device("meta"):
         model = Qwen(cfg)
         total = sum(p.numel() for p in model.parameters())  # tied weights once
         if lora_r <= 0:
             return total, total
-        lora = inject_lora(model, r=lora_r, alpha=lora_r, targets=targets)
+        lora = inject_lora(model, r=lora_r, alpha=lora_r, targets=targets, **switches)
     return total, sum(p.numel() for p in lora)
 
 
@@ -188,12 +190,13 @@ def kept_bytes(cfg, shape, dtype_bytes):
                                                                                       dtype_bytes))
 
 
-def plan(cfg, shape, dtype, lora_r, targets=DEFAULT_TARGETS, beta=0.0, costs=None, fast_decode=True):
+def plan(cfg, shape, dtype, lora_r, targets=DEFAULT_TARGETS, beta=0.0, costs=None, fast_decode=True, **switches):
     """{part: bytes} and the derived peaks; costs: layercost.layer_costs(...) (measured here when None). fast_decode:
-    the run samples with the static compiled decode (train.py's default on CUDA), whose caches stay."""
+    the run samples with the static compiled decode (train.py's default on CUDA), whose caches stay. switches:
+    inject_lora's experts and router (LoRA on a MoE model's routed experts and routers)."""
     s = torch.finfo(dtype).bits // 8
-    total, trainable = param_counts(cfg, lora_r, targets)
-    costs = costs or layer_costs(cfg, dtype, lora_r, targets)
+    total, trainable = param_counts(cfg, lora_r, targets, **switches)
+    costs = costs or layer_costs(cfg, dtype, lora_r, targets, **switches)
     p = {"params": total, "trainable_params": trainable, "attention_kernel": costs.get("attention_kernel")}
     if lora_r > 0:
         p["weights"] = total * s
@@ -290,12 +293,13 @@ def run_shape(args, rows):
         from minigrpo.experiments.mdp_pipeline import pipeline_config
         c = pipeline_config(args.model)
         s = dict(lora_r=c.lora_r, group_size=c.group_size, tasks=c.grpo_tasks, max_new_tokens=c.max_new_tokens,
-                 micro_batch=c.batch * 2, beta=c.grpo_beta, targets=DEFAULT_TARGETS)
+                 micro_batch=c.batch * 2, beta=c.grpo_beta, targets=DEFAULT_TARGETS, switches={})
         rows = c.grpo_tasks * c.group_size
     else:
         s = dict(lora_r=args.lora_r, group_size=args.group_size, tasks=args.tasks_per_step,
                  max_new_tokens=args.max_new_tokens, micro_batch=args.micro_batch, beta=args.beta,
-                 targets=args.lora_targets.split(",") if args.lora_targets else DEFAULT_TARGETS)
+                 targets=args.lora_targets.split(",") if args.lora_targets else DEFAULT_TARGETS,
+                 switches={k: True for k in ("experts", "router") if getattr(args, f"lora_{k}", False)})
     (short, P), new, G = prompt_range(args.task), s["max_new_tokens"], s["group_size"]
     if args.task == "soyuz":
         longest = P + new + CRITIQUE_TOKENS  # a revision's prompt: task, answer, critique
@@ -328,8 +332,9 @@ def print_plan(args, rows):
     shape, s = run_shape(args, rows)
     print(f"memory plan: measuring one layer of each kind on the CPU at {args.model}'s width...", file=sys.stderr)
     fast = getattr(args, "decode", None) != "eager"      # on CUDA train.py decodes with the fast path
-    p = plan(cfg, shape, dtype, s["lora_r"], s["targets"], s["beta"], fast_decode=fast)
+    p = plan(cfg, shape, dtype, s["lora_r"], s["targets"], s["beta"], fast_decode=fast, **s["switches"])
     which = "every projection" if tuple(s["targets"]) == DEFAULT_TARGETS else ",".join(s["targets"])
+    which += "".join(f" + the {k}" for k in s["switches"])
     lora = f"LoRA r={s['lora_r']} on {which}" if s["lora_r"] > 0 else "full fine-tune"
     header = (f"memory plan: --task {args.task}, model {args.model}, config {source}\n"
               f"{str(dtype)[6:]} (the CUDA default; --dtype to change), {lora}, one process; "

@@ -40,6 +40,21 @@ def test_counts_equal_a_built_model(kind):
     assert kv == nbytes(cache.k + cache.v) and gdn == nbytes(cache.conv + cache.state)
 
 
+def test_expert_and_router_adapters_are_counted():
+    """--lora-experts adds r (2H + 3I) parameters an expert and sparse layer (a pair on gate_up_proj (2I, H) and one
+    on down_proj (H, I)), --lora-router r (H + E) a layer: the plan's count is the built model's and the formula's
+    docs/moe.md quotes for the real models."""
+    model = load_pretrained("tiny-moe")
+    cfg = model.config
+    H, I, E, L, r = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_hidden_layers, 8
+    _, plain = memplan.param_counts(cfg, lora_r=r)
+    _, experts = memplan.param_counts(cfg, lora_r=r, experts=True)
+    _, both = memplan.param_counts(cfg, lora_r=r, experts=True, router=True)
+    assert experts - plain == L * E * r * (2 * H + 3 * I)
+    assert both - experts == L * r * (H + E)
+    assert both == sum(p.numel() for p in inject_lora(model, r=r, alpha=r, experts=True, router=True))
+
+
 @pytest.mark.parametrize("kind", KINDS + ["tiny-moe, layer 1 dense"])
 def test_layer_costs_add_up_to_the_whole_model(kind):
     """Per-layer costs measured on lone layers (B=1, three lengths) x the layer count = what the full model's

@@ -72,6 +72,8 @@ FLAG_ERRORS = [
     (["--lora-alpha", "8"], "--lora-alpha 8"),                               # the preset is a full fine-tune
     (["--lora-targets", "q_proj"], "--lora-targets"),
     (["--lora-r", "4", "--lora-targets", "q_proj,qproj"], "--lora-targets"),  # a typo of a projection
+    (["--lora-experts"], "--lora-experts"),                                  # LoRA on the experts, none elsewhere
+    (["--lora-r", "4", "--lora-router", "--lora-dropout", "0.1"], "--lora-router"),   # PEFT's ParamWrapper: no dropout
     (["--epochs", "2"], "--epochs"),                                         # --steps sets the length
     (["--eval-limit", "8"], "--eval-limit"),                                 # the eval is off
     (["--kl", "k1"], "--kl k1"),                                             # --beta 0: no KL term
@@ -160,6 +162,11 @@ def test_lora_targets_this_model_lacks_are_one_line(tmp_path, capsys):
     """in_proj_qkv is a projection of Qwen3.5's linear-attention layers; the tiny Qwen3 model has none."""
     line = one_line_error([*SYN, "--lora-r", "2", "--lora-targets", "in_proj_qkv"], tmp_path / "runs", capsys)
     assert "--lora-targets in_proj_qkv" in line and "no nn.Linear" in line
+
+
+def test_expert_lora_on_a_dense_model_is_one_line(tmp_path, capsys):
+    line = one_line_error([*SYN, "--lora-r", "2", "--lora-experts"], tmp_path / "runs", capsys)
+    assert line.startswith("train.py: error: --lora-experts: LoRA on the experts: the model has no routed experts")
 
 
 # -----------------------------------------------------------------------------------------------------------------
