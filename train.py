@@ -32,18 +32,16 @@ from functools import partial
 import torch
 
 from minigrpo import grpo
-from minigrpo.run import checkpoints
 from minigrpo.errors import UsageError, first_line
 from minigrpo.machine import pick_device, pick_dtype, set_cpu_threads, threads_note
 from minigrpo.metrics import PhaseClock, mean
 from minigrpo.seeds import derive_seed, seed_everything
 from minigrpo.signals import catch_ctrl_c, stop_if_ctrl_c
 from minigrpo.run.dist import all_gather_objects, assert_replicas_in_sync, finish_distributed, init_distributed
-from minigrpo.lora import inject_lora
+from minigrpo.lora import DEFAULT_TARGETS, inject_lora
 from minigrpo.model import enable_activation_checkpointing
-from minigrpo.update import adamw
 from minigrpo.pretrained import CheckpointError, load_pretrained
-from minigrpo.run import callsize, cli, dist_timeout, memguard, plots, presets
+from minigrpo.run import callsize, checkpoints, cli, dist_timeout, memguard, plots, presets
 from minigrpo.run.flags import loss_settings, resolve_args
 from minigrpo.run.folder import RunFolder
 from minigrpo.run.steplog import ProgressBar, Tracker, epoch_summary, sample_records, step_metrics
@@ -53,7 +51,7 @@ from minigrpo.sampler import Settings, sample
 from minigrpo.tasks import task_from_args
 from minigrpo.tasks.base import next_examples
 from minigrpo.tokenizer import Tokenizer
-from minigrpo.update import (Fixed, all_reduce_and_clip, collate, log_probs, micro_batches, positions,
+from minigrpo.update import (Fixed, adamw, all_reduce_and_clip, collate, log_probs, micro_batches, positions,
                              reference_logprobs, route_flips, routed, step_normalizer, with_advantages)
 
 PHASES = PhaseClock()   # seconds by phase of the running step (phase_metrics), each timed where it is spent
@@ -369,22 +367,21 @@ def build_policy(args, device, dtype):
         model, tok = load_pretrained(args.model, dtype, device), Tokenizer.from_pretrained(args.model)
     except (OSError, ValueError) as e:
         raise UsageError(f"--model {args.model}: {first_line(e)}") from None
+    reference = None        # with LoRA, the reference is the same model under adapters_disabled()
     if args.lora_r > 0:
-        kw = {"targets": args.lora_targets.split(",")} if args.lora_targets else {}
+        targets = args.lora_targets.split(",") if args.lora_targets else DEFAULT_TARGETS
         try:
-            params = inject_lora(model, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout, **kw,
+            params = inject_lora(model, args.lora_r, args.lora_alpha, args.lora_dropout, targets,
                                  experts=args.lora_experts, router=args.lora_router)
         except ValueError as e:              # --lora-targets that name no projection, --lora-experts on a dense model
-            flag = ("--lora-experts" if str(e).startswith("LoRA on the experts") else "--lora-router"
-                    if str(e).startswith("LoRA on the router") else f"--lora-targets {args.lora_targets}")
+            flag = next((f"--lora-{k}" for k in ("experts", "router") if str(e).startswith(f"LoRA on the {k}")),
+                        f"--lora-targets {args.lora_targets}")
             raise UsageError(f"{flag}: {first_line(e)}; --model {args.model}") from None
-        reference = None  # the reference is the same model under adapters_disabled()
     else:
         # Full fine-tune: every weight trains, in fp32 (a bf16 weight cannot absorb small updates). With β > 0
         # the frozen reference then needs its own copy of the initial weights.
         model.float()
         params = [p for p in model.parameters() if p.requires_grad]
-        reference = None
         if args.beta > 0:
             reference = load_pretrained(args.model, dtype=dtype, device=device).requires_grad_(False).eval()
     if args.grad_checkpoint:

@@ -8,8 +8,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-import torch._dynamo
-from torch._dynamo.utils import counters
 
 from minigrpo import moe, static_decode
 from minigrpo.lora import adapters_disabled, inject_lora, param_adapters
@@ -147,6 +145,8 @@ def test_grouped_expert_lora_compiles_as_one_graph():
     generation): no graph break (no host read of the routing), no recompilation when the routing changes, the
     uncompiled block's output bit for bit. The whole tiny-moe decode step with these adapters compiles as one
     graph too (docs/moe.md), a 40 s trace left out of the suite."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
     b, _ = adapted(torch.bfloat16, router=True)
     torch._dynamo.reset()
     counters.clear()
