@@ -22,7 +22,7 @@ def keep_torch_threads():
 
 # pytest-xdist's `--dist loadfile` (the README's test command) hands whole files to its workers in queue order, and
 # by default queues them by their number of tests, not their length, so a long file of few tests ran alone at the
-# end while the other worker idled: the bf16 on-policy tests (five tests at full width, the longest file by far on a
+# end while the other worker idled: the bf16 on-policy tests (three tests at full width, the longest file on a
 # 2-core AVX2 box: `--durations` in any CI log). The queue keeps the collection order instead, and that order
 # puts the longest file first, then the files with a `slow` test, then the rest, each group as collected.
 LONGEST_FIRST = ("tests/model/test_on_policy_bf16.py",)

@@ -74,12 +74,14 @@ _scored = weakref.WeakKeyDictionary()    # per model object: a model made later 
 def scores(model, ids):
     """The trainer's log-probs of the last NEW tokens of ids, with the adapters on and off. A batch of ids scored
     before (a continued prefill that sampled what the fresh one did) is not scored again: the same batch gives the
-    same numbers on the CPU, and these two bf16 passes at full width are most of this file's time."""
+    same numbers on the CPU, and these two bf16 passes at full width are most of this file's time. The lm_head runs
+    from the first completion column on, as the trainer runs it (token_logprobs' first_col)."""
     seen, key = _scored.setdefault(model, {}), (tuple(ids.shape), ids.numpy().tobytes())
     if key not in seen:
-        trainer = token_logprobs(model, ids, scale=(1.0, VOCAB))[:, -NEW:]
+        first = ids.shape[1] - 1 - NEW
+        trainer = token_logprobs(model, ids, scale=(1.0, VOCAB), first_col=first)[:, -NEW:]
         with adapters_disabled(model):
-            seen[key] = trainer, token_logprobs(model, ids, scale=(1.0, VOCAB))[:, -NEW:]
+            seen[key] = trainer, token_logprobs(model, ids, scale=(1.0, VOCAB), first_col=first)[:, -NEW:]
     return seen[key]
 
 
@@ -116,7 +118,10 @@ def test_a_turn_that_continues_a_kept_state_samples_the_policy_the_trainer_score
     prompt is 76 tokens, so 64 are kept and the continuation prefills 12 of them again with the new ones, and cuts
     the conversation into the chunks the trainer and a fresh prefill cut. Its samples then carry the update as a
     fresh prefill's do: gap within 1.1x, share at least 0.95x (docs/benchmarks.md has the measured ratios). A
-    continuation that started mid-chunk, as before the grid, gave 1.42x on an AMD EPYC at 1 and 2 threads."""
+    continuation that started mid-chunk, as before the grid, gave 1.42x (4 samples a prompt) on an AMD EPYC at 1 and
+    2 threads; a kept state off the grid fails the kept-length check first. One sample a prompt: the continuation
+    computes what the fresh prefill computes, so it draws the fresh prefill's tokens, whose 4 rows of 160 tokens are
+    scored once (16 rows cost 4x as much, the most of this file's time)."""
     model, prompts, _ = policy
     g = torch.Generator().manual_seed(2)
     system = torch.randint(0, VOCAB, (64,), generator=g).tolist()      # a first prompt past one chunk: 76 tokens
@@ -126,7 +131,7 @@ def test_a_turn_that_continues_a_kept_state_samples_the_policy_the_trainer_score
     assert [s.kept.tokens for s in first] == [64] * P
     later = [first_prompts[s.prompt_index] + s.completion_ids + torch.randint(0, VOCAB, (20,), generator=g).tolist()
              for s in first]                        # the last prompt, its answer, an environment's 20 tokens
-    fresh_share, fresh_gap = measure(model, later)
-    share, gap = measure(model, later, reuse=[s.kept for s in first])
+    fresh_share, fresh_gap = measure(model, later, n=1)
+    share, gap = measure(model, later, reuse=[s.kept for s in first], n=1)
     assert gap <= 1.1 * fresh_gap, (gap, fresh_gap)
     assert share >= 0.95 * fresh_share, (share, fresh_share)
