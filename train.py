@@ -39,9 +39,9 @@ from minigrpo.metrics import PhaseClock, mean
 from minigrpo.seeds import derive_seed, seed_everything
 from minigrpo.signals import catch_ctrl_c, stop_if_ctrl_c
 from minigrpo.run.dist import all_gather_objects, assert_replicas_in_sync, finish_distributed, init_distributed
+from minigrpo.deltanet import compile_chunk_loop
 from minigrpo.lora import inject_lora
 from minigrpo.model import enable_activation_checkpointing
-from minigrpo.update import adamw
 from minigrpo.pretrained import CheckpointError, load_pretrained
 from minigrpo.run import callsize, cli, dist_timeout, memguard, plots
 from minigrpo.run.flags import loss_settings, resolve_args
@@ -52,7 +52,7 @@ from minigrpo.sampler import Settings, sample
 from minigrpo.tasks import task_from_args
 from minigrpo.tasks.base import next_examples
 from minigrpo.tokenizer import Tokenizer
-from minigrpo.update import (Fixed, all_reduce_and_clip, collate, log_probs, micro_batches, positions,
+from minigrpo.update import (Fixed, adamw, all_reduce_and_clip, collate, log_probs, micro_batches, positions,
                              reference_logprobs, route_flips, routed, step_normalizer, with_advantages)
 
 PHASES = PhaseClock()   # seconds by phase of the running step (phase_metrics), each timed where it is spent
@@ -78,6 +78,7 @@ def train(args, policy=None, task=None) -> dict:
         train_set = task.examples("train")
         n_steps = args.steps or args.epochs * math.ceil(len(train_set) / args.tasks_per_step)
         model, tok, params, reference = policy or build_policy(args, device, dtype)
+        compile_chunk_loop(model, reference, backend=gdn_backend(args, device))
         opt, sched = adamw(params, args.lr, n_steps, args.warmup, args.schedule, args.adam_beta2, args.weight_decay)
         up = Updater(model, reference, params, opt, sched, loss_settings(args))
         data, step, nonfinite = resume_or_start(run, args, model, opt, sched, dist_info, device, n_steps)
@@ -210,6 +211,12 @@ def decode_rows(task, args, n_examples):
 def decode_path(args, device) -> str:
     """--decode: "fast" (the static-shape compiled step) or "eager"; default fast on CUDA only."""
     return getattr(args, "decode", None) or ("fast" if torch.device(device).type == "cuda" else "eager")
+
+
+def gdn_backend(args, device):
+    """--compile-gdn (default as --decode, on with fast): the chunk loop's torch.compile backend, or None (eager)."""
+    on = args.compile_gdn if getattr(args, "compile_gdn", None) is not None else decode_path(args, device) == "fast"
+    return "inductor" if on else None
 
 
 def sampler_settings(args, tok, device, stop_strings=(), rows=None):

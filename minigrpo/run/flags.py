@@ -69,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", choices=["eager", "fast"],
                    help="sampler decode: fast = static shapes, compiled (CUDA graphs), LoRA unmerged; eager = "
                         "the plain step (default: fast on CUDA, eager elsewhere)")
+    p.add_argument("--compile-gdn", action=argparse.BooleanOptionalAction,
+                   help="training: the Gated DeltaNet chunk loop (Qwen3.5's forward, recompute and backward over the "
+                        "chunks of a sequence) compiled with torch.compile, two graphs for every length; a compile "
+                        "that fails warns once and runs eager (default: as --decode, on with fast)")
     p.add_argument("--enable-thinking", action="store_true", help="let Qwen3/3.5 think (off by default)")
     p.add_argument("--judge", default="local",
                    help="soyuz judge: local | claude | cmd:<command> | http(s)://server/v1")
