@@ -185,11 +185,12 @@ def causal_conv(u, weight, conv_state):
 
 
 def row_chunked_delta_rule(q, k, v, g, beta, state, mask, compile=None):
-    """chunk_loop (chunked_delta_rule, compiled when `compile` names a backend) with each row's chunks starting at its first real token, wherever the row's left padding
-    puts it (mask (B, T) bool, False = pad; None = no padding). Rounding then depends on the row alone, not on the
-    batch it shares: the trainer's micro-batch, the sampler's prefill and a kept state's continuation (prefix.py)
-    cut a conversation into the same chunks. A row's leading pads, up to a multiple of the chunk, move to its end,
-    where g = 0 and k = v = 0 make them change nothing (not the state either), and the output moves back."""
+    """chunk_loop (chunked_delta_rule; compiled when `compile` names a backend) with each row's chunks starting at
+    its first real token, wherever the row's left padding puts it (mask (B, T) bool, False = pad; None = no padding).
+    Rounding then depends on the row alone, not on the batch it shares: the trainer's micro-batch, the sampler's
+    prefill and a kept state's continuation (prefix.py) cut a conversation into the same chunks. A row's leading
+    pads, up to a multiple of the chunk, move to its end, where g = 0 and k = v = 0 make them change nothing (not
+    the state either), and the output moves back."""
     if mask is None:
         return chunk_loop(q, k, v, g, beta, state, compile)
     B, h, T, _ = q.shape
@@ -237,7 +238,7 @@ class GatedDeltaNet(nn.Module):
         self.dt_bias = nn.Parameter(torch.ones(self.nv))
         self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(Dv, H, bias=False)
-        self.compile = None   # torch.compile backend of the multi-token delta rule, or None: compile_chunk_loop
+        self.loop_backend = None   # torch.compile backend of the multi-token delta rule, or None: compile_chunk_loop
 
     def forward(self, x, mask=None, cache=None, pack=None):
         """x: (B, T, H) normed input; mask: (B, T) bool, False = padding; cache: the model's Cache, whose conv[i]
@@ -295,7 +296,7 @@ class GatedDeltaNet(nn.Module):
         if T == 1:
             o, state = decode_delta_rule(q, k, v, g, beta, state)            # (B, nv, 1, dv) fp32
         else:
-            o, state = row_chunked_delta_rule(q, k, v, g, beta, state, mask, self.compile)  # (B, nv, T, dv)
+            o, state = row_chunked_delta_rule(q, k, v, g, beta, state, mask, self.loop_backend)  # (B, nv, T, dv)
         return o.transpose(1, 2).to(qkv.dtype), conv_state, state            # (B, T, nv, dv)
 
     def gate_out(self, o, z):
@@ -312,4 +313,4 @@ def compile_chunk_loop(*models, backend="inductor"):
     recompute and backward; prefill) compiled with torch.compile's `backend` (None: eager). train.py --compile-gdn."""
     for m in (m for model in models if model is not None for m in model.modules()):
         if isinstance(m, GatedDeltaNet):
-            m.compile = backend
+            m.loop_backend = backend
