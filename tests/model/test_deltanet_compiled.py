@@ -86,3 +86,17 @@ def test_a_compile_that_fails_warns_once_and_trains_eager(clean_slate, capfd):
     assert err[0].startswith("warning: the compiled Gated DeltaNet chunk loop failed on cpu (RuntimeError: Failed "
                              "to find a C compiler. Please specify via CC environment variable.); running it eager")
     assert compiling.failure(deltanet.LOOP, "cpu", broken).startswith("RuntimeError: Failed to find a C compiler")
+
+
+def test_compile_gdn_follows_the_decode_path_unless_given():
+    """train.py --compile-gdn: unset, the chunk loop is compiled where the decode is fast (CUDA's default), eager
+    elsewhere; given, it wins either way."""
+    from argparse import Namespace
+
+    import train
+
+    def backend(flag, device, decode=None):
+        return train.gdn_backend(Namespace(compile_gdn=flag, decode=decode), device)
+    assert backend(None, "cpu") is None and backend(None, "cuda") == "inductor"
+    assert backend(None, "cpu", "fast") == "inductor" and backend(None, "cuda", "eager") is None
+    assert backend(True, "cpu") == "inductor" and backend(False, "cuda") is None
