@@ -100,3 +100,19 @@ def test_compile_gdn_follows_the_decode_path_unless_given():
     assert backend(None, "cpu") is None and backend(None, "cuda") == "inductor"
     assert backend(None, "cpu", "fast") == "inductor" and backend(None, "cuda", "eager") is None
     assert backend(True, "cpu") == "inductor" and backend(False, "cuda") is None
+
+
+def test_past_the_recompile_limit_is_a_warning_not_a_silent_fallback(clean_slate, capfd):
+    """A shape that would compile one graph more than torch allows (here a limit of 1, and the no-grad pass's
+    graph after the grad pass's) is the compile failure's warning line, then eager values; torch's own behaviour
+    would be to run eager without a word for the rest of the run."""
+    xs = inputs(2, 2, 130, 16, 16)
+    with torch._dynamo.config.patch(recompile_limit=1):
+        chunk_loop(*xs, compile="eager")
+        with torch.no_grad():
+            o, S = chunk_loop(*xs, compile="eager")
+    err = capfd.readouterr().err.splitlines()
+    assert len(err) == 1 and "the compiled Gated DeltaNet chunk loop failed on cpu" in err[0], err
+    assert "recompile" in err[0].lower() or "limit" in err[0].lower(), err[0]
+    o1, S1 = chunked_delta_rule(*xs)
+    assert torch.equal(o, o1) and torch.equal(S, S1)
