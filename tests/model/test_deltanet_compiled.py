@@ -38,9 +38,9 @@ def worst_gap(rule, xs):
 def test_compiled_loop_equals_eager_on_two_graphs_for_every_length(clean_slate):
     """Lengths of 3, 4 and 5 chunks (130 and 300 tokens end in a partial one), batches of 2 and 3 rows: outputs
     and the gradients of q, k, v, g, beta and the initial state equal the eager rule's, and dynamo compiled two
-    graphs for all of them (chunk_math over all chunks, chunk_step for one), none per length. The bound is fp32 rounding: inductor on
-    the CPU measured 5.4e-7 at 1 and 2 threads, two seeds (aot_eager: 0); 1e-5 leaves 18x. A loop that drops the
-    state carried from chunk to chunk, or a chunk read at another's offset, is off by O(1)."""
+    graphs for all of them (chunk_math over all chunks, chunk_step for one), none per length. The bound is fp32
+    rounding: inductor on the CPU measured 5.4e-7 at 1 and 2 threads, two seeds (aot_eager: 0); 1e-5 leaves 18x.
+    A loop that drops the state carried from chunk to chunk, or a chunk read at another's offset, is off by O(1)."""
     rule = lambda *x: chunk_loop(*x, compile="aot_eager")   # noqa: E731
     for B, T in [(2, 130), (2, 256), (3, 300)]:
         gaps = worst_gap(rule, inputs(B, 2, T, 16, 16, seed=T))
