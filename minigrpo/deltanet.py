@@ -5,8 +5,7 @@ decays the memory, corrects what it recalls for its key towards its value (the "
 query. The math follows transformers' torch fallback; its steps and dtype rules: docs/qwen.md ("Gated DeltaNet",
 "Precision"). Three forms of the same recurrence, which the tests hold equal: recurrent_delta_rule (token by token:
 the definition, the naive twin), decode_delta_rule (one token: the decode step) and chunked_delta_rule (64 tokens
-at a time with matrix products: prefill and any multi-token call). chunk_loop runs the last one eager or, for
-training (train.py --compile-gdn), as two torch.compile graphs that serve every length.
+at a time with matrix products: prefill and any multi-token call; chunk_loop: eager, or compiled by --compile-gdn).
 
 Shape letters: B batch, T tokens in this call, H hidden size, C conv channels (2*nk*dk + nv*dv), K conv kernel
 width, nk / nv key / value heads, dk / dv key / value head dim, N chunks, L chunk length (64).
