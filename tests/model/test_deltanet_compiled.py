@@ -4,7 +4,6 @@ and runs eager. The backends here trace the graphs that inductor compiles withou
 the forward and the backward AOTAutograd makes (the graphs inductor lowers), "eager" dynamo's graphs alone."""
 import pytest
 import torch
-from torch._dynamo.utils import counters
 
 from minigrpo import compiling, deltanet
 from minigrpo.deltanet import chunk_loop, chunked_delta_rule, compile_chunk_loop
@@ -16,7 +15,11 @@ NAMES = ("o", "state", "dq", "dk", "dv", "dg", "dbeta", "dstate")
 
 @pytest.fixture
 def clean_slate():
-    """No compiled function, graph or failure left by another test: the graph count starts at 0 whatever ran."""
+    """No compiled function, graph or failure left by another test: the graph count starts at 0 whatever ran.
+    Gives dynamo's counters (imported here: the torch-only tier collects this file with pandas blocked, which
+    torch._dynamo imports)."""
+    from torch._dynamo.utils import counters
+
     def reset():
         torch._dynamo.reset()
         deltanet._compiled.clear()
@@ -24,7 +27,7 @@ def clean_slate():
             del compiling._failed[key]
         counters.clear()
     reset()
-    yield
+    yield counters
     reset()
 
 
@@ -41,6 +44,7 @@ def test_compiled_loop_equals_eager_on_two_graphs_for_every_length(clean_slate):
     graphs for all of them (chunk_math over all chunks, chunk_step for one), none per length. The bound is fp32
     rounding: inductor on the CPU measured 5.4e-7 at 1 and 2 threads, two seeds (aot_eager: 0); 1e-5 leaves 18x.
     A loop that drops the state carried from chunk to chunk, or a chunk read at another's offset, is off by O(1)."""
+    counters = clean_slate
     rule = lambda *x: chunk_loop(*x, compile="aot_eager")   # noqa: E731
     for B, T in [(2, 130), (2, 256), (3, 300)]:
         gaps = worst_gap(rule, inputs(B, 2, T, 16, 16, seed=T))
@@ -50,8 +54,9 @@ def test_compiled_loop_equals_eager_on_two_graphs_for_every_length(clean_slate):
 
 def test_a_model_runs_its_chunk_loop_compiled(clean_slate):
     """compile_chunk_loop reaches every Gated DeltaNet layer, in a left-padded batch and in a packed one (their
-    chunk loops go through the compiled functions: the graphs are made), and the logits are the eager model's;
+    chunk loops go through the compiled functions: the graphs are made), and the hidden states are the eager model's;
     compile_chunk_loop(backend=None) makes them eager again."""
+    counters = clean_slate
     from minigrpo.packing import pack
     model = load_pretrained("tiny-qwen3.5")
     ids = torch.randint(0, 200, (2, 140))
