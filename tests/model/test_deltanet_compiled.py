@@ -93,6 +93,7 @@ def test_a_compile_that_fails_warns_once_and_trains_eager(clean_slate, capfd):
     assert compiling.failure(deltanet.LOOP, "cpu", broken).startswith("RuntimeError: Failed to find a C compiler")
 
 
+@pytest.mark.oracle   # train.py imports the run-time packages (the tokenizer's first)
 def test_compile_gdn_follows_the_decode_path_unless_given():
     """train.py --compile-gdn: unset, the chunk loop is compiled where the decode is fast (CUDA's default), eager
     elsewhere; given, it wins either way."""
