@@ -38,11 +38,12 @@ from minigrpo.metrics import PhaseClock, mean
 from minigrpo.seeds import derive_seed, seed_everything
 from minigrpo.signals import catch_ctrl_c, stop_if_ctrl_c
 from minigrpo.run.dist import all_gather_objects, assert_replicas_in_sync, finish_distributed, init_distributed
+from minigrpo.deltanet import compile_chunk_loop
 from minigrpo.lora import DEFAULT_TARGETS, inject_lora
 from minigrpo.model import enable_activation_checkpointing
 from minigrpo.pretrained import CheckpointError, load_pretrained
 from minigrpo.run import callsize, checkpoints, cli, dist_timeout, memguard, plots, presets
-from minigrpo.run.flags import loss_settings, resolve_args
+from minigrpo.run.flags import decode_path, gdn_backend, loss_settings, resolve_args
 from minigrpo.run.folder import RunFolder
 from minigrpo.run.steplog import ProgressBar, Tracker, epoch_summary, sample_records, step_metrics
 from minigrpo.run.gap import token_sums, warn_off_policy
@@ -77,6 +78,7 @@ def train(args, policy=None, task=None) -> dict:
         train_set = task.examples("train")
         n_steps = args.steps or args.epochs * math.ceil(len(train_set) / args.tasks_per_step)
         model, tok, params, reference = policy or build_policy(args, device, dtype)
+        compile_chunk_loop(model, reference, backend=gdn_backend(args, device))
         opt, sched = adamw(params, args.lr, n_steps, args.warmup, args.schedule, args.adam_beta2, args.weight_decay)
         up = Updater(model, reference, params, opt, sched, loss_settings(args))
         data, step, nonfinite = resume_or_start(run, args, model, opt, sched, dist_info, device, n_steps)
@@ -204,11 +206,6 @@ def decode_rows(task, args, n_examples):
     multi-turn task's, run/callsize.py; None and the others: all at once) x G samples. A revision call has as many
     rows (one per turn-0 sample), so turn 0 and revisions share the fast path's fixed batch."""
     return min(getattr(task, "chunk", None) or n_examples, n_examples) * args.group_size
-
-
-def decode_path(args, device) -> str:
-    """--decode: "fast" (the static-shape compiled step) or "eager"; default fast on CUDA only."""
-    return getattr(args, "decode", None) or ("fast" if torch.device(device).type == "cuda" else "eager")
 
 
 def sampler_settings(args, tok, device, stop_strings=(), rows=None):

@@ -70,6 +70,9 @@ def build_ours(folder, args, dtype):
     if args.grad_checkpoint:
         from minigrpo.model import enable_activation_checkpointing
         enable_activation_checkpointing(model)  # train.py --grad-checkpoint
+    if args.compile_gdn:
+        from minigrpo.deltanet import compile_chunk_loop
+        compile_chunk_loop(model)  # train.py --compile-gdn: the Gated DeltaNet chunk loop under inductor
     ids, attn, comp_mask, adv = make_batch(args)
     P, T = args.prompt, args.seq
     loss_mask = torch.zeros(ids.shape[0], T - 1, dtype=torch.bool, device=ids.device)

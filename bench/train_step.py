@@ -6,7 +6,8 @@
     python bench/train_step.py --device cuda --dtype bfloat16 --batch 8 --seq 1024 --prompt 512 --grad-checkpoint
     python bench/train_step.py --layers 2 --batch 4 --seq 256 --prompt 128 --order anchor,ours,packed --anchor DIR
         # ours padded and packed (train.py --pack) against another checkout's step (DIR: a detached git worktree):
-        # padding share, ops per optimizer step, CPU time per real token (docs/benchmarks.md)
+        # padding share, ops and kernels per optimizer step, CPU time per real token (docs/benchmarks.md)
+    python bench/train_step.py --shape tiny-qwen3.5 --order ours,compiled,packed,packed-compiled   # --compile-gdn
 
 The CPU default is small because a step of the full 28-layer model costs about 1 TFLOP per 256 tokens (three
 passes through the layers, and the 151936-row lm_head three times): on a shared 2-core box that is ~90 s a
@@ -72,6 +73,7 @@ if "--minigrpo" in sys.argv:  # a child timing another checkout's minigrpo (the 
     sys.path.insert(0, sys.argv[sys.argv.index("--minigrpo") + 1])
 
 import shapes  # noqa: E402  (bench/shapes.py)
+from step_counts import count_kernels, count_ops, kernel_profiling  # noqa: E402  (bench/step_counts.py)
 from step_stacks import build_hf, build_ours, make_batch, save_random_model, targets  # noqa: E402
 
 GB = 1024 ** 3
@@ -136,7 +138,8 @@ def child(args):
             marks[name] = now - last
             last = now
 
-        loss, norm = step_once(step, params, opt, timer)
+        with kernel_profiling():   # inductor's kernels then show in count_kernels' profile
+            loss, norm = step_once(step, params, opt, timer)
         timer("clip+adamw")
         losses.append(loss.item())
         norms.append(norm.item())
@@ -148,9 +151,11 @@ def child(args):
     # in VmHWM: 27-45 MB on the tiny model, more than its activations. It is not memory the step allocates.
     peak = used(args.device, peak=True) - base - (code_bytes(args.device) - code0)
     med = {k: statistics.median(p[k] for p in phases) for k in phases[0]}
-    ops = None if args.no_ops else count_ops(lambda: step_once(step, params, opt, lambda name: None))
+    one = lambda: step_once(step, params, opt, lambda name: None)   # noqa: E731
+    ops = None if args.no_ops or args.compile_gdn else count_ops(one)   # a compiled run's ops are its eager twin's
+    kernels = None if args.no_ops else count_kernels(one)
     print(json.dumps({"peak": peak, "base": base, "times": times, "cpu": cpu, "phases": med, "losses": losses,
-                      "norms": norms, "ops": ops}))
+                      "norms": norms, "ops": ops, "kernels": kernels}))
 
 
 def step_once(step, params, opt, timer):
@@ -161,23 +166,8 @@ def step_once(step, params, opt, timer):
     return loss, norm
 
 
-def count_ops(fn):
-    """Ops one call of fn dispatches (aten ops: what a CPU runs as kernels; views and metadata ops included)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Count.n += 1
-            return func(*args, **(kwargs or {}))
-
-    with Count():
-        fn()
-    return Count.n
-
-
 RUNS = {"ours": ("ours", []), "hf": ("hf", []), "packed": ("ours", ["--pack"]),
+        "compiled": ("ours", ["--compile-gdn"]), "packed-compiled": ("ours", ["--pack", "--compile-gdn"]),
         "anchor": ("ours", [])}  # anchor: ours, padded, importing --anchor's minigrpo
 
 
@@ -210,13 +200,13 @@ def report_runs(res, args):
     _, attn, _, _ = make_batch(args)
     tokens = int(attn.sum())
     share = 1 - tokens / attn.numel()
-    print(f"{'run':<8}{'step s':>8}{'cpu s':>8}{'ms/token':>10}{'cpu ms/token':>14}{'padding':>9}{'ops/step':>10}"
-          f"{'peak GB':>9}   loss step0")
+    print(f"{'run':<16}{'step s':>8}{'cpu s':>8}{'ms/token':>10}{'cpu ms/token':>14}{'padding':>9}{'ops/step':>10}"
+          f"{'kernels':>9}{'peak GB':>9}   loss step0")
     for name, r in res.items():
         t, c = statistics.median(r["times"]), statistics.median(r["cpu"])
-        pad = 0.0 if name == "packed" else share
-        print(f"{name:<8}{t:>8.2f}{c:>8.2f}{1e3 * t / tokens:>10.2f}{1e3 * c / tokens:>14.2f}{pad:>9.1%}"
-              f"{r['ops']:>10}{r['peak'] / GB:>9.3f}   {r['losses'][0]:.7f}")
+        pad = 0.0 if name.startswith("packed") else share
+        print(f"{name:<16}{t:>8.2f}{c:>8.2f}{1e3 * t / tokens:>10.2f}{1e3 * c / tokens:>14.2f}{pad:>9.1%}"
+              f"{r['ops'] or '-':>10}{r.get('kernels') or '-':>9}{r['peak'] / GB:>9.3f}   {r['losses'][0]:.7f}")
     print(f"{tokens} real tokens of {attn.numel()} (B={args.batch} x T={args.seq}); ms/token: the step's median "
           f"wall time per real token, cpu: the process's CPU time (all its threads)")
 
@@ -258,11 +248,13 @@ def main():
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--repeats", type=int, default=2, help="measured steps after one warm-up step")
     p.add_argument("--order", default="ours,hf",
-                   help="the runs, in order: ours, hf (transformers + peft), packed (ours, train.py --pack), anchor "
-                        "(ours, padded, with --anchor's minigrpo)")
+                   help="the runs, in order: ours, hf (transformers + peft), packed (ours, train.py --pack), "
+                        "compiled and packed-compiled (the same with train.py --compile-gdn: the Gated DeltaNet "
+                        "chunk loop under inductor), anchor (ours, padded, with --anchor's minigrpo)")
     p.add_argument("--anchor", help="another checkout of this repository (git worktree add --detach DIR COMMIT): "
                                     "the anchor run imports its minigrpo")
     p.add_argument("--pack", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--compile-gdn", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--minigrpo", help=argparse.SUPPRESS)
     p.add_argument("--lora-r", type=int, default=32)
     p.add_argument("--beta", type=float, default=0.04)

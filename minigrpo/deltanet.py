@@ -5,7 +5,7 @@ decays the memory, corrects what it recalls for its key towards its value (the "
 query. The math follows transformers' torch fallback; its steps and dtype rules: docs/qwen.md ("Gated DeltaNet",
 "Precision"). Three forms of the same recurrence, which the tests hold equal: recurrent_delta_rule (token by token:
 the definition, the naive twin), decode_delta_rule (one token: the decode step) and chunked_delta_rule (64 tokens
-at a time with matrix products: prefill and any multi-token call).
+at a time with matrix products: prefill and any multi-token call; chunk_loop: eager, or compiled by --compile-gdn).
 
 Shape letters: B batch, T tokens in this call, H hidden size, C conv channels (2*nk*dk + nv*dv), K conv kernel
 width, nk / nv key / value heads, dk / dv key / value head dim, N chunks, L chunk length (64).
@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from minigrpo import compiling
 from minigrpo.lora import shared_input
 
 CHUNK = 64   # tokens per step of chunked_delta_rule; a row's chunks start at its first token
@@ -77,10 +78,9 @@ def chunked_delta_rule(q, k, v, g, beta, state, chunk=CHUNK):
     chunks = zip(U.unbind(2), W.unbind(2), q_in.unbind(2), qk.unbind(2), k_out.unbind(2), gam_last.unbind(2))
     S = state
     out = []
-    for U_n, W_n, q_in_n, qk_n, k_out_n, gam_last_n in chunks:  # chunks depend on each other only through S
-        delta = U_n - W_n @ S                                                 # (B, h, L, dv)
-        out.append(q_in_n @ S + qk_n @ delta)
-        S = S * gam_last_n.exp() + k_out_n.mT @ delta
+    for terms_n in chunks:  # chunks depend on each other only through S
+        o_n, S = chunk_step(*terms_n, S)                                      # (B, h, L, dv)
+        out.append(o_n)
     # one stack of the chunk outputs (its backward hands each chunk a view of the gradient, nothing is copied)
     B, h, N = U.shape[:3]
     o = torch.stack(out, dim=2).reshape(B, h, N * chunk, dv)[:, :, :T]
@@ -91,29 +91,90 @@ def chunk_terms(q, k, v, g, beta, chunk):
     """What chunked_delta_rule computes for all N chunks at once, before the loop that carries the state: U, W,
     the state reads e^gam q, the masked (q k^T) * M, the state writes e^(gam_last-gam) k (each (B, h, N, L, .)),
     and gam_last (B, h, N, 1, 1). T is padded up to N * chunk."""
-    B, h, T, dk = k.shape
-    dv = v.shape[-1]
+    return chunk_math(*by_chunk(q, k, v, g, beta, chunk))
+
+
+def by_chunk(q, k, v, g, beta, chunk):
+    """q, k, v (B, h, T, d), g and beta (B, h, T) padded up to N * chunk tokens and viewed as (B, h, N, L, .)."""
+    B, h, T, _ = k.shape
     pad = (-T) % chunk
-    # zero padding at the end: g = 0 (no decay) and beta = 0 (no write), so padded rows change nothing
-    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
-    g, beta = (F.pad(x, (0, pad)) for x in (g, beta))
+    if pad:  # zero padding at the end: g = 0 (no decay) and beta = 0 (no write), so padded rows change nothing
+        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+        g, beta = (F.pad(x, (0, pad)) for x in (g, beta))
     N = (T + pad) // chunk
     q, k, v = (x.reshape(B, h, N, chunk, x.shape[-1]) for x in (q, k, v))   # (B, h, N, L, d)
-    g, beta = g.reshape(B, h, N, chunk), beta.reshape(B, h, N, chunk)
+    return q, k, v, g.reshape(B, h, N, chunk), beta.reshape(B, h, N, chunk)
 
-    gam = g.cumsum(-1)                                                        # (B, h, N, L)
+
+def chunk_math(q, k, v, g, beta):
+    """chunk_terms of chunks q, k, v (..., L, d) and g, beta (..., L), any leading dims: each chunk on its own."""
+    dv, chunk = v.shape[-1], k.shape[-2]
+    gam = g.cumsum(-1)                                                        # (.., L)
     causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
     # mask before exp: above the diagonal gam_i - gam_j > 0 and could overflow to inf (inf * 0 = nan)
-    decay = (gam[..., :, None] - gam[..., None, :]).masked_fill(~causal, float("-inf")).exp()  # M (B, h, N, L, L)
+    decay = (gam[..., :, None] - gam[..., None, :]).masked_fill(~causal, float("-inf")).exp()  # M (.., L, L)
     A = (beta[..., None] * (k @ k.mT) * decay).tril(-1)
     eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
     rhs = torch.cat([beta[..., None] * v, (beta * gam.exp())[..., None] * k], dim=-1)
     UW = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)
-    U, W = UW.split([dv, dk], dim=-1)                                         # (B, h, N, L, dv), (.., dk)
-    qk = (q @ k.mT) * decay                                                   # (B, h, N, L, L)
+    U, W = UW.split([dv, k.shape[-1]], dim=-1)                                # (.., L, dv), (.., L, dk)
+    qk = (q @ k.mT) * decay                                                   # (.., L, L)
     q_in = q * gam.exp()[..., None]                                           # reads of the incoming state
     k_out = k * (gam[..., -1:] - gam).exp()[..., None]                        # writes carried to the chunk end
     return U, W, q_in, qk, k_out, gam[..., -1, None, None]
+
+
+def chunk_step(U_n, W_n, q_in_n, qk_n, k_out_n, gam_last_n, S):
+    """One chunk of the loop: its output (.., L, dv) from the incoming state S (.., dk, dv), and the state after it."""
+    delta = U_n - W_n @ S                                                     # (.., L, dv)
+    o = q_in_n @ S + qk_n @ delta
+    return o, S * gam_last_n.exp() + k_out_n.mT @ delta
+
+
+LOOP = "Gated DeltaNet chunk loop"   # what compiling.py names this compile's failures by
+_compiled = {}  # backend -> (chunk-major chunk_math, chunk_step), each under torch.compile: one pair per process
+
+
+def compiled_chunked_delta_rule(q, k, v, g, beta, state, backend):
+    """chunked_delta_rule through two compiled functions (the "backend" of torch.compile), each one graph for every
+    length and batch: chunk_math of all chunks, with (B, h) as one row dim M and the chunk count N dynamic, then the
+    loop, whose body chunk_step sees one chunk (M, L, .) with M dynamic. Compiling the loop itself would unroll it:
+    one graph per chunk count. The terms come out chunk-major (N, M, L, .), so that chunk n is one contiguous block
+    whose strides do not depend on N (a view of (M, N, L, .) would have, and each N would be a new graph)."""
+    B, h, T, dv = v.shape
+    if backend not in _compiled:
+        terms = lambda *x: [t.transpose(0, 1).contiguous() for t in chunk_math(*x)]   # noqa: E731
+        _compiled[backend] = (torch.compile(terms, backend=backend), torch.compile(chunk_step, backend=backend))
+    chunk_terms_fn, step_fn = _compiled[backend]
+    xs = [x.flatten(0, 1) for x in by_chunk(q, k, v, g, beta, CHUNK)]      # (M, N, L, .)
+    for x in xs:
+        torch._dynamo.maybe_mark_dynamic(x, 0)                             # "maybe": a size of 1 specializes
+        torch._dynamo.maybe_mark_dynamic(x, 1)
+    terms = chunk_terms_fn(*xs)                                            # (N, M, L, .)
+    S = state.flatten(0, 1)                                                # (M, dk, dv)
+    out = []
+    for terms_n in zip(*(t.unbind(0) for t in terms)):  # unbind, not an index: see chunked_delta_rule
+        for x in terms_n + (S,):
+            torch._dynamo.maybe_mark_dynamic(x, 0)
+        o_n, S = step_fn(*terms_n, S)                                      # (M, L, dv)
+        out.append(o_n)
+    o = torch.stack(out, dim=1).reshape(B, h, len(out) * CHUNK, dv)[:, :, :T]
+    return o, S.reshape(state.shape)
+
+
+def chunk_loop(q, k, v, g, beta, state, compile=None):
+    """chunked_delta_rule, compiled with torch.compile's backend `compile` (None: eager). A compile that fails
+    (compiling.py) warns once and this call and every later one run eager, the same math. A call of one chunk
+    runs eager: it has no loop to save, and its shapes would be one more graph."""
+    if compile is None or k.shape[2] <= CHUNK or compiling.failure(LOOP, k.device, compile):
+        return chunked_delta_rule(q, k, v, g, beta, state)
+    try:   # the backward is compiled with the forward, so that its failure too is caught here
+        with compiling.strict(), torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+            return compiled_chunked_delta_rule(q, k, v, g, beta, state, compile)
+    except Exception as e:  # noqa: BLE001  every compile failure: the run goes on eager
+        compiling.give_up(LOOP, k.device, compile, e, "running it eager from now on (the same math, more kernels)")
+        return chunked_delta_rule(q, k, v, g, beta, state)
+
 
 def causal_conv(u, weight, conv_state):
     """Depthwise causal conv over time, continuing from the last K-1 inputs of the previous call.
@@ -124,21 +185,22 @@ def causal_conv(u, weight, conv_state):
     return F.silu(y), x[:, :, -conv_state.shape[-1]:]
 
 
-def row_chunked_delta_rule(q, k, v, g, beta, state, mask):
-    """chunked_delta_rule with each row's chunks starting at its first real token, wherever the row's left padding
-    puts it (mask (B, T) bool, False = pad; None = no padding). Rounding then depends on the row alone, not on the
-    batch it shares: the trainer's micro-batch, the sampler's prefill and a kept state's continuation (prefix.py)
-    cut a conversation into the same chunks. A row's leading pads, up to a multiple of the chunk, move to its end,
-    where g = 0 and k = v = 0 make them change nothing (not the state either), and the output moves back."""
+def row_chunked_delta_rule(q, k, v, g, beta, state, mask, compile=None):
+    """chunk_loop (chunked_delta_rule; compiled when `compile` names a backend) with each row's chunks starting at
+    its first real token, wherever the row's left padding puts it (mask (B, T) bool, False = pad; None = no padding).
+    Rounding then depends on the row alone, not on the batch it shares: the trainer's micro-batch, the sampler's
+    prefill and a kept state's continuation (prefix.py) cut a conversation into the same chunks. A row's leading
+    pads, up to a multiple of the chunk, move to its end, where g = 0 and k = v = 0 make them change nothing (not
+    the state either), and the output moves back."""
     if mask is None:
-        return chunked_delta_rule(q, k, v, g, beta, state)
+        return chunk_loop(q, k, v, g, beta, state, compile)
     B, h, T, _ = q.shape
     g = g * mask[:, None, :]                                                 # a pad never decays the state
     shift = (~mask).sum(-1, keepdim=True) % CHUNK                            # (B, 1)
     take = (torch.arange(T, device=q.device) + shift) % T                    # (B, T): rolled slot j <- slot take
     roll = lambda x: x.gather(2, take[:, None, :, None].expand(B, h, T, x.shape[-1]))   # noqa: E731
     rolled = [roll(x) for x in (q, k, v)] + [x.gather(2, take[:, None].expand(B, h, T)) for x in (g, beta)]
-    o, state = chunked_delta_rule(*rolled, state)
+    o, state = chunk_loop(*rolled, state, compile)
     back = (torch.arange(T, device=q.device) - shift) % T                    # slot j <- rolled slot back
     return o.gather(2, back[:, None, :, None].expand_as(o)), state
 
@@ -177,6 +239,7 @@ class GatedDeltaNet(nn.Module):
         self.dt_bias = nn.Parameter(torch.ones(self.nv))
         self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(Dv, H, bias=False)
+        self.loop_backend = None   # torch.compile backend of the multi-token delta rule, or None: compile_chunk_loop
 
     def forward(self, x, mask=None, cache=None, pack=None):
         """x: (B, T, H) normed input; mask: (B, T) bool, False = padding; cache: the model's Cache, whose conv[i]
@@ -234,7 +297,7 @@ class GatedDeltaNet(nn.Module):
         if T == 1:
             o, state = decode_delta_rule(q, k, v, g, beta, state)            # (B, nv, 1, dv) fp32
         else:
-            o, state = row_chunked_delta_rule(q, k, v, g, beta, state, mask)  # (B, nv, T, dv) fp32
+            o, state = row_chunked_delta_rule(q, k, v, g, beta, state, mask, self.loop_backend)  # (B, nv, T, dv)
         return o.transpose(1, 2).to(qkv.dtype), conv_state, state            # (B, T, nv, dv)
 
     def gate_out(self, o, z):
@@ -244,3 +307,11 @@ class GatedDeltaNet(nn.Module):
         z = z.reshape(B, T, self.nv, self.dv)
         y = self.norm(o, z).reshape(B, T, self.nv * self.dv)
         return self.out_proj(y)
+
+
+def compile_chunk_loop(*models, backend="inductor"):
+    """Every Gated DeltaNet layer of the models (None: skipped) runs its multi-token delta rule (training's forward,
+    recompute and backward; prefill) compiled with torch.compile's `backend` (None: eager). train.py --compile-gdn."""
+    for m in (m for model in models if model is not None for m in model.modules()):
+        if isinstance(m, GatedDeltaNet):
+            m.loop_backend = backend

@@ -12,10 +12,11 @@ Shape letters: B rows being decoded, P prompts, S = max_len cache slots, H hidde
 """
 
 import math
-import sys
 import weakref
 
 import torch
+
+from minigrpo import compiling
 
 SMALLEST = 256  # the smallest max_len bucket
 
@@ -206,7 +207,7 @@ def _step(model, tokens, cache):
 
 
 _compiled = {}
-_failed = {}  # (device type, backend) -> the error that stopped its compiled step: the fast path decodes uncompiled
+STEP = "decode step"  # what compiling.py names the compiled step's failures by
 
 
 class CompileFailed(RuntimeError):
@@ -216,7 +217,7 @@ class CompileFailed(RuntimeError):
 
 def compile_failure(device, backend="inductor"):
     """The error ("Type: message") that stopped the compiled step on this device type, or None."""
-    return _failed.get((torch.device(device).type, backend))
+    return compiling.failure(STEP, device, backend)
 
 
 def compiled_step(device, backend="inductor"):
@@ -228,7 +229,7 @@ def compiled_step(device, backend="inductor"):
     it on a slow CPU. If the compiled step ever raises, it prints one warning line naming the error and raises
     CompileFailed; from then on this returns the uncompiled decode_step."""
     kind = torch.device(device).type
-    if (kind, backend) in _failed:
+    if compile_failure(kind, backend):
         return decode_step
     if (kind, backend) not in _compiled:
         graphs = kind == "cuda" and backend == "inductor"
@@ -242,24 +243,15 @@ def compiled_step(device, backend="inductor"):
             if graphs:  # a new replay may overwrite the previous step's outputs: the sampler has consumed them
                 torch.compiler.cudagraph_mark_step_begin()
             cache.window()
-            try:  # past torch's recompile limit a shape was not bucketed: an error, not a silent eager fallback
-                with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            try:
+                with compiling.strict():
                     return fn(model, tokens, cache)
             except Exception as e:  # noqa: BLE001  every compile failure: the run goes on uncompiled
-                _failed[kind, backend] = why = describe(e)
-                print(f"warning: the compiled decode step failed on {kind} ({why}); decoding with the uncompiled "
-                      f"static step from now on (the same tokens, slower)", file=sys.stderr, flush=True)
+                why = compiling.give_up(STEP, kind, backend, e, "decoding with the uncompiled static step from now "
+                                                                "on (the same tokens, slower)")
                 raise CompileFailed(why) from e
         _compiled[kind, backend] = step
     return _compiled[kind, backend]
-
-
-def describe(error):
-    """'Type: first line' of the innermost cause (dynamo wraps a backend's error in BackendCompilerFailed)."""
-    while (inner := getattr(error, "inner_exception", None) or error.__cause__) is not None:
-        error = inner
-    line = next((x.strip() for x in str(error).splitlines() if x.strip()), "")
-    return f"{type(error).__name__}: {line[:200]}"
 
 
 def decode_call(model, prefilled, settings, decode):

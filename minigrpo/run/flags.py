@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", choices=["eager", "fast"],
                    help="sampler decode: fast = static shapes, compiled (CUDA graphs), LoRA unmerged; eager = "
                         "the plain step (default: fast on CUDA, eager elsewhere)")
+    p.add_argument("--compile-gdn", action=argparse.BooleanOptionalAction,
+                   help="training: the Gated DeltaNet chunk loop (Qwen3.5's forward, recompute and backward over the "
+                        "chunks of a sequence) compiled with torch.compile, two graphs for every length; a compile "
+                        "that fails warns once and runs eager (default: as --decode, on with fast)")
     p.add_argument("--enable-thinking", action="store_true", help="let Qwen3/3.5 think (off by default)")
     p.add_argument("--judge", default="local",
                    help="soyuz judge: local | claude | cmd:<command> | http(s)://server/v1")
@@ -425,3 +429,15 @@ def check_device(name):
 
 def _named(key, value) -> str:
     return f"--{key.replace('_', '-')}" + ("" if isinstance(value, bool) else f" {value}")
+
+
+def decode_path(args, device) -> str:
+    """--decode: "fast" (the static-shape compiled step) or "eager"; default fast on CUDA only."""
+    import torch    # here, not at the top: --help answers before torch's import
+    return getattr(args, "decode", None) or ("fast" if torch.device(device).type == "cuda" else "eager")
+
+
+def gdn_backend(args, device):
+    """--compile-gdn (default as --decode, on with fast): the chunk loop's torch.compile backend, or None (eager)."""
+    on = args.compile_gdn if getattr(args, "compile_gdn", None) is not None else decode_path(args, device) == "fast"
+    return "inductor" if on else None

@@ -22,7 +22,7 @@ SAFE_TO_CHANGE = {
     "save_every", "keep_checkpoints", "eval_every", "eval_limit",
     "quiet", "log_to", "plan",                              # what it shows and where it logs
     "device", "micro_batch", "pack", "grad_checkpoint", "judge_workers",   # memory and concurrency, not the math
-    "threads", "decode",                                    # CPU threads; the eager or the compiled decode
+    "threads", "decode", "compile_gdn",                     # CPU threads; eager or compiled decode, chunk loop
     "weak_sandbox",                                         # the sandbox this machine gives the agent's commands
 }
 IDENTITY = {"resume", "runs_dir", "run_name"}               # which run: never a change

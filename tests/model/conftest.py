@@ -15,17 +15,18 @@ def tiny_tokenizer():
 
 @pytest.fixture
 def fresh_compile(monkeypatch):
-    """A clean slate for a test that compiles the decode step: dynamo's caches reset, and static_decode's compiled
-    steps and compile-failure memo replaced by empty ones for this test only. Without it a test inherits what the
-    tests before it in its worker left: a step compiled for other models, or a failure (their models' recompiles
-    past torch's limit) after which the fast path decodes uncompiled, so a compiled-path test passes uncompiled or
-    counts no graph. Gives a function returning the graphs dynamo compiled since."""
+    """A clean slate for a test that compiles (the decode step, the Gated DeltaNet chunk loop): dynamo's caches reset,
+    and the compiled functions and compile-failure memo replaced by empty ones for this test only. Without it a test
+    inherits what the tests before it in its worker left: a function compiled for other models, or a failure (their
+    models' recompiles past torch's limit) after which the code runs uncompiled, so a compiled-path test passes
+    uncompiled or counts no graph. Gives a function returning the graphs dynamo compiled since."""
     import torch._dynamo
     from torch._dynamo.utils import counters
-    from minigrpo import static_decode
+    from minigrpo import compiling, deltanet, static_decode
     torch._dynamo.reset()
-    monkeypatch.setattr(static_decode, "_compiled", {})
-    monkeypatch.setattr(static_decode, "_failed", {})
+    for module in (static_decode, deltanet):
+        monkeypatch.setattr(module, "_compiled", {})
+    monkeypatch.setattr(compiling, "_failed", {})
     counters.clear()
     yield lambda: counters["stats"]["unique_graphs"]
     torch._dynamo.reset()
