@@ -23,7 +23,10 @@ def test_shrunk_experiment_trained_beats_base(tmp_path):
     assert list(res) == ["base", *arms]
     base, seeds_recipe = res["base"], res["coef 0.5 + guard"]
     print({k: (round(v["turn0_score"], 3), round(v["final_score"], 3)) for k, v in res.items()})
-    assert seeds_recipe["final_score"] > base["final_score"] + 0.1
+    # Trained minus base, held out (OMP_NUM_THREADS 1 and 2, ATen's default and avx2 kernels): final +0.13 to +0.18,
+    # turn-0 +0.22 to +0.24 (base 0.58 and 0.61). The bounds keep 2.6x and 2.2x of the smallest: another CPU samples
+    # other tokens and so trains on others; an update that moves nothing gives 0.
+    assert seeds_recipe["final_score"] > base["final_score"] + 0.05
     assert seeds_recipe["turn0_score"] > base["turn0_score"] + 0.1
     assert all(len(m["pairs"]) == 32 * 4 for m in res.values())        # every policy, the same eval rollouts
     assert [c["step"] for c in seeds_recipe["curve"]] == list(range(1, 26))

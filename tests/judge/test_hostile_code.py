@@ -4,7 +4,6 @@ test_attacks.py.)"""
 
 import os
 import socket
-import time
 
 import pytest
 
@@ -26,33 +25,34 @@ ADD_TASK = task("assert add(2, 3) == 5", timeout=5)
 def grade(answer_code, test="pass", **limits):
     """Grade the hostile answer, then check that the same judge still grades a normal answer right."""
     judge = make_judge("local", workers=2)
-    t0 = time.monotonic()
     verdict = judge.grade(task(test, **{"timeout": 3, "memory_mb": 256, **limits}), f"```python\n{answer_code}\n```")
-    elapsed = time.monotonic() - t0
     assert judge.grade(ADD_TASK, GOOD).score == 1.0
     judge.close()
-    return verdict.results[0], elapsed
+    return verdict.results[0]
 
 
 def test_infinite_loop_is_stopped():
-    result, elapsed = grade("def add(a, b):\n    while True:\n        pass", "add(1, 2)")
-    assert result.passed is False and "timed out" in result.reason and elapsed < 30
+    # stopped by its 3 s CPU budget, not the last-resort wall ceiling (40 s): the reason says which, on any host,
+    # where the wall time the 3 CPU seconds take is the host's load (8 s on a loaded 2-core box)
+    result = grade("def add(a, b):\n    while True:\n        pass", "add(1, 2)")
+    assert result.passed is False and "timed out: used its 3s of CPU" in result.reason, result.reason
 
 
 def test_hang_at_import_is_stopped():
-    result, elapsed = grade("import time\ntime.sleep(60)", "pass")
-    assert result.passed is False and "stalled" in result.reason and elapsed < 15   # no CPU progress for 3 s
+    result = grade("import time\ntime.sleep(60)", "pass")
+    # the stall clock (no CPU progress for 3 s) ended it, not the sleep's end nor the wall ceiling
+    assert result.passed is False and "stalled" in result.reason, result.reason
 
 
 def test_unbounded_allocation_fails_the_case():
-    result, _ = grade("def add(a, b):\n    x = []\n    while True:\n        x.append(bytearray(1 << 24))",
+    result = grade("def add(a, b):\n    x = []\n    while True:\n        x.append(bytearray(1 << 24))",
                       "add(1, 2)", timeout=10)
     assert result.passed is False
 
 
 def test_a_test_that_swallows_the_failure_still_fails():
     # the answer exits inside the call; the test catches everything and goes on: the case still fails
-    result, _ = grade("import os\ndef add(a, b):\n    os._exit(0)",
+    result = grade("import os\ndef add(a, b):\n    os._exit(0)",
                       "try:\n    add(1, 2)\nexcept BaseException:\n    pass")
     assert result.passed is False and "exit" in result.reason
 
@@ -65,7 +65,7 @@ def test_parent_secret_is_not_readable(monkeypatch):
             "    for path in glob.glob('/proc/*/environ'):\n"
             "        try:\n            found.append(open(path, 'rb').read().decode(errors='ignore'))\n"
             "        except OSError:\n            pass\n    return '\\n'.join(found)\n")
-    result, _ = grade(code, f"assert {secret!r} not in leak()")
+    result = grade(code, f"assert {secret!r} not in leak()")
     assert result.passed is True and secret not in result.reason
 
 
@@ -78,7 +78,7 @@ def test_network_is_cut():
     code = (f"import socket\ndef reach():\n    try:\n        socket.create_connection(('127.0.0.1', {port}), "
             "timeout=1)\n        return True\n    except OSError:\n        return False\n")
     try:
-        result, _ = grade(code, "assert reach() is False")
+        result = grade(code, "assert reach() is False")
     finally:
         listener.close()
     assert result.passed is True

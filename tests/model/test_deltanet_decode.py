@@ -55,10 +55,11 @@ def decode_logits(model, ids):
 @torch.no_grad()
 def test_a_bf16_model_decodes_as_with_the_definition(seed, monkeypatch):
     # bf16 rounds the layer outputs, so a last-bit difference in the fp32 state can flip one rounding: compared to
-    # what bf16 itself costs (bf16 decode vs fp32, same weights), the two steps differ by 1.6-8% of it on the mean
-    # |dlogit| and 0.2-0.55x of it at the max (48 tokens x 3 rows, OMP_NUM_THREADS 1 and 2, seeds 0 and 1). The
-    # bounds (25%, 1x) keep a 3x and 1.8x margin; they protect the decode step from costing the sampler more than a
-    # fraction of bf16's own noise.
+    # what bf16 itself costs (bf16 decode vs fp32, same weights), the two steps differ by 1.6-8.5% of it on the mean
+    # |dlogit| and 0.19-0.55x of it at the max (48 tokens x 3 rows, OMP_NUM_THREADS 1 and 2, seeds 0 and 1,
+    # ATEN_CPU_CAPABILITY default and avx2). The bounds (25%, 1.5x) keep a 3x and 2.7x margin; they protect the
+    # decode step from costing the sampler more than a fraction of bf16's own noise: a state rounded to bf16 after
+    # each step moves the mean to 56-58%.
     ids = torch.randint(0, 261, (3, 48), generator=torch.Generator().manual_seed(seed))
     fast = decode_logits(load_pretrained("tiny-qwen3.5").to(torch.bfloat16), ids)
     fp32 = decode_logits(load_pretrained("tiny-qwen3.5"), ids)
@@ -66,7 +67,7 @@ def test_a_bf16_model_decodes_as_with_the_definition(seed, monkeypatch):
     naive = decode_logits(load_pretrained("tiny-qwen3.5").to(torch.bfloat16), ids)
     rounding = (naive - fp32).abs()
     assert (fast - naive).abs().mean() <= 0.25 * rounding.mean()
-    assert (fast - naive).abs().max() <= rounding.max()
+    assert (fast - naive).abs().max() <= 1.5 * rounding.max()
 
 
 def state_passes(rule, B=2, h=4, dk=64, dv=64):

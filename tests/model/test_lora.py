@@ -83,12 +83,15 @@ def test_merge_equals_unmerged(kind):
     randomise_lora(model)
     unmerged = model(x)
     merge_lora(model)
-    assert (model(x) - unmerged).abs().max() <= 1e-5
+    # W + (alpha/r) B A rounds in fp32, and unmerging subtracts a product that may round otherwise: max |dlogit|
+    # 3.0e-6 merged, 6.3e-6 merged and unmerged (ATen's default kernels; 1.4e-6 with AVX2; 1 and 2 threads).
+    # 5e-5 keeps 8x; an unmerge that subtracts 0.999 of the update moves logits by 1e-4 and more.
+    assert (model(x) - unmerged).abs().max() <= 5e-5
     with pytest.raises(RuntimeError, match="unmerge_lora"):
         with adapters_disabled(model):
             pass
     unmerge_lora(model)
-    assert (model(x) - unmerged).abs().max() <= 1e-5
+    assert (model(x) - unmerged).abs().max() <= 5e-5
     with adapters_disabled(model):
         assert (model(x) - base).abs().max() <= 1e-5
 

@@ -137,6 +137,10 @@ def test_bf16_parity(ckpt, kind):
         eager = load_hf(path, torch.bfloat16)(ids).logits.float()
         sdpa = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="sdpa")
         sdpa = sdpa(ids).logits.float()
+    # Measured (seeds 0 and 1 of the weights and ids, OMP_NUM_THREADS 1 and 2, ATEN_CPU_CAPABILITY default and avx2,
+    # an AMD box): ours equals SDPA bit for bit, argmaxes all equal; ours vs eager 0.0054-0.0140 of the scale. The
+    # bounds: 0.01 against SDPA (another CPU's or a GPU's kernel), 0.04 against eager (2.9x the largest seen). They
+    # protect the bf16 dtype rules: an RMSNorm computed in bf16 moves the SDPA gap to 0.012-0.16, eager's to 0.16.
     scale = fp32.abs().max()
     assert (got.argmax(-1) == sdpa.argmax(-1)).float().mean() >= 0.99
     assert (got - sdpa).abs().max() <= 0.01 * scale
@@ -144,7 +148,7 @@ def test_bf16_parity(ckpt, kind):
     decided = top2[..., 0] - top2[..., 1] > 0.1
     assert decided.float().mean() > 0.5
     assert (got.argmax(-1) == eager.argmax(-1))[decided].float().mean() >= 0.99
-    assert (got - eager).abs().max() <= 0.02 * scale
+    assert (got - eager).abs().max() <= 0.04 * scale
 
 
 def test_sharded_checkpoint(ckpt):

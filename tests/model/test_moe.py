@@ -201,11 +201,12 @@ def test_replay_closes_the_sampler_trainer_gap(seed):
     """Routing replay, bf16 sampler against fp32 trainer: without replay 1-2% of the token-layer routes flip and the
     largest log-prob gap is 3-10x the dense model's; replaying the sampler's routes brings it back to the dense
     model's. Measured (the same at 1 and 2 threads), max |gap| dense / MoE replayed / MoE not replayed, flip share:
-    seed 0: 0.031 / 0.024 / 0.30, 1.2%; seed 1: 0.055 / 0.029 / 0.16, 2.1%. A trainer that ignores the replayed
-    routes fails the first two bounds."""
+    seed 0: 0.031 / 0.024 / 0.30, 1.2%; seed 1: 0.055 / 0.029 / 0.16, 2.1%; with ATEN_CPU_CAPABILITY=default and
+    avx2 replayed / dense 0.53-0.80 (bound 2x: 2.5x margin), not replayed / replayed 4.6-12.7 (bound 2x: 2.3x),
+    flips 1.2-2.2%. A trainer that ignores the replayed routes fails the first two bounds (its ratios: 5-10x, 1x)."""
     gaps, flip_share = sampler_trainer_gaps(seed)
     assert gaps["replay"] <= 2 * gaps["tiny-qwen3.5"]
-    assert gaps["tiny-moe"] >= 3 * gaps["replay"]
+    assert gaps["tiny-moe"] >= 2 * gaps["replay"]
     assert 0.005 < flip_share < 0.1
 
 

@@ -19,10 +19,10 @@ from minigrpo.pretrained import load_pretrained  # noqa: E402
 V = 300
 LIN, FULL = "linear_attention", "full_attention"
 # fp32, 100 tokens x 2 rows, 1 and 2 threads, seeds 0 and 1 (docs/moe.md): Qwen3-MoE max |dlogits| <= 2.1e-6, bound
-# 1e-5; Qwen3.5-MoE <= 9.1e-6 (the chunked delta rule's order of sums, as the dense Qwen3.5), bound 2e-5 for other
-# CPUs. They protect the router, the experts' weighted sum and the shared expert's gate: one wrong moves logits by
-# more than 1e-3.
-BOUND = {"qwen3": 1e-5, "qwen3_5": 2e-5}
+# 1e-5; Qwen3.5-MoE <= 9.1e-6 (the chunked delta rule's order of sums; the dense Qwen3.5 reaches 1.06e-5 at another
+# seed), bound 5e-5: 2e-5 kept only 2.2x. They protect the router, the experts' weighted sum and the shared expert's
+# gate: one wrong moves logits by more than 1e-3.
+BOUND = {"qwen3": 1e-5, "qwen3_5": 5e-5}
 
 
 def hf_model(kind):
