@@ -21,7 +21,8 @@ share of the budget):
   train         one soyuz-shaped micro-batch as train.py's policy_update runs it (B=4 x T=2,936, completions up to
                 1,024 tokens, activation checkpointing, beta 0.04, LoRA r=32 on every projection): seconds by phase,
                 the SDPA kernel each forward took, and the peak memory (torch.cuda.max_memory_allocated) against
-                minigrpo/run/memplan.py's plan for the same shapes (computed on the CPU in a child process).
+                minigrpo/run/memplan.py's plan for the same shapes (computed on the CPU in a child process); then
+                the same micro-batch with the Gated DeltaNet chunk loop compiled (train.py --compile-gdn).
   transformers  transformers' bf16 and fp32 logits against ours fp32, and its generate with a static cache (which
                 transformers compiles on CUDA) on the decode section's prompts, without LoRA.
 
@@ -195,7 +196,8 @@ def peak(device):
 
 
 def train_section(sec, M, plan_proc):
-    from minigrpo import grpo
+    from minigrpo import compiling, grpo
+    from minigrpo.deltanet import LOOP, compile_chunk_loop
     from minigrpo.run.dist import init_distributed
     from minigrpo.update import adamw
     from minigrpo.run.flags import loss_settings
@@ -276,11 +278,24 @@ def train_section(sec, M, plan_proc):
         _, ev = profiled(both, dev)
         return dict(minigrpo=attention_kernels(ev), note="the SDPA op of a no-grad and a with-grad forward")
 
+    def compiled():   # train.py --compile-gdn (on by default with --decode fast): the chunk loop compiled
+        compile_chunk_loop(M.ours, backend=gdn)
+        try:
+            out = step()
+        finally:
+            compile_chunk_loop(M.ours, backend=None)
+        failed = compiling.failure(LOOP, dev, gdn)
+        return {**out, "note": out["note"] + (f"; the compile failed, ran eager: {failed}" if failed else "")}
+
     need = c["need"]["step"]
     sec.measure(f"one micro-batch, first (warm-up), {what}", step, need=need)
     sec.measure(f"one micro-batch, second, {what}", step, need=need)
     sec.measure("peak memory of the last step vs the memory plan", memory, need=5)
     sec.measure("attention kernel (torch.profiler)", backend, need=need / 2)
+    # last: the compile may not fit the section. On a CPU "aot_eager" (the same graphs, no C++ build) rehearses it.
+    gdn = "inductor" if dev.type == "cuda" else "aot_eager"
+    sec.measure(f"one micro-batch, --compile-gdn ({gdn}), first (compiles), {what}", compiled, need=need)
+    sec.measure(f"one micro-batch, --compile-gdn ({gdn}), second, {what}", compiled, need=need)
 
 
 # ----------------------------------------------------------------------------------------------------------------
