@@ -9,8 +9,10 @@ policy nearer the base model than the one the trainer scores.
 The model: Qwen3.5-4B's layer shapes (one Gated DeltaNet and one attention layer; the vocabulary cut to 4,096 rows,
 which no rounding here depends on), N(0, 0.02) bf16 weights, LoRA r = α = 32 on every projection with PEFT's A and
 every element of B at ±3e-4 (about 30 Adam steps at lr 1e-5, the soyuz rate, whose gradient kept its sign).
-For each path, 4 prompts x 4 samples x 32 tokens, scored by the trainer (logprobs.token_logprobs) with the adapters
-on and off (the reference); per path:
+The eager path draws 4 prompts x 4 samples x 32 tokens, scored by the trainer (logprobs.token_logprobs) with the
+adapters on and off (the reference). The static and compiled paths decode the same tokens (teacher-forced: the
+sampler's draw is replaced by the eager path's token, `forcing`), so their log-probs are compared with the
+trainer's on the same tokens, scored once, with no sampling noise between the paths; per path:
 - share: how much of the adapter's effect on the sampled tokens' log-probs the sampler's own log-probs carry
   (run/gap.py's sampler_update_share): the eager path's is below 1 by bf16 noise alone;
 - gap: mean |sampler - trainer| (sampler_logp_diff).
@@ -26,7 +28,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from minigrpo import static_decode
+from minigrpo import sampler, static_decode
 from minigrpo.lora import adapters_disabled, inject_lora, lora_layers
 from minigrpo.logprobs import token_logprobs
 from minigrpo.model import Qwen
@@ -61,7 +63,8 @@ def policy():
         for _, m in lora_layers(model):
             m.lora_B.weight.copy_(torch.randn(m.lora_B.weight.shape, generator=g).sign() * 3e-4)
     prompts = [torch.randint(0, VOCAB, (PROMPT,), generator=g).tolist() for _ in range(P)]
-    yield model, prompts, measure(model, prompts)
+    eager = sample(model, prompts, SETTINGS, seed=3)
+    yield model, prompts, measure(model, prompts, eager), [s.completion_ids for s in eager]
     static_decode.release(model)
 
 
@@ -86,9 +89,8 @@ def scores(model, ids):
 
 
 @torch.no_grad()
-def measure(model, prompts, reuse=None, **path):
+def measure(model, prompts, samples, path=None, reuse=None):
     """(share, gap) of one decode path's samples, as train.py's step metrics compute them."""
-    samples = sample(model, prompts, replace(SETTINGS, **path), seed=3, reuse=reuse)
     ids = torch.tensor([prompts[s.prompt_index] + s.completion_ids for s in samples])    # (P*N, prompt + NEW)
     sampled = torch.tensor([s.logprobs for s in samples])                                # (P*N, NEW)
     trainer, ref = scores(model, ids)
@@ -101,13 +103,33 @@ def measure(model, prompts, reuse=None, **path):
     return share, gap
 
 
+def forcing(monkeypatch, tokens):
+    """Teacher forcing: the sampler's draw at step t (sampler.choose, which runs outside the compiled step) returns
+    tokens[row][t] and that token's log-prob under the path's own logits, as the real draw returns the drawn
+    token's. Rows past len(tokens), a static batch's padding, repeat the last row. Returns [steps drawn]."""
+    forced = torch.tensor(tokens)                                                     # (P*N, NEW)
+    steps = [0]
+
+    def choose(logits, temperature, top_k, top_p, u):
+        t, rows = steps[0], logits.shape[0]
+        token = forced[torch.arange(rows).clamp(max=len(forced) - 1), t]
+        steps[0] += 1
+        logp_all = torch.log_softmax(logits / temperature, dim=-1)
+        return token, logp_all.gather(-1, token[:, None]).squeeze(-1)
+    monkeypatch.setattr(sampler, "choose", choose)
+    return steps
+
+
 @pytest.mark.parametrize("path", [dict(static=True), dict(compile=True, rows=P * N)], ids=["static", "compiled"])
-def test_the_fast_path_samples_the_policy_the_trainer_scores(policy, path):
-    model, prompts, (eager_share, eager_gap) = policy
+def test_the_fast_path_samples_the_policy_the_trainer_scores(policy, path, monkeypatch):
+    model, prompts, (eager_share, eager_gap), eager_tokens = policy
     if path.get("compile"):
         torch._dynamo.reset()
         static_decode._compiled.clear()
-    share, gap = measure(model, prompts, **path)
+    steps = forcing(monkeypatch, eager_tokens)
+    samples = sample(model, prompts, replace(SETTINGS, **path), seed=3)
+    assert [s.completion_ids for s in samples] == eager_tokens and steps == [NEW]
+    share, gap = measure(model, prompts, samples, path)
     assert share >= SHARE * eager_share, (share, eager_share)
     assert gap <= GAP * eager_gap, (gap, eager_gap)
 
@@ -119,19 +141,21 @@ def test_a_turn_that_continues_a_kept_state_samples_the_policy_the_trainer_score
     the conversation into the chunks the trainer and a fresh prefill cut. Its samples then carry the update as a
     fresh prefill's do: gap within 1.1x, share at least 0.95x (docs/benchmarks.md has the measured ratios). A
     continuation that started mid-chunk, as before the grid, gave 1.42x (4 samples a prompt) on an AMD EPYC at 1 and
-    2 threads; a kept state off the grid fails the kept-length check first. One sample a prompt: the continuation
-    computes what the fresh prefill computes, so it draws the fresh prefill's tokens, whose 4 rows of 160 tokens are
-    scored once (16 rows cost 4x as much, the most of this file's time)."""
-    model, prompts, _ = policy
+    2 threads; a kept state off the grid fails the kept-length check first. One sample a prompt and an 8-token first
+    answer: the continuation computes what the fresh prefill computes, so it draws the fresh prefill's tokens, whose
+    4 rows of 136 tokens are scored once (scoring is most of this file's time)."""
+    model, prompts, _, _ = policy
     g = torch.Generator().manual_seed(2)
     system = torch.randint(0, VOCAB, (64,), generator=g).tolist()      # a first prompt past one chunk: 76 tokens
     first_prompts = [system + p for p in prompts]
     with torch.no_grad():
-        first = sample(model, first_prompts, replace(SETTINGS, n=1), seed=5, keep=True)
+        first = sample(model, first_prompts, replace(SETTINGS, n=1, max_new_tokens=8), seed=5, keep=True)
     assert [s.kept.tokens for s in first] == [64] * P
     later = [first_prompts[s.prompt_index] + s.completion_ids + torch.randint(0, VOCAB, (20,), generator=g).tolist()
              for s in first]                        # the last prompt, its answer, an environment's 20 tokens
-    fresh_share, fresh_gap = measure(model, later, n=1)
-    share, gap = measure(model, later, reuse=[s.kept for s in first], n=1)
+    one = replace(SETTINGS, n=1)
+    fresh_share, fresh_gap = measure(model, later, sample(model, later, one, seed=3))
+    kept = [s.kept for s in first]
+    share, gap = measure(model, later, sample(model, later, one, seed=3, reuse=kept), reuse=kept)
     assert gap <= 1.1 * fresh_gap, (gap, fresh_gap)
     assert share >= 0.95 * fresh_share, (share, fresh_share)
