@@ -158,10 +158,10 @@ def log_probs(model, b: Batch, temperature, vocab_size, entropy=False):
     with routed(model, b):
         if b.packed is not None:
             p = b.packed
-            return packed_token_logprobs(model, p.ids, p.pack, p.src, p.dst, b.mask.shape,
-                                         (temperature, vocab_size), return_entropy=entropy)
-        return token_logprobs(model, b.ids, b.attn, (temperature, vocab_size), return_entropy=entropy,
-                              first_col=b.first_col)
+            return packed_token_logprobs(model, p.ids, p.pack, p.src, p.dst, b.mask.shape, temperature=temperature,
+                                         vocab_size=vocab_size, return_entropy=entropy)
+        return token_logprobs(model, b.ids, b.attn, temperature=temperature, vocab_size=vocab_size,
+                              return_entropy=entropy, first_col=b.first_col)
 
 
 def reference_logprobs(model, reference, b: Batch, temperature, vocab_size):
