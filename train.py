@@ -304,7 +304,7 @@ def policy_update(up, my_seqs, args, dist_info, tok, fixed=None):
     policy (forward + backward), optimizer (all-reduce, clip, AdamW)."""
     model, T, V = up.model, args.temperature, tok.vocab_size
     fixed = fixed or fixed_logprobs(up, my_seqs, args, tok)
-    batches = [with_advantages(b, [my_seqs[i] for i in rows]) for b, rows in zip(fixed.batches, fixed.rows)]
+    batches = [with_advantages(b, [my_seqs[i] for i in pos]) for b, pos in zip(fixed.batches, fixed.positions)]
     norm = step_normalizer(batches, up.settings, dist_info)
     stats, grad_norm = [], 0.0
     for pass_ in range(args.mu):

@@ -73,7 +73,7 @@ def child(args):
         fn = lambda x: naive_logprobs(model, x, args.temperature)
     else:
         chunk = args.chunk if args.chunk == "auto" else int(args.chunk)
-        fn = lambda x: token_logprobs(model, x, scale=(args.temperature, None), chunk=chunk)
+        fn = lambda x: token_logprobs(model, x, temperature=args.temperature, chunk=chunk)
     run(lambda: fn(ids[:, :16]), args)
     model.zero_grad(set_to_none=True)
     if args.device == "cuda":

@@ -77,15 +77,15 @@ def build_ours(folder, args, dtype):
     P, T = args.prompt, args.seq
     loss_mask = torch.zeros(ids.shape[0], T - 1, dtype=torch.bool, device=ids.device)
     loss_mask[:, P - 1:] = comp_mask  # column t scores ids[:, t+1]: the completion starts at column P-1
-    scale = (args.temperature, args.vocab_size)
+    sampling = dict(temperature=args.temperature, vocab_size=args.vocab_size)
     if args.pack:
         from minigrpo.logprobs import packed_token_logprobs
         packed, pk, src, dst = pack_batch(ids, attn, loss_mask)
 
     def logprobs():
         if args.pack:  # train.py --pack: the rows packed into one, log-probs back in the padded layout
-            return packed_token_logprobs(model, packed, pk, src, dst, loss_mask.shape, scale)
-        return token_logprobs(model, ids, attn, scale,
+            return packed_token_logprobs(model, packed, pk, src, dst, loss_mask.shape, **sampling)
+        return token_logprobs(model, ids, attn, **sampling,
                               first_col=P - 1)  # as train.py: logits only from the first completion column
 
     def step(timer):

@@ -18,8 +18,9 @@ One step, in both stacks: reference log-probs (no grad, LoRA switched off), poli
 loss (on-policy clipped ratio, advantage per sequence, + beta * k3 KL, token-mean over the completion mask),
 backward, clip the gradient norm to 1, AdamW on LoRA r=32 over q, k, v, o, gate, up, down.
 
-- ours: minigrpo.model.Qwen + minigrpo.lora.inject_lora / adapters_disabled + logprobs.token_logprobs(scale=,
-  first_col=) (the fused chunked lm_head + log-softmax over the completion columns, as train.py) + grpo.policy_loss.
+- ours: minigrpo.model.Qwen + minigrpo.lora.inject_lora / adapters_disabled + logprobs.token_logprobs(temperature=,
+  vocab_size=, first_col=) (the fused chunked lm_head + log-softmax over the completion columns, as train.py)
+  + grpo.policy_loss.
 - hf: AutoModelForCausalLM (attn_implementation="sdpa", transformers' default) + peft get_peft_model, reference
   under `model.disable_adapter()`, log-probs as TRL's GRPOTrainer computes them: `logits_to_keep` = completion
   length + 1 (the lm_head runs on the completion only), logits / temperature, then TRL's selective_log_softmax

@@ -185,18 +185,18 @@ def causal_conv(u, weight, conv_state):
     return F.silu(y), x[:, :, -conv_state.shape[-1]:]
 
 
-def row_chunked_delta_rule(q, k, v, g, beta, state, mask, compile=None):
+def row_chunked_delta_rule(q, k, v, g, beta, state, real_tokens, compile=None):
     """chunk_loop (chunked_delta_rule; compiled when `compile` names a backend) with each row's chunks starting at
-    its first real token, wherever the row's left padding puts it (mask (B, T) bool, False = pad; None = no padding).
-    Rounding then depends on the row alone, not on the batch it shares: the trainer's micro-batch, the sampler's
-    prefill and a kept state's continuation (prefix.py) cut a conversation into the same chunks. A row's leading
-    pads, up to a multiple of the chunk, move to its end, where g = 0 and k = v = 0 make them change nothing (not
-    the state either), and the output moves back."""
-    if mask is None:
+    its first real token, wherever the row's left padding puts it (real_tokens (B, T) bool, False = pad; None = no
+    padding). Rounding then depends on the row alone, not on the batch it shares: the trainer's micro-batch, the
+    sampler's prefill and a kept state's continuation (prefix.py) cut a conversation into the same chunks. A row's
+    leading pads, up to a multiple of the chunk, move to its end, where g = 0 and k = v = 0 make them change nothing
+    (not the state either), and the output moves back."""
+    if real_tokens is None:
         return chunk_loop(q, k, v, g, beta, state, compile)
     B, h, T, _ = q.shape
-    g = g * mask[:, None, :]                                                 # a pad never decays the state
-    shift = (~mask).sum(-1, keepdim=True) % CHUNK                            # (B, 1)
+    g = g * real_tokens[:, None, :]                                          # a pad never decays the state
+    shift = (~real_tokens).sum(-1, keepdim=True) % CHUNK                     # (B, 1)
     take = (torch.arange(T, device=q.device) + shift) % T                    # (B, T): rolled slot j <- slot take
     roll = lambda x: x.gather(2, take[:, None, :, None].expand(B, h, T, x.shape[-1]))   # noqa: E731
     rolled = [roll(x) for x in (q, k, v)] + [x.gather(2, take[:, None].expand(B, h, T)) for x in (g, beta)]
@@ -241,17 +241,17 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = nn.Linear(Dv, H, bias=False)
         self.loop_backend = None   # torch.compile backend of the multi-token delta rule, or None: compile_chunk_loop
 
-    def forward(self, x, mask=None, cache=None, pack=None):
-        """x: (B, T, H) normed input; mask: (B, T) bool, False = padding; cache: the model's Cache, whose conv[i]
-        (B, C, K-1) model dtype and state[i] (B, nv, dk, dv) fp32 this layer continues from and updates (None:
-        start from zeros, keep nothing); pack: packing.Pack when x (1, N, H) is documents packed into one row.
-        Returns the output (B, T, H)."""
+    def forward(self, x, real_tokens=None, cache=None, pack=None):
+        """x: (B, T, H) normed input; real_tokens: (B, T) bool, False at left padding, or None; cache: the model's
+        Cache, whose conv[i] (B, C, K-1) model dtype and state[i] (B, nv, dk, dv) fp32 this layer continues from and
+        updates (None: start from zeros, keep nothing); pack: packing.Pack when x (1, N, H) is documents packed into
+        one row. Returns the output (B, T, H)."""
         if pack is not None:
             return self.packed_forward(x, pack)
         B, T, _ = x.shape
-        if mask is not None:
+        if real_tokens is not None:
             # zeroed pads give k = v = 0 after the conv (pads are on the left), so the state stays exactly 0
-            x = x * mask[:, :, None].to(x.dtype)
+            x = x * real_tokens[:, :, None].to(x.dtype)
         if cache is None:
             conv_state = x.new_zeros(B, self.conv_dim, self.conv1d.kernel_size[0] - 1)
             state = x.new_zeros(B, self.nv, self.dk, self.dv, dtype=torch.float32)
@@ -259,7 +259,7 @@ class GatedDeltaNet(nn.Module):
             conv_state, state = cache.conv[self.layer_idx], cache.state[self.layer_idx]
 
         qkv, z, b, a = shared_input(x, self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
-        o, conv_state, state = self.mix(qkv, b, a, conv_state, state, mask)
+        o, conv_state, state = self.mix(qkv, b, a, conv_state, state, real_tokens)
         if cache is not None:
             cache.update_state(self.layer_idx, conv_state, state)
         return self.gate_out(o, z)
@@ -275,9 +275,9 @@ class GatedDeltaNet(nn.Module):
         o, _, _ = self.mix(qkv, b, a, conv_state, state)                         # (D, Tg, nv, dv)
         return self.gate_out(pack.from_grid(o), z)
 
-    def mix(self, qkv, b, a, conv_state, state, mask=None):
+    def mix(self, qkv, b, a, conv_state, state, real_tokens=None):
         """The token mixing: short conv, then the delta rule. qkv (B, T, C), b and a (B, T, nv): the input
-        projections; mask (B, T) bool, False at left padding, or None. Returns o (B, T, nv, dv) in the model
+        projections; real_tokens (B, T) bool, False at left padding, or None. Returns o (B, T, nv, dv) in the model
         dtype, the conv window and the state after the call."""
         B, T, _ = qkv.shape
         u, conv_state = causal_conv(qkv.mT, self.conv1d.weight, conv_state)                  # (B, C, T)
@@ -297,7 +297,7 @@ class GatedDeltaNet(nn.Module):
         if T == 1:
             o, state = decode_delta_rule(q, k, v, g, beta, state)            # (B, nv, 1, dv) fp32
         else:
-            o, state = row_chunked_delta_rule(q, k, v, g, beta, state, mask, self.loop_backend)  # (B, nv, T, dv)
+            o, state = row_chunked_delta_rule(q, k, v, g, beta, state, real_tokens, self.loop_backend)  # (B, nv, T, dv)
         return o.transpose(1, 2).to(qkv.dtype), conv_state, state            # (B, T, nv, dv)
 
     def gate_out(self, o, z):

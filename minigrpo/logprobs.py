@@ -72,11 +72,10 @@ class _LinearLogprob(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h, weight, targets, scale, rows, with_entropy):
-        # h (N, H): every row's positions flattened; targets (N,); scale (temperature, vocab_size or None). Grad mode
-        # is off in here; needs_input_grad is the inputs' requires_grad, and h made under the caller's no_grad has
-        # none: no gradient is formed for a forward that no backward follows (the reference's, the behaviour policy's).
-        temperature, vocab_size = scale
+    def forward(ctx, h, weight, targets, temperature, vocab_size, chunk_rows, with_entropy):
+        # h (N, H): every row's positions flattened; targets (N,); vocab_size an int or None. Grad mode is off in
+        # here; needs_input_grad is the inputs' requires_grad, and h made under the caller's no_grad has none: no
+        # gradient is formed for a forward that no backward follows (the reference's, the behaviour policy's).
         N = h.shape[0]
         need_h = ctx.needs_input_grad[0]
         need_w = ctx.needs_input_grad[1]
@@ -85,8 +84,8 @@ class _LinearLogprob(torch.autograd.Function):
         lse = torch.empty_like(logp)
         ent = torch.empty_like(logp) if with_entropy else None
         dlogp_dh = torch.empty(N, h.shape[1], dtype=f32, device=h.device) if need_h and not need_w else None
-        for s in range(0, N, rows):
-            c = slice(s, s + rows)
+        for s in range(0, N, chunk_rows):
+            c = slice(s, s + chunk_rows)
             z = _scaled_logits(h[c], weight, temperature, vocab_size)  # (c, V) fp32
             t = targets[c, None]  # (c, 1)
             # logsumexp by hand, in z's buffer: torch.logsumexp would allocate a second (c, V) tensor
@@ -105,7 +104,7 @@ class _LinearLogprob(torch.autograd.Function):
                 dlogp_dh[c] = _onehot_minus_(p, t, temperature).to(weight.dtype) @ weight  # (c, H)
         ctx.save_for_backward(h if need_w else None, weight if need_w else None, targets if need_w else None,
                               lse if need_w else None, dlogp_dh)
-        ctx.args = (temperature, vocab_size, rows, need_h, h.dtype)
+        ctx.args = (temperature, vocab_size, chunk_rows, need_h, h.dtype)
         if ent is None:
             return logp
         ctx.mark_non_differentiable(ent)
@@ -114,35 +113,36 @@ class _LinearLogprob(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logp, *_grad_ent):
         h, weight, targets, lse, dlogp_dh = ctx.saved_tensors
-        temperature, vocab_size, rows, need_h, h_dtype = ctx.args
+        temperature, vocab_size, chunk_rows, need_h, h_dtype = ctx.args
         if dlogp_dh is not None:  # frozen head: the chain rule up to h was done in forward
-            return (grad_logp[:, None] * dlogp_dh).to(h_dtype), None, None, None, None, None
+            return (grad_logp[:, None] * dlogp_dh).to(h_dtype), None, None, None, None, None, None
         grad_h = torch.empty_like(h) if need_h else None
         grad_w = torch.zeros_like(weight)
-        for s in range(0, h.shape[0], rows):
-            c = slice(s, s + rows)
+        for s in range(0, h.shape[0], chunk_rows):
+            c = slice(s, s + chunk_rows)
             p = _scaled_logits(h[c], weight, temperature, vocab_size).sub_(lse[c, None]).exp_()  # softmax (c, V)
             g = (_onehot_minus_(p, targets[c, None], temperature) * grad_logp[c, None]).to(weight.dtype)
             if grad_h is not None:
                 grad_h[c] = g @ weight  # (c, H)
             grad_w += g.T @ h[c]  # (V, H)
-        return grad_h, grad_w, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None
 
 
 LOGIT_BYTES = 256 * 2**20  # chunk="auto": fp32 logit rows per chunk, 441 at Qwen's V = 151936
 
 
-def token_logprobs(model, input_ids, attention_mask=None, scale=(1.0, None), chunk="auto", return_entropy=False,
-                   first_col=0):
+def token_logprobs(model, input_ids, attention_mask=None, *, temperature=1.0, vocab_size=None, chunk="auto",
+                   return_entropy=False, first_col=0):
     """
     log p(ids[:, t+1] | ids[:, :t+1]) under softmax(logits / temperature), fp32, shape (B, T-1), aligned with
     ids[:, 1:] (column t scores the token at position t+1). With return_entropy, also the entropy (B, T-1) of each
     next-token distribution (for logging: it carries no gradient). attention_mask (B, T): 1 = real token, 0 = left
     padding; the model derives positions from it. Gradients flow to the model.
-    scale: (temperature, vocab_size): the sampler's temperature, and the tokenizer's vocabulary size (logits of
-    ids >= it are masked, as the sampler masks them) or None.
+    temperature: the sampler's temperature (the logits are divided by it).
+    vocab_size: the tokenizer's vocabulary size: logits of ids >= it are masked, as the sampler masks them; None
+    keeps every embedding row.
     The model's lm_head must be a plain bias-free nn.Linear (Qwen's is; LoRA never wraps it): its weight is fused
-    into the log-softmax (_LinearLogprob), which keeps only (rows, H) tensors for backward, never (B, T, V).
+    into the log-softmax (_LinearLogprob), which keeps only (B x T, H) tensors for backward, never (B, T, V).
     chunk: logit rows (batch x positions) materialised at once, "auto" = as many as LOGIT_BYTES of fp32 hold.
     first_col: the first column whose log-prob is needed (the trainer passes the first completion column, like TRL's
     logits_to_keep): the lm_head and the softmax run only from there; earlier columns are 0 (mask them out).
@@ -152,22 +152,23 @@ def token_logprobs(model, input_ids, attention_mask=None, scale=(1.0, None), chu
     h = model.hidden(input_ids, attention_mask=attention_mask)[:, first_col:-1]  # (B, T-1-first_col, H)
     targets = input_ids[:, first_col + 1:]  # (B, T-1-first_col)
     n = T - 1 - first_col
-    out = _LinearLogprob.apply(h.reshape(B * n, h.shape[-1]), weight, targets.reshape(-1), scale,
-                               _rows(chunk, weight), return_entropy)
+    out = _LinearLogprob.apply(h.reshape(B * n, h.shape[-1]), weight, targets.reshape(-1), temperature, vocab_size,
+                               _chunk_rows(chunk, weight), return_entropy)
     pad = torch.zeros(B, first_col, dtype=torch.promote_types(h.dtype, torch.float32), device=h.device)
     columns = lambda x: torch.cat([pad, x.view(B, n)], dim=1)  # (B, T-1)
     return (columns(out[0]), columns(out[1])) if return_entropy else columns(out)
 
 
-def packed_token_logprobs(model, input_ids, pack, src, dst, shape, scale=(1.0, None), chunk="auto",
-                          return_entropy=False):
+def packed_token_logprobs(model, input_ids, pack, src, dst, shape, *, temperature=1.0, vocab_size=None,
+                          chunk="auto", return_entropy=False):
     """token_logprobs of documents packed into one row (minigrpo/packing.py), laid out as the padded call's.
     input_ids (1, N); src: the packed columns to score (column c scores token c + 1: the completions'); dst: where
     each lands in the flat `shape` (B, T-1) table, whose other entries are 0 (packing.completion_columns). The
     lm_head and the softmax run over the src columns only."""
     weight = _head_of(model)
     h = model.hidden(input_ids, pack=pack)[0].index_select(0, src)  # (n, H)
-    out = _LinearLogprob.apply(h, weight, input_ids[0, src + 1], scale, _rows(chunk, weight), return_entropy)
+    out = _LinearLogprob.apply(h, weight, input_ids[0, src + 1], temperature, vocab_size, _chunk_rows(chunk, weight),
+                               return_entropy)
     f32 = torch.promote_types(h.dtype, torch.float32)
     table = lambda x: torch.zeros(shape[0] * shape[1], dtype=f32, device=h.device).index_copy(0, dst, x).view(shape)
     return (table(out[0]), table(out[1])) if return_entropy else table(out)
@@ -181,7 +182,7 @@ def _head_of(model):
     return weight
 
 
-def _rows(chunk, weight):
+def _chunk_rows(chunk, weight):
     """Logit rows per chunk: chunk, or "auto" = as many as LOGIT_BYTES of fp32 hold."""
     return max(1, LOGIT_BYTES // (4 * weight.shape[0]) if chunk == "auto" else chunk)
 

@@ -233,9 +233,10 @@ class Cache:
         """Each row repeated n times, in place order (row0, row0, ..., row1, ...): prefill once, decode n samples."""
         return self._map(lambda x: x.repeat_interleave(n, dim=0))
 
-    def index_select(self, rows):
-        rows = torch.as_tensor(rows, dtype=torch.long, device=self.mask.device)
-        return self._map(lambda x: x.index_select(0, rows))
+    def index_select(self, index):
+        """The rows `index` (a list or tensor of row numbers), in that order: the decode batch after compaction."""
+        index = torch.as_tensor(index, dtype=torch.long, device=self.mask.device)
+        return self._map(lambda x: x.index_select(0, index))
 
 
 def has_pad(real_tokens):

@@ -228,5 +228,5 @@ def expert_piece(name, I):
     prefix, e, proj = m.group(1), int(m.group(2)), m.group(3)
     if proj == "down_proj":
         return f"{prefix}.down_proj", (e,)
-    rows = slice(0, I) if proj == "gate_proj" else slice(I, 2 * I)
-    return f"{prefix}.gate_up_proj", (e, rows)
+    weight_rows = slice(0, I) if proj == "gate_proj" else slice(I, 2 * I)
+    return f"{prefix}.gate_up_proj", (e, weight_rows)

@@ -103,14 +103,14 @@ def joined(routes):
     return None if routes[0] is None else torch.cat(routes)
 
 
-def assemble(model, rows, extra):
-    """The decode batch of P prompts from their prefilled states: rows[i] = (cache, row, tokens), prompt i's state
+def assemble(model, sources, extra):
+    """The decode batch of P prompts from their prefilled states: sources[i] = (cache, row, tokens), prompt i's state
     being the last `tokens` filled slots of that cache's row. A cache of L + extra slots (L the longest prompt),
     each row right-aligned to slot L: left padding only, as a left-padded prefill leaves it."""
-    L = max(tokens for _, _, tokens in rows)
-    out = model.new_cache(len(rows), L + extra)
+    L = max(tokens for _, _, tokens in sources)
+    out = model.new_cache(len(sources), L + extra)
     out.length = L
-    for i, (cache, row, tokens) in enumerate(rows):
+    for i, (cache, row, tokens) in enumerate(sources):
         copy_row(out, i, cache, row, tokens)
     out.has_pad = not bool(out.mask[:, :L].all())
     return out

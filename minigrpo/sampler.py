@@ -304,18 +304,18 @@ def prefill_reusing(model, prompts, extra, pad_id, reuse, keep):
         kept = [prefix.keep_row(model, cache, i, p, routes[i]) if w else None
                 for i, (p, w) in enumerate(zip(prompts, whole))]
         return cache, logits, kept, reused, routes
-    rows, last, kept, routes = [None] * P, [None] * P, [None] * P, [None] * P
+    sources, last, kept, routes = [None] * P, [None] * P, [None] * P, [None] * P
     fresh = [i for i in range(P) if start[i] is None]
     if fresh:
         cache, logits = prefill(model, [prompts[i] for i in fresh], 0, pad_id)
         got = row_routes(model, [prompts[i] for i in fresh])
         for j, i in enumerate(fresh):
-            rows[i], last[i], routes[i] = (cache, j, len(prompts[i])), logits[j], got[j]
+            sources[i], last[i], routes[i] = (cache, j, len(prompts[i])), logits[j], got[j]
             kept[i] = prefix.keep_row(model, cache, j, prompts[i], routes[i]) if whole[i] else None
     for i in (i for i in range(P) if start[i] is not None):
         cache, logit, kept[i], routes[i] = prefix.continue_prefill(model, start[i], prompts[i], keep)
-        rows[i], last[i] = (cache, 0, len(prompts[i])), logit[0]
-    return prefix.assemble(model, rows, extra), torch.stack(last), kept, reused, routes
+        sources[i], last[i] = (cache, 0, len(prompts[i])), logit[0]
+    return prefix.assemble(model, sources, extra), torch.stack(last), kept, reused, routes
 
 
 def row_routes(model, prompts):
@@ -355,29 +355,29 @@ def decode(model, step, cache, logits, row_keys, s, scanner):
     blocks = moe.sparse_blocks(model)       # none in a dense model: nothing recorded
     out_routes = (torch.full((B, s.max_new_tokens, len(blocks), blocks[0].gate.k), -1, dtype=torch.int16,
                              device=device) if blocks else None)
-    rows = torch.arange(B, device=device)   # original row of each live batch row
-    live = list(range(B))                   # the same, on the host
+    live_rows = torch.arange(B, device=device)   # original row of each live batch row
+    live = list(range(B))                        # the same, on the host
     gen_ids = [[] for _ in range(B)]        # host copy of each row's tokens, for stop detection
     ended = {r: (0, "pad") for r in range(P * s.n, B)}  # row -> (length, finish_reason); padding rows never count
     checked = 0                             # steps already read by the host
     for t in range(s.max_new_tokens):
-        u = uniforms(row_keys[rows], t)                              # (B_live,) one draw per live row
+        u = uniforms(row_keys[live_rows], t)                         # (B_live,) one draw per live row
         vocab_logits = logits if s.vocab_size is None else logits[:, :s.vocab_size]
         token, lp = choose(vocab_logits, s.temperature, s.top_k, s.top_p, u)
-        out_tok[rows, t] = token
-        out_lp[rows, t] = lp
+        out_tok[live_rows, t] = token
+        out_lp[live_rows, t] = lp
         last = t == s.max_new_tokens - 1
         if last or (t + 1 - checked) >= s.sync_every:
-            scanner.read(out_tok[rows, checked:t + 1].tolist(), live, gen_ids, ended)  # one host sync
+            scanner.read(out_tok[live_rows, checked:t + 1].tolist(), live, gen_ids, ended)  # one host sync
             checked = t + 1
             going = [i for i, r in enumerate(live) if r not in ended]    # batch rows still decoding
             if not going or last:
                 break
             if len(live) - len(going) >= max(1, s.compact_fraction * len(live)):
                 idx = torch.tensor(going, device=device)
-                cache, token, rows = cache.index_select(idx), token[idx], rows[idx]
+                cache, token, live_rows = cache.index_select(idx), token[idx], live_rows[idx]
                 live = [live[i] for i in going]
         logits = step(model, token, cache)
         if blocks:                          # the experts token t went through in that step
-            out_routes[rows, t] = torch.stack([b.chosen[:, 0] for b in blocks], dim=1).to(torch.int16)
+            out_routes[live_rows, t] = torch.stack([b.chosen[:, 0] for b in blocks], dim=1).to(torch.int16)
     return gen_ids, out_lp.cpu(), ended, None if out_routes is None else out_routes.cpu()

@@ -75,7 +75,7 @@ def routes_of(seqs, T, packed):
     like = next((s.routes for s in seqs if s.routes is not None), None)
     if like is None:
         return None
-    rows = []
+    per_seq = []
     for s in seqs:
         n = len(s.prompt_ids) + len(s.completion_ids)
         r = torch.full((n, *like.shape[1:]), -1, dtype=like.dtype)
@@ -83,8 +83,8 @@ def routes_of(seqs, T, packed):
             if len(s.routes) > n:
                 raise ValueError(f"a Seq of example {s.example_id} has routes for {len(s.routes)} tokens, {n} ids")
             r[:len(s.routes)] = s.routes
-        rows.append(r if packed else torch.cat([r.new_full((T - n, *like.shape[1:]), -1), r]))
-    return torch.cat(rows)[None] if packed else torch.stack(rows)
+        per_seq.append(r if packed else torch.cat([r.new_full((T - n, *like.shape[1:]), -1), r]))
+    return torch.cat(per_seq)[None] if packed else torch.stack(per_seq)
 
 
 def routed(model, b: Batch):
@@ -114,17 +114,17 @@ class Fixed:
     with beta 0) and the behaviour policy's (None with mu 1). All of it is read from the Seqs' tokens, never from
     a reward, so it may be computed before the step's grades are in."""
     batches: list              # collate's; advantages set later by with_advantages
-    rows: list                 # per micro-batch, the positions of its Seqs in the rank's list
+    positions: list            # per micro-batch, the positions of its Seqs in the rank's list
     refs: list
     olds: list
 
 
 def pack_of(seqs, completion_lengths, T, device) -> Packed:
     """The packed row of a micro-batch's sequences and where their completions' log-probs go."""
-    rows = [s.prompt_ids + s.completion_ids for s in seqs]
-    lengths = [len(r) for r in rows]
+    seq_ids = [s.prompt_ids + s.completion_ids for s in seqs]
+    lengths = [len(x) for x in seq_ids]
     src, dst = completion_columns(lengths, completion_lengths, T)
-    ids = torch.tensor([t for r in rows for t in r], dtype=torch.long)[None]
+    ids = torch.tensor([t for x in seq_ids for t in x], dtype=torch.long)[None]
     return Packed(ids.to(device), pack(lengths, device), src.to(device), dst.to(device))
 
 
@@ -158,10 +158,10 @@ def log_probs(model, b: Batch, temperature, vocab_size, entropy=False):
     with routed(model, b):
         if b.packed is not None:
             p = b.packed
-            return packed_token_logprobs(model, p.ids, p.pack, p.src, p.dst, b.mask.shape,
-                                         (temperature, vocab_size), return_entropy=entropy)
-        return token_logprobs(model, b.ids, b.attn, (temperature, vocab_size), return_entropy=entropy,
-                              first_col=b.first_col)
+            return packed_token_logprobs(model, p.ids, p.pack, p.src, p.dst, b.mask.shape, temperature=temperature,
+                                         vocab_size=vocab_size, return_entropy=entropy)
+        return token_logprobs(model, b.ids, b.attn, temperature=temperature, vocab_size=vocab_size,
+                              return_entropy=entropy, first_col=b.first_col)
 
 
 def reference_logprobs(model, reference, b: Batch, temperature, vocab_size):

@@ -175,13 +175,13 @@ def measure_layer(cfg, block, T, found=None):
     call's CUDA kernel is put in found["attention_kernel"], and what that kernel keeps replaces the CPU's."""
     wdtype = next(block.parameters()).dtype
     x = torch.randn(1, T, cfg.hidden_size, dtype=wdtype, requires_grad=True)
-    real = torch.ones(1, T, dtype=torch.bool)
-    mask = attention_mask_4d(real, 0, T)  # as for a padded micro-batch
+    real_tokens = torch.ones(1, T, dtype=torch.bool)
+    mask = attention_mask_4d(real_tokens, 0, T)  # as for a padded micro-batch
     cos, sin = Rotary(cfg.head_dim, cfg.rope_theta, cfg.partial_rotary_factor)(torch.arange(T)[None], x.dtype)
-    shared = [t.untyped_storage().data_ptr() for t in (cos, sin, mask, real)]
+    shared = [t.untyped_storage().data_ptr() for t in (cos, sin, mask, real_tokens)]
     shared += [p.untyped_storage().data_ptr() for p in block.parameters()]
     with Recorder() as rec:
-        saved, grads = measure(lambda: block(x, (cos, sin), attn_mask=mask, real_tokens=real), shared)
+        saved, grads = measure(lambda: block(x, (cos, sin), attn_mask=mask, real_tokens=real_tokens), shared)
     for call in rec.calls:  # the attention layer's one call: what the CUDA kernel keeps instead
         if found is not None:
             found["attention_kernel"] = cuda_kernel(call)

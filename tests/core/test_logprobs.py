@@ -18,7 +18,7 @@ from toy_lm import ToyLM, naive_logprobs
 def test_token_logprobs_equal_naive(temperature, chunk):
     model = ToyLM()
     ids = torch.randint(0, 23, (3, 10), generator=torch.Generator().manual_seed(0))
-    lp = logprobs.token_logprobs(model, ids, scale=(temperature, None), chunk=chunk)
+    lp = logprobs.token_logprobs(model, ids, temperature=temperature, chunk=chunk)
     assert lp.shape == (3, 9) and lp.dtype == torch.float64
     assert torch.allclose(lp, naive_logprobs(model, ids, temperature=temperature), atol=1e-12)
 
@@ -38,9 +38,9 @@ def test_token_logprobs_left_padding_equals_rows_alone():
     T = max(len(r) for r in rows)
     ids = torch.tensor([[0] * (T - len(r)) + r for r in rows])
     attn = torch.tensor([[0] * (T - len(r)) + [1] * len(r) for r in rows])
-    lp = logprobs.token_logprobs(model, ids, attn, (0.8, None), chunk=4)
+    lp = logprobs.token_logprobs(model, ids, attn, temperature=0.8, chunk=4)
     for i, r in enumerate(rows):
-        alone = logprobs.token_logprobs(model, torch.tensor([r]), scale=(0.8, None))
+        alone = logprobs.token_logprobs(model, torch.tensor([r]), temperature=0.8)
         assert torch.allclose(lp[i, T - len(r):], alone[0], atol=1e-12)
     # without the mask the padded rows come out different: the mask matters
     assert not torch.allclose(logprobs.token_logprobs(model, ids)[1, -2:], lp[1, -2:])
@@ -50,7 +50,7 @@ def test_token_logprobs_gradient_equals_naive():
     model = ToyLM()
     ids = torch.randint(0, 23, (3, 10), generator=torch.Generator().manual_seed(0))
     w = torch.randn(3, 9, dtype=torch.float64)
-    g1 = torch.autograd.grad((logprobs.token_logprobs(model, ids, scale=(0.9, None), chunk=4) * w).sum(),
+    g1 = torch.autograd.grad((logprobs.token_logprobs(model, ids, temperature=0.9, chunk=4) * w).sum(),
                              list(model.parameters()))
     g2 = torch.autograd.grad((naive_logprobs(model, ids, temperature=0.9) * w).sum(), list(model.parameters()))
     for a, b in zip(g1, g2):
@@ -60,13 +60,13 @@ def test_token_logprobs_gradient_equals_naive():
 def test_token_logprobs_entropy_and_vocab_mask():
     model = ToyLM()
     ids = torch.randint(0, 15, (2, 7), generator=torch.Generator().manual_seed(0))
-    lp, ent = logprobs.token_logprobs(model, ids, scale=(0.7, None), chunk=3, return_entropy=True)
+    lp, ent = logprobs.token_logprobs(model, ids, temperature=0.7, chunk=3, return_entropy=True)
     logits = model(ids)[:, :-1] / 0.7
     p = torch.softmax(logits, -1)
     assert torch.allclose(ent, -(p * p.log()).sum(-1), atol=1e-12)
     assert torch.allclose(logprobs.entropy(model(ids)[:, :-1], 0.7), ent, atol=1e-12)
     # vocab_size: ids >= 15 are embedding padding rows, renormalised over the first 15
-    lp15, ent15 = logprobs.token_logprobs(model, ids, scale=(0.7, 15), return_entropy=True)
+    lp15, ent15 = logprobs.token_logprobs(model, ids, temperature=0.7, vocab_size=15, return_entropy=True)
     logp15 = torch.log_softmax(logits[..., :15], -1)
     assert torch.allclose(lp15, logp15.gather(-1, ids[:, 1:, None]).squeeze(-1), atol=1e-12)
     assert torch.allclose(ent15, -(logp15.exp() * logp15).sum(-1), atol=1e-12)

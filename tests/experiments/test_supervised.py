@@ -21,7 +21,7 @@ def test_answer_logprobs_match_token_logprobs():
     ids, attn, mask = S.pad_batch(items, tok.pad_id, "cpu")
     ours = S.answer_logprobs(model, tok, (ids, attn, mask))
     T, K = ids.shape[1], mask.shape[1]
-    full = token_logprobs(model, ids, attn, (1.0, tok.vocab_size))                        # (B, T-1)
+    full = token_logprobs(model, ids, attn, vocab_size=tok.vocab_size)                        # (B, T-1)
     ref = torch.where(mask, full[:, T - 1 - K:], 0.0).sum(-1)
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
     assert mask.sum(-1).tolist() == [len(a) for _, a in items]

@@ -87,15 +87,16 @@ def test_chunked_gradients_match_recurrent(T):
 
 def left_padded(rows, T):
     """The rows (each (q, k, v, g, beta) of one sequence, (1, h, n, .)) left-padded to T as GatedDeltaNet sees a
-    padded batch: q = k = v = 0 at pads (zeroed inputs), g and beta whatever the projections give; and the mask."""
-    out, mask = [], torch.zeros(len(rows), T, dtype=torch.bool)
+    padded batch: q = k = v = 0 at pads (zeroed inputs), g and beta whatever the projections give; and real_tokens
+    (B, T), False at the pads."""
+    out, real_tokens = [], torch.zeros(len(rows), T, dtype=torch.bool)
     for i, r in enumerate(rows):
         n = r[0].shape[2]
-        mask[i, T - n:] = True
+        real_tokens[i, T - n:] = True
         pads = [torch.zeros_like(x[:, :, :1]).expand(*x.shape[:2], T - n, *x.shape[3:]) for x in r[:3]]
         junk = [torch.full_like(x[:, :, :1], 0.3).expand(*x.shape[:2], T - n) for x in r[3:]]
         out.append([torch.cat([p, x], dim=2) for p, x in zip(pads + junk, r)])
-    return [torch.cat(xs) for xs in zip(*out)], mask
+    return [torch.cat(xs) for xs in zip(*out)], real_tokens
 
 
 def test_a_rows_chunks_start_at_its_first_real_token(monkeypatch):
@@ -104,12 +105,12 @@ def test_a_rows_chunks_start_at_its_first_real_token(monkeypatch):
     token at a multiple of the chunk, and their outputs and final states are those of the row alone."""
     T, h, dk, dv = 150, 2, 16, 16
     rows = [[x.detach() for x in inputs(1, h, n, dk, dv, seed=n)[:5]] for n in (150, 145, 80)]
-    (q, k, v, g, beta), mask = left_padded(rows, T)
+    (q, k, v, g, beta), real_tokens = left_padded(rows, T)
     seen = []
     real_rule = deltanet.chunked_delta_rule
     monkeypatch.setattr(deltanet, "chunked_delta_rule", lambda *a: seen.append(a[1]) or real_rule(*a))
     state = torch.zeros(3, h, dk, dv)
-    o, S = deltanet.row_chunked_delta_rule(q, k, v, g, beta, state, mask)
+    o, S = deltanet.row_chunked_delta_rule(q, k, v, g, beta, state, real_tokens)
     first = (seen[0].abs().sum((1, 3)) > 0).float().argmax(-1)                     # (B,) first real slot
     assert first.tolist() in ([0, 0, 64], [0, 0, 0]) and all(f % deltanet.CHUNK == 0 for f in first.tolist())
     for i, r in enumerate(rows):

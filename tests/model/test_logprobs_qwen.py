@@ -30,7 +30,7 @@ def test_temperature_equals_log_softmax_of_scaled_logits(model, temperature):
     ids = torch.randint(0, 261, (2, 11), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = gathered(model(ids), ids, temperature)
-        lp = logprobs.token_logprobs(model, ids, scale=(temperature, None), chunk=6)  # 3 positions per chunk
+        lp = logprobs.token_logprobs(model, ids, temperature=temperature, chunk=6)  # 3 positions per chunk
     assert lp.shape == (2, 10) and lp.dtype == torch.float32
     assert torch.allclose(lp, expected, atol=1e-5)
     assert (expected - gathered(model(ids), ids, 1.0)).abs().max() > 1e-2 or temperature == 1.0  # T matters
@@ -43,9 +43,9 @@ def test_left_padded_batch_equals_each_row_alone(model):
     ids = torch.tensor([[pad] * (T - len(r)) + r for r in rows])
     attn = torch.tensor([[0] * (T - len(r)) + [1] * len(r) for r in rows])
     with torch.no_grad():
-        lp = logprobs.token_logprobs(model, ids, attn, (0.8, None), chunk=4)
+        lp = logprobs.token_logprobs(model, ids, attn, temperature=0.8, chunk=4)
         for i, r in enumerate(rows):
-            alone = logprobs.token_logprobs(model, torch.tensor([r]), scale=(0.8, None))
+            alone = logprobs.token_logprobs(model, torch.tensor([r]), temperature=0.8)
             assert torch.allclose(lp[i, T - len(r):], alone[0], atol=1e-5)  # the columns scoring real tokens
 
 
@@ -55,7 +55,7 @@ def test_chunked_gradient_equals_naive(model):
     attn[1, :3] = 0
     w = torch.randn(2, 8, generator=torch.Generator().manual_seed(4)) * grpo.span_mask(4, 5, 9)
     params = [p for p in model.parameters()]
-    g1 = torch.autograd.grad((logprobs.token_logprobs(model, ids, attn, (0.9, None), chunk=4) * w).sum(), params)
+    g1 = torch.autograd.grad((logprobs.token_logprobs(model, ids, attn, temperature=0.9, chunk=4) * w).sum(), params)
     g2 = torch.autograd.grad((gathered(model(ids, attention_mask=attn), ids, 0.9) * w).sum(), params)
     for a, b in zip(g1, g2):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
@@ -64,7 +64,7 @@ def test_chunked_gradient_equals_naive(model):
 def test_vocab_size_masks_embedding_padding_rows(model):
     ids = torch.randint(0, 261, (1, 7), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
-        lp = logprobs.token_logprobs(model, ids, scale=(1.0, 261))
+        lp = logprobs.token_logprobs(model, ids, vocab_size=261)
         logits = model(ids)[:, :-1].float()
         expected = torch.log_softmax(logits[..., :261], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
     assert model.config.vocab_size == 272
@@ -92,8 +92,8 @@ def test_fused_frozen_head_values_entropy_and_gradients_equal_naive(kind, first_
     model.lm_head.weight.requires_grad_(False)  # as under LoRA: the head (tied embedding) is frozen
     try:
         params = [p for p in model.parameters() if p.requires_grad]
-        lp, ent = logprobs.token_logprobs(model, ids, attn, (0.8, 261), chunk=5, return_entropy=True,
-                                          first_col=first_col)
+        lp, ent = logprobs.token_logprobs(model, ids, attn, temperature=0.8, vocab_size=261, chunk=5,
+                                          return_entropy=True, first_col=first_col)
         g1 = torch.autograd.grad((lp * w).sum(), params)
         logits = model(ids, attention_mask=attn)[..., :261]
         g2 = torch.autograd.grad((gathered(logits, ids, 0.8) * w).sum(), params)
@@ -132,7 +132,7 @@ def test_fused_bf16_equals_autograd_through_lm_head():
     w = torch.randn(2, 11, generator=torch.Generator().manual_seed(10))
     model.lm_head.weight.requires_grad_(False)
     params = [p for p in model.parameters() if p.requires_grad]
-    lp = logprobs.token_logprobs(model, ids, scale=(0.7, 261))
+    lp = logprobs.token_logprobs(model, ids, temperature=0.7, vocab_size=261)
     g1 = torch.autograd.grad((lp * w).sum(), params)
     expected = gathered(model(ids)[..., :261], ids, 0.7)
     g2 = torch.autograd.grad((expected * w).sum(), params)

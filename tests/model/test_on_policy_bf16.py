@@ -82,9 +82,9 @@ def scores(model, ids):
     seen, key = _scored.setdefault(model, {}), (tuple(ids.shape), ids.numpy().tobytes())
     if key not in seen:
         first = ids.shape[1] - 1 - NEW
-        trainer = token_logprobs(model, ids, scale=(1.0, VOCAB), first_col=first)[:, -NEW:]
+        trainer = token_logprobs(model, ids, vocab_size=VOCAB, first_col=first)[:, -NEW:]
         with adapters_disabled(model):
-            seen[key] = trainer, token_logprobs(model, ids, scale=(1.0, VOCAB), first_col=first)[:, -NEW:]
+            seen[key] = trainer, token_logprobs(model, ids, vocab_size=VOCAB, first_col=first)[:, -NEW:]
     return seen[key]
 
 

@@ -152,7 +152,7 @@ def test_logprobs_equal_teacher_forced(kind, temperature, top_p, top_k):
     for i, q in enumerate(seqs):
         ids[i, L - len(q):], mask[i, L - len(q):] = torch.tensor(q), 1
     with torch.no_grad():
-        ref = token_logprobs(model, ids, mask, (temperature or 1.0, VOCAB))  # (B, L-1)
+        ref = token_logprobs(model, ids, mask, temperature=temperature or 1.0, vocab_size=VOCAB)  # (B, L-1)
     for i, s in enumerate(out):
         c = len(s.completion_ids)
         assert torch.allclose(torch.tensor(s.logprobs), ref[i, L - 1 - c:], atol=1e-5, rtol=0)

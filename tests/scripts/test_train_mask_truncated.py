@@ -41,7 +41,7 @@ def gradient(model, params, seqs, mask_truncated, agg="token"):
     for p in params:
         p.grad = None
     for b in batches:
-        logp = token_logprobs(model, b.ids, b.attn, (0.9, VOCAB), first_col=b.first_col)
+        logp = token_logprobs(model, b.ids, b.attn, temperature=0.9, vocab_size=VOCAB, first_col=b.first_col)
         ref = logp.detach() - 0.1    # a KL term too: it must be masked the same way
         loss, _ = grpo.policy_loss(logp, b.adv, b.mask, grpo.LossSettings(agg=agg, beta=0.5), norm, grpo.Against(ref=ref))
         loss.backward()

@@ -76,11 +76,11 @@ def per_turn(seq) -> list:
 def loss_and_grads(model, reference, seqs, beta, mask_truncated):
     """The step's loss over `seqs` in one micro-batch (agg="token", its own normaliser) and the gradients."""
     b = collate(seqs, TOK.pad_id, "cpu", mask_truncated)
-    scale = (TEMPERATURE, TOK.vocab_size)
+    sampling = dict(temperature=TEMPERATURE, vocab_size=TOK.vocab_size)
     with torch.no_grad():
-        ref = token_logprobs(reference, b.ids, b.attn, scale) if beta else None
+        ref = token_logprobs(reference, b.ids, b.attn, **sampling) if beta else None
     model.zero_grad(set_to_none=True)
-    logp = token_logprobs(model, b.ids, b.attn, scale)
+    logp = token_logprobs(model, b.ids, b.attn, **sampling)
     norm = grpo.loss_normalizer([b.mask], "token")
     loss, _ = grpo.policy_loss(logp, b.adv, b.mask, grpo.LossSettings(agg="token", beta=beta), normalizer=norm,
                                against=grpo.Against(ref=ref))
@@ -116,7 +116,7 @@ def test_the_samplers_log_probs_are_the_trainers_on_the_one_sequence(rolled):
     model, _, seqs, _ = rolled
     b = collate(seqs, TOK.pad_id, "cpu")
     with torch.no_grad():
-        logp = token_logprobs(model, b.ids, b.attn, (TEMPERATURE, TOK.vocab_size))
+        logp = token_logprobs(model, b.ids, b.attn, temperature=TEMPERATURE, vocab_size=TOK.vocab_size)
     assert int(b.mask.sum()) == sum(sum(s.trained) for s in seqs)
     assert torch.allclose(logp[b.mask], b.sampled[b.mask], atol=2e-5, rtol=0)
     assert (b.sampled[~b.mask] == 0).all()          # the environment's positions carry no sampler log-prob
