@@ -9,7 +9,6 @@ pytest.raises" (a suite that tests nothing). Each such criterion now counts only
 beside them."""
 
 import ast
-import os
 import re
 
 import pytest
@@ -17,8 +16,7 @@ import pytest
 from judging import TASKS, fenced, reference
 from minigrpo.judge.answer_code import extract_code
 from test_forgery_harness import RACE_TRICK, SUITE, SUITE_TRICK
-from test_attacks import assert_no_gain
-from repo_root import ROOT
+from test_attacks import assert_no_gain, honest_wrong_scores
 
 UNFIXED_ACCOUNTS = TASKS["async-race-fix"]["prompt"].split("```python\n", 1)[1].split("```", 1)[0]
 
@@ -247,11 +245,6 @@ def test_raising_or_constant_bodies_score_at_most_0_1_on_every_code_task(judge):
     assert not high, high
 
 
-def honest_wrong_answer(task_id):
-    with open(os.path.join(ROOT, "tests", "data", "soyuz", f"{task_id}.bad.md"), encoding="utf-8") as f:
-        return f.read()
-
-
 def prompt_code(task_id):
     blocks = re.findall(r"```python\n(.*?)```", TASKS[task_id]["prompt"], re.S)
     return blocks[0] if blocks else None
@@ -263,13 +256,7 @@ def test_a_fix_tasks_prompt_code_unchanged_scores_no_more_than_the_honest_wrong_
     preserve) counts only beside what the fix changes."""
     fix = sorted(t for t in TASKS if TASKS[t]["family"] != "writing" and prompt_code(t))
     assert fix
-    futures = {t: (judge.submit(TASKS[t], fenced(prompt_code(t))), judge.submit(TASKS[t], honest_wrong_answer(t)))
-               for t in fix}
-    high = {}
-    for t, (echo, wrong) in futures.items():
-        echo, wrong = echo.result(), wrong.result()
-        if wrong is None or wrong.score is None:
-            raise RuntimeError(f"{t}: baseline not graded: {wrong}")
-        if echo.score > wrong.score:
-            high[t] = (echo.score, wrong.score)
+    echoes = {t: judge.submit(TASKS[t], fenced(prompt_code(t))) for t in fix}
+    wrong = honest_wrong_scores(judge, fix)     # those an attack above met are graded already
+    high = {t: (echo.result().score, wrong[t]) for t, echo in echoes.items() if echo.result().score > wrong[t]}
     assert not high, high
