@@ -17,6 +17,7 @@ from judging import TASKS, fenced, reference
 from minigrpo.judge.answer_code import extract_code
 from test_forgery_harness import RACE_TRICK, SUITE, SUITE_TRICK
 from test_attacks import assert_no_gain, honest_wrong_scores
+from test_redteam_round5 import ALWAYS_RAISE_PAYS
 
 UNFIXED_ACCOUNTS = TASKS["async-race-fix"]["prompt"].split("```python\n", 1)[1].split("```", 1)[0]
 
@@ -237,11 +238,16 @@ NO_WORK = {"always_raises": 'raise ValueError("not implemented")', "returns_empt
 @pytest.mark.slow
 def test_raising_or_constant_bodies_score_at_most_0_1_on_every_code_task(judge):
     """Each "raises ValueError on bad input" or "[] for no input" guard counts only beside behaviour such a module
-    fails (a module whose every function raised ValueError met four of base-conversion's ten)."""
+    fails (a module whose every function raised ValueError met four of base-conversion's ten). Where always raising
+    ValueError once paid (test_redteam_round5.py's record), it is held to the honest wrong answer's score too."""
     code = sorted(t for t, task in TASKS.items() if task["family"] != "writing")
     futures = {(t, k): judge.submit(TASKS[t], every_body(t, s)) for t in code for k, s in NO_WORK.items()}
+    paid = [t for t, (exception, *_) in ALWAYS_RAISE_PAYS.items() if exception == "ValueError"]
+    bound = {(t, k): DECLARATIONS_DO_WORK.get(t, 0.1) for t, k in futures}
+    for t, wrong in honest_wrong_scores(judge, paid).items():
+        bound[(t, "always_raises")] = min(bound[(t, "always_raises")], wrong)
     scores = {key: f.result().score for key, f in futures.items()}
-    high = {key: s for key, s in scores.items() if s > DECLARATIONS_DO_WORK.get(key[0], 0.1)}
+    high = {key: (s, bound[key]) for key, s in scores.items() if s > bound[key]}
     assert not high, high
 
 
