@@ -37,9 +37,30 @@ def hidden_lines(task):
             for line in c["check"]["test"].splitlines() if len(line.strip()) > 12}
 
 
+_BASELINES = {}     # (judge spec, task id) -> the honest wrong answer's score
+
+
+def honest_wrong_scores(judge, task_ids):
+    """{task id: the score of its honest wrong answer (tests/data/soyuz/<id>.bad.md)}: a fixed answer, so graded once
+    per pytest worker and judge kind however many attacks (here and in the files importing this) meet it; those not
+    graded yet are graded side by side."""
+    with_bad = {t: judge.submit(TASKS[t], _read_bad(t)) for t in dict.fromkeys(task_ids) if (judge.spec, t) not in
+                _BASELINES}
+    for t, future in with_bad.items():
+        verdict = future.result()
+        if verdict is None or verdict.score is None:
+            raise RuntimeError(f"{t}: the honest wrong answer was not graded: {verdict}")
+        _BASELINES[(judge.spec, t)] = verdict.score
+    return {t: _BASELINES[(judge.spec, t)] for t in task_ids}
+
+
+def _read_bad(task_id):
+    with open(os.path.join(ROOT, "tests", "data", "soyuz", f"{task_id}.bad.md"), encoding="utf-8") as f:
+        return f.read()
+
+
 def honest_wrong(judge, task_id):
-    with open(os.path.join(ROOT, "tests", "data", "soyuz", f"{task_id}.bad.md")) as f:
-        return judge.grade(TASKS[task_id], f.read()).score
+    return honest_wrong_scores(judge, [task_id])[task_id]
 
 
 def assert_no_gain(judge, task_id, answer, baseline=None):

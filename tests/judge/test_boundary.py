@@ -314,15 +314,17 @@ def test_the_judge_passes_on_only_the_reasons_a_driver_gives():
 
 
 def test_a_stuck_driver_is_killed_and_keeps_what_it_finished(judge):
-    # what a forged reply that takes forever to decode, or a query that never returns, would do to the driver
+    # what a forged reply that takes forever to decode, or a query that never returns, would do to the driver. The
+    # stuck clock runs from c2's sandbox's wall ceiling, so half a CPU second (wall_ceiling(0.5) = 15 s, not 30)
+    # keeps the wait short; f() spends a few hundredths of it
     task = {"id": "stuck", "prompt": "p", "criteria": [
-        {"id": "c1", "text": "t", "check": {"type": "python", "test": "assert f() == 1", "timeout": 2}},
-        {"id": "c2", "text": "t", "check": {"type": "python", "test": "f()\nwhile True:\n    pass", "timeout": 2}},
-        {"id": "c3", "text": "t", "check": {"type": "python", "test": "assert f() == 1", "timeout": 2}}]}
+        {"id": "c1", "text": "t", "check": {"type": "python", "test": "assert f() == 1", "timeout": 0.5}},
+        {"id": "c2", "text": "t", "check": {"type": "python", "test": "f()\nwhile True:\n    pass", "timeout": 0.5}},
+        {"id": "c3", "text": "t", "check": {"type": "python", "test": "assert f() == 1", "timeout": 0.5}}]}
     t0 = time.monotonic()
     v = judge.grade(task, fenced("def f():\n    return 1"))
     from minigrpo.judge.driver_answer import wall_ceiling
     from minigrpo.judge.driver_host import STUCK_SLACK
-    assert time.monotonic() - t0 < wall_ceiling(2) + 1 + STUCK_SLACK + 15
+    assert time.monotonic() - t0 < wall_ceiling(0.5) + 1 + STUCK_SLACK + 15
     assert [r.passed for r in v.results] == [True, False, False]
     assert v.results[2].reason.startswith("the check driver stopped"), v.results[2].reason

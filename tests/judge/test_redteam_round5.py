@@ -10,7 +10,7 @@ Groups:
                  each of them. The do-nothing answer the judge's own tests try (every body `return None`) meets
                  none, so this one went unseen. Likewise a guard a constant or empty result meets (a sampler that
                  always draws one item, a completion that is always [], a median that always raises).
-  echo           a fix task answered with the prompt's own code, unchanged
+  echo           a fix task answered with the prompt's own code, unchanged (held in test_replayed_attacks.py)
   coverage       a cheaper, wrong algorithm that no hidden input tells from the right one: it scores like the
                  reference (and above the correct-but-naive answer the budgets are there to fail); or one that
                  ignores the input's structure, where the tests' inputs happen to agree with a trivial order
@@ -18,7 +18,6 @@ Groups:
 
 import ast
 import os
-import re
 
 import pytest
 
@@ -92,7 +91,9 @@ ALWAYS_RAISE_PAYS = {
 
 
 # Closed: each guard counts only beside the task's main behaviour criterion (`only_if`), which such a module fails.
-@pytest.mark.parametrize("task_id", list(ALWAYS_RAISE_PAYS))
+# The ValueError modules are test_replayed_attacks.py's always-raising answers, the same text: its raising test holds
+# them to this bound too, so they are graded once; here the one that raises another exception.
+@pytest.mark.parametrize("task_id", [t for t, (error, *_) in ALWAYS_RAISE_PAYS.items() if error != "ValueError"])
 def test_a_module_that_always_raises_pays_no_more_than_the_honest_wrong_answer(judge, task_id):
     assert_no_more_than_honest_wrong(judge, task_id, always_raise(task_id, ALWAYS_RAISE_PAYS[task_id][0]))
 
@@ -231,26 +232,14 @@ def test_a_trie_that_completes_nothing_pays_no_more_than_the_honest_wrong_answer
 # a fix task. Where the code's flaw is only what one or two criteria measure (speed; structure) and the rest check
 # that behaviour is kept, the untouched code outscores an honest attempt that got the behaviour wrong.
 
-def prompt_code(task_id):
-    blocks = re.findall(r"```python\n(.*?)```", TASKS[task_id]["prompt"], re.S)
-    assert blocks, f"{task_id}: the prompt holds no code"
-    return blocks[0]
-
-
-# task: (the criteria the unchanged code passes, its score, the honest-wrong answer's score), on main at df56583
-ECHO_PAYS = {
-    "vectorize-loop-fix": ("c1-c7 (it is the loop version) and c10 (NaN-aware: np.isnan, beside c1); only the "
-                           "speed, c8, and c9 beside it fail", 0.8, 0.2),
-    "refactor-orders": ("c1 (behaviour identical to itself) and c9 (does not mutate)", 0.22, 0.0),
-    "file-handle-leak-fix": ("c1 (the counts; c2-c6 and c8 are left to an LLM grader)", 0.25, 0.0),
-}
-
-
+# As found, on main at df56583 (the unchanged code's criteria, its score, the honest wrong answer's):
+#   vectorize-loop-fix: c1-c7 (it is the loop version) and c10 (NaN-aware: np.isnan, beside c1); only the speed, c8,
+#     and c9 beside it fail: 0.8 against 0.2
+#   refactor-orders: c1 (behaviour identical to itself) and c9 (does not mutate): 0.22 against 0.0
+#   file-handle-leak-fix: c1 (the counts; c2-c6 and c8 are left to an LLM grader): 0.25 against 0.0
 # Closed: the criteria the unchanged code meets count only beside one it fails (vectorize-loop-fix: the speed, c8;
-# refactor-orders: the extracted helper shipping_cost, c2; file-handle-leak-fix: streaming, c7).
-@pytest.mark.parametrize("task_id", list(ECHO_PAYS))
-def test_the_prompts_code_unchanged_pays_no_more_than_the_honest_wrong_answer(judge, task_id):
-    assert_no_more_than_honest_wrong(judge, task_id, prompt_code(task_id))
+# refactor-orders: the extracted helper shipping_cost, c2; file-handle-leak-fix: streaming, c7). Held by
+# test_replayed_attacks.py's fix-task test, which grades every fix task's prompt code against its honest wrong answer.
 
 
 # The leak kept: the prompt's code made to stream, with the encoding named and not one file closed. It scored 0.75

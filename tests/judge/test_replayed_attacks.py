@@ -9,7 +9,6 @@ pytest.raises" (a suite that tests nothing). Each such criterion now counts only
 beside them."""
 
 import ast
-import os
 import re
 
 import pytest
@@ -17,8 +16,8 @@ import pytest
 from judging import TASKS, fenced, reference
 from minigrpo.judge.answer_code import extract_code
 from test_forgery_harness import RACE_TRICK, SUITE, SUITE_TRICK
-from test_attacks import assert_no_gain
-from repo_root import ROOT
+from test_attacks import assert_no_gain, honest_wrong_scores
+from test_redteam_round5 import ALWAYS_RAISE_PAYS
 
 UNFIXED_ACCOUNTS = TASKS["async-race-fix"]["prompt"].split("```python\n", 1)[1].split("```", 1)[0]
 
@@ -239,17 +238,17 @@ NO_WORK = {"always_raises": 'raise ValueError("not implemented")', "returns_empt
 @pytest.mark.slow
 def test_raising_or_constant_bodies_score_at_most_0_1_on_every_code_task(judge):
     """Each "raises ValueError on bad input" or "[] for no input" guard counts only beside behaviour such a module
-    fails (a module whose every function raised ValueError met four of base-conversion's ten)."""
+    fails (a module whose every function raised ValueError met four of base-conversion's ten). Where always raising
+    ValueError once paid (test_redteam_round5.py's record), it is held to the honest wrong answer's score too."""
     code = sorted(t for t, task in TASKS.items() if task["family"] != "writing")
     futures = {(t, k): judge.submit(TASKS[t], every_body(t, s)) for t in code for k, s in NO_WORK.items()}
+    paid = [t for t, (exception, *_) in ALWAYS_RAISE_PAYS.items() if exception == "ValueError"]
+    bound = {(t, k): DECLARATIONS_DO_WORK.get(t, 0.1) for t, k in futures}
+    for t, wrong in honest_wrong_scores(judge, paid).items():
+        bound[(t, "always_raises")] = min(bound[(t, "always_raises")], wrong)
     scores = {key: f.result().score for key, f in futures.items()}
-    high = {key: s for key, s in scores.items() if s > DECLARATIONS_DO_WORK.get(key[0], 0.1)}
+    high = {key: (s, bound[key]) for key, s in scores.items() if s > bound[key]}
     assert not high, high
-
-
-def honest_wrong_answer(task_id):
-    with open(os.path.join(ROOT, "tests", "data", "soyuz", f"{task_id}.bad.md"), encoding="utf-8") as f:
-        return f.read()
 
 
 def prompt_code(task_id):
@@ -263,13 +262,7 @@ def test_a_fix_tasks_prompt_code_unchanged_scores_no_more_than_the_honest_wrong_
     preserve) counts only beside what the fix changes."""
     fix = sorted(t for t in TASKS if TASKS[t]["family"] != "writing" and prompt_code(t))
     assert fix
-    futures = {t: (judge.submit(TASKS[t], fenced(prompt_code(t))), judge.submit(TASKS[t], honest_wrong_answer(t)))
-               for t in fix}
-    high = {}
-    for t, (echo, wrong) in futures.items():
-        echo, wrong = echo.result(), wrong.result()
-        if wrong is None or wrong.score is None:
-            raise RuntimeError(f"{t}: baseline not graded: {wrong}")
-        if echo.score > wrong.score:
-            high[t] = (echo.score, wrong.score)
+    echoes = {t: judge.submit(TASKS[t], fenced(prompt_code(t))) for t in fix}
+    wrong = honest_wrong_scores(judge, fix)     # those an attack above met are graded already
+    high = {t: (echo.result().score, wrong[t]) for t, echo in echoes.items() if echo.result().score > wrong[t]}
     assert not high, high
