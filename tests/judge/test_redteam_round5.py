@@ -232,11 +232,6 @@ def test_a_trie_that_completes_nothing_pays_no_more_than_the_honest_wrong_answer
 # a fix task. Where the code's flaw is only what one or two criteria measure (speed; structure) and the rest check
 # that behaviour is kept, the untouched code outscores an honest attempt that got the behaviour wrong.
 
-# As found, on main at df56583 (the unchanged code's criteria, its score, the honest wrong answer's):
-#   vectorize-loop-fix: c1-c7 (it is the loop version) and c10 (NaN-aware: np.isnan, beside c1); only the speed, c8,
-#     and c9 beside it fail: 0.8 against 0.2
-#   refactor-orders: c1 (behaviour identical to itself) and c9 (does not mutate): 0.22 against 0.0
-#   file-handle-leak-fix: c1 (the counts; c2-c6 and c8 are left to an LLM grader): 0.25 against 0.0
 # Closed: the criteria the unchanged code meets count only beside one it fails (vectorize-loop-fix: the speed, c8;
 # refactor-orders: the extracted helper shipping_cost, c2; file-handle-leak-fix: streaming, c7). Held by
 # test_replayed_attacks.py's fix-task test, which grades every fix task's prompt code against its honest wrong answer.
