@@ -28,9 +28,12 @@ def usage_error(prog, line):
 
 
 def parse(prog, resolve, argv):
-    """resolve(argv), the command's flags; a refusal with its one-line message exits as usage_error does."""
+    """resolve(argv), the command's flags; a flag's one-line problem exits as usage_error does, a refusal to harm
+    data found there (a --run-name that is not a run's folder) as ending's."""
     try:
         return resolve(argv)
+    except Refusal as e:
+        refused(prog, e.code)
     except SystemExit as e:
         if isinstance(e.code, str):
             usage_error(prog, e.code)
@@ -38,6 +41,12 @@ def parse(prog, resolve, argv):
 
 
 USAGE, REFUSED, STOPPED = 2, 3, 4
+
+
+def refused(prog, line):
+    """The one line of a refusal to harm data: exit code 3."""
+    print(f"{prog}: refused: {line}", file=sys.stderr)
+    raise SystemExit(REFUSED) from None
 
 
 @contextlib.contextmanager
@@ -50,8 +59,7 @@ def ending(prog, ended):
     except BaseException as e:
         kept = ended(e)
         if isinstance(e, Refusal):
-            print(f"{prog}: refused: {e.code}", file=sys.stderr)
-            raise SystemExit(REFUSED) from None
+            refused(prog, e.code)
         if isinstance(e, UsageError) or (isinstance(e, SystemExit) and isinstance(e.code, str)):
             usage_error(prog, str(e) if isinstance(e, UsageError) else e.code)
         if isinstance(e, StopRun):
