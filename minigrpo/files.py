@@ -1,7 +1,9 @@
 """The package's data folder, and files written so that a kill never leaves half of one, read so that a bad one is
 one line naming it."""
+import errno
 import json
 import os
+import shutil
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")   # the package's own data files
 
@@ -28,6 +30,25 @@ def atomic_write(path: str, data, fsync: bool = True):
                 os.fsync(f.fileno())
     os.replace(tmp, path)
     return path
+
+
+def disk_full(e: BaseException) -> bool:
+    """Whether a write failed for want of room (ENOSPC, or a quota's EDQUOT), anywhere in e's chain of causes;
+    safetensors' writer says so only in words ("os error 28")."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(f"(os error {n})" in str(e) for n in (errno.ENOSPC, errno.EDQUOT)):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def full_disk_line(what: str, folder: str) -> str:
+    """The runtime stop's words for a full disk: what could not be written, errno's words, the room left."""
+    free = shutil.disk_usage(folder).free / 2 ** 20 if os.path.isdir(folder) else 0.0
+    return (f"stopping: {what} could not be written ({os.strerror(errno.ENOSPC)}; {free:.1f} MiB free in {folder}): "
+            "free some space")
 
 
 def read_json(path: str, missing: str, error=ValueError, fix: str = ""):

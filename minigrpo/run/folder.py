@@ -30,8 +30,8 @@ import torch
 from safetensors import SafetensorError
 
 from minigrpo.run import checkpoints
-from minigrpo.errors import Refusal, StopRun
-from minigrpo.files import atomic_write
+from minigrpo.errors import Refusal, StopRun, UsageError
+from minigrpo.files import atomic_write, disk_full, full_disk_line
 from minigrpo.run import lock
 
 
@@ -105,8 +105,10 @@ class RunFolder:
             if not os.path.isfile(self.file(MARKER)):   # first: a folder train.py made is never left unmarked
                 atomic_write(self.file(MARKER), "a minigrpo run folder: train.py writes only into folders holding "
                                                 "this file\n")
-        except OSError as e:           # a read-only --runs-dir, a full disk
-            raise SystemExit(f"--runs-dir {self.root}: cannot write {self.path} ({e.strerror or e}); pass a "
+        except OSError as e:           # a full disk is a runtime stop; a read-only --runs-dir the user's to change
+            if disk_full(e):
+                raise StopRun(full_disk_line(self.path, self.root)) from None
+            raise UsageError(f"--runs-dir {self.root}: cannot write {self.path} ({e.strerror or e}); pass a "
                              "--runs-dir you can write") from None
 
     def release(self):

@@ -54,8 +54,13 @@ def hold(folder: str, instead: str = "pass another --run-name or --runs-dir"):
     stale = _pid_in(fd)
     if stale and stale != os.getpid():
         print(f"note: took over the lock of {folder} from pid {stale}, {_gone(stale)}", file=sys.stderr)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:          # a full disk: no lock file is left behind, held by nobody
+        os.unlink(path)
+        os.close(fd)
+        raise
     _held[key] = [fd, 1]
 
 

@@ -119,3 +119,18 @@ def test_one_process_may_hold_a_folder_twice_and_releases_it_with_the_last_hold(
     assert os.path.exists(tmp_path / lock.LOCK)
     lock.release(str(tmp_path))
     assert not os.path.exists(tmp_path / lock.LOCK)
+
+
+def test_a_lock_whose_pid_cannot_be_written_is_not_left_behind(tmp_path, monkeypatch):
+    """A full disk: the lock file is made (an empty file takes no room) but its pid cannot be written. The error
+    is raised and no lock file stays, held by nobody (a folder that existed before is left as it was)."""
+    def full(fd, data, offset):
+        raise OSError(28, os.strerror(28))
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(OSError, match="No space left on device"):
+        lock.hold(str(tmp_path))
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == []
+    lock.hold(str(tmp_path))          # and the folder is free for the next writer
+    lock.release(str(tmp_path))
+    assert os.listdir(tmp_path) == []

@@ -3,6 +3,7 @@ long for a folder, a --runs-dir that is a file or that cannot be written: one li
 the flags, no traceback, and nothing written anywhere."""
 import errno
 import os
+import shlex
 
 import pytest
 
@@ -52,11 +53,33 @@ def test_a_runs_dir_that_is_a_file_is_refused(tmp_path, capsys):
 
 
 def test_a_runs_dir_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatch):
-    """A read-only --runs-dir (root writes through mode bits, so the kernel's answer is played here)."""
+    """A read-only --runs-dir (root writes through mode bits, so the kernel's answer is played here; only there:
+    torch's own caches, made on a first import, stay writable)."""
+    makedirs = os.makedirs
+
     def read_only(path, *a, **k):
+        if not str(path).startswith(str(tmp_path)):
+            return makedirs(path, *a, **k)
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
     monkeypatch.setattr(os, "makedirs", read_only)
     code, line = error_line(["--runs-dir", str(tmp_path / "ro"), "--run-name", "r"], capsys)
     assert line == (f"train.py: error: --runs-dir {tmp_path / 'ro'}: cannot write {tmp_path / 'ro' / 'r'} (Read-only file system); "
                     "pass a --runs-dir you can write")
     assert code == 2 and not os.path.exists(tmp_path / "ro")
+
+
+def test_a_full_disk_at_the_start_is_a_runtime_stop_that_leaves_nothing(tmp_path, capsys, monkeypatch):
+    """A full --runs-dir: the lock file is made (an empty file takes no room) but its pid cannot be written, as on a
+    full tmpfs. A runtime stop (exit 4) naming the folder and errno's words; neither the folder nor its lock is
+    left, so the same --run-name works once there is room."""
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(os, "pwrite", full)
+    (tmp_path / "runs").mkdir()
+    argv = ["--runs-dir", str(tmp_path / "runs"), "--run-name", "r"]
+    code, line = error_line(argv, capsys)
+    assert code == 4 and line.startswith(f"train.py: stopping: {tmp_path / 'runs' / 'r'} could not be written (No "
+                                         "space left on device; ")
+    again = shlex.join(["train.py", *SYN, *argv])      # after python as the user would type it
+    assert "; nothing was written yet; start it again with: " in line and line.endswith(f" {again}"), line
+    assert os.listdir(tmp_path / "runs") == []
