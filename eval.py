@@ -40,7 +40,8 @@ import torch
 
 from minigrpo.evals import gsm8k, mdp, revise, soyuz, synthetic, terminal
 from minigrpo.evals.common import UsageError, adapter_base, resolve_adapter, resolve_model
-from minigrpo.errors import Refusal
+from minigrpo.errors import Refusal, StopRun
+from minigrpo.files import disk_full, full_disk_line
 from minigrpo.machine import pick_device, pick_dtype
 from minigrpo.run import cli, lock, memguard
 from minigrpo.run.folder import RunFolder
@@ -188,9 +189,22 @@ def hold_out(out) -> str:
     try:
         os.makedirs(out, exist_ok=True)
         lock.hold(out, instead="pass another --out")    # another eval.py writing there: refused, naming its pid
-    except OSError as e:            # a read-only place, a file in the way
+    except OSError as e:            # a full disk is a runtime stop; a read-only place, a file in the way the user's
+        remove_made(out, top)
+        if disk_full(e):
+            raise StopRun(full_disk_line(f"--out {out}", os.path.dirname(os.path.abspath(out)))) from None
         raise UsageError(f"--out {out}: cannot write there ({e.strerror or e}); pass a folder you can write") from None
     return top
+
+
+def remove_made(out, made):
+    """Remove the folders hold_out made (out up to `made`, its topmost) while nothing was written into them."""
+    folder = os.path.abspath(out)
+    while made and os.path.isdir(folder) and not os.listdir(folder):
+        os.rmdir(folder)
+        if folder == made:
+            return
+        folder = os.path.dirname(folder)
 
 
 def drop_out(out, made) -> str:
@@ -199,12 +213,7 @@ def drop_out(out, made) -> str:
     if made is None:
         return "nothing was written"
     lock.release(out)
-    folder = os.path.abspath(out)
-    while made and not os.listdir(folder):
-        os.rmdir(folder)
-        if folder == made:
-            return "nothing was written"
-        folder = os.path.dirname(folder)
+    remove_made(out, made)
     return f"what it wrote is in {out}" if os.path.isdir(out) and os.listdir(out) else "nothing was written"
 
 

@@ -46,7 +46,9 @@ def disk_full(e: BaseException) -> bool:
 
 def full_disk_line(what: str, folder: str) -> str:
     """The runtime stop's words for a full disk: what could not be written, errno's words, the room left."""
-    free = shutil.disk_usage(folder).free / 2 ** 20 if os.path.isdir(folder) else 0.0
+    while not os.path.isdir(folder) and folder != os.path.dirname(folder):   # one made for it, since removed
+        folder = os.path.dirname(folder)
+    free = shutil.disk_usage(folder).free / 2 ** 20
     return (f"stopping: {what} could not be written ({os.strerror(errno.ENOSPC)}; {free:.1f} MiB free in {folder}): "
             "free some space")
 

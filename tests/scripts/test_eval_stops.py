@@ -64,6 +64,20 @@ def test_ctrl_c_keeps_what_the_eval_wrote_and_a_folder_that_was_there(tmp_path, 
     assert os.path.isdir(tmp_path / "mine")                           # not this eval's to remove
 
 
+def test_a_full_disk_is_a_runtime_stop_that_leaves_nothing(tmp_path, capsys, monkeypatch):
+    """A full disk under --out: the lock file is made (an empty file takes no room) but its pid cannot be written,
+    as on a full tmpfs. A runtime stop (exit 4) naming --out and errno's words; neither the lock nor the folders
+    made for it stay."""
+    def full(fd, data, offset):
+        raise OSError(28, os.strerror(28))
+    monkeypatch.setattr(os, "pwrite", full)
+    out = tmp_path / "out" / "e"
+    line = run(["--task", "synthetic", "--model", "tiny", "--out", str(out)], capsys, 4)
+    assert line.startswith(f"eval.py: stopping: --out {out} could not be written (No space left on device; ")
+    assert line.endswith("free some space; nothing was written")
+    assert os.listdir(tmp_path) == []
+
+
 def test_an_out_that_is_a_file_is_one_line(tmp_path, capsys):
     (tmp_path / "out").write_text("mine\n")
     line = run(["--task", "synthetic", "--model", "tiny", "--out", str(tmp_path / "out")], capsys, 2)
