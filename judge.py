@@ -1,11 +1,12 @@
 """Grade one answer against one task's criteria checklist and print the verdict: for debugging a criterion.
 
-    python judge.py --task semver-compare --answer answer.md                      # local machine checks
-    python judge.py --task haiku --answer a.txt --judge claude --model sonnet     # claude -p
+    python judge.py --task semver-compare --answer docs/examples/semver-compare.md    # local machine checks
+    python judge.py --task haiku --answer a.txt --judge claude --model sonnet         # claude -p
     python judge.py --task haiku --answer a.txt --judge http://localhost:8000 --model Qwen/Qwen3-8B
     python judge.py --task haiku --answer a.txt --judge "cmd:ollama run qwen3" --judge-mode llm   # LLM grades all
 
-Exit code 0 with a verdict, 1 when the judge failed after its retries, 2 for a usage error.
+Exit code 0 with a verdict, 2 for a usage error, 4 when the judge it was told to use never answered (after its
+retries, in either --judge-mode): the codes of docs/training.md's "How a run ends".
 """
 
 import argparse
@@ -92,9 +93,10 @@ def main(argv=None):
         return 2
     verdict = judge.grade(tasks[args.task], answer)
     judge.close()
-    if verdict is None:
-        print(f"judge.py: the {args.judge} judge failed after {args.retries + 1} attempts", file=sys.stderr)
-        return 1
+    if verdict is None:      # llm mode: no criterion was graded, so there is no verdict at all
+        print(f"judge.py: the {args.judge} judge never answered; nothing was graded in {args.retries + 1} "
+              "attempts: check the judge command or server", file=sys.stderr)
+        return 4
     print(json.dumps(verdict.to_dict(), indent=2)) if args.json else print_verdict(verdict)
     down = [r.id for r in verdict.results if r.reason == GRADER_DOWN]
     if down:     # the score above leaves these out: not a grade of the answer by the judge that was asked for

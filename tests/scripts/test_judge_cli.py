@@ -35,13 +35,15 @@ def test_an_unreadable_answer_is_named(cli, tmp_path, capsys):
     assert one_line(cli, tmp_path, capsys) == f"judge.py: --answer {tmp_path}: cannot read it (Is a directory)"
 
 
-@pytest.mark.parametrize("judge", ["cmd:false", "http://127.0.0.1:9"])
-def test_a_judge_that_never_answered_is_not_a_score(cli, judge, tmp_path, capsys):
+@pytest.mark.parametrize("judge, mode", [("cmd:false", "hybrid"), ("http://127.0.0.1:9", "hybrid"),
+                                         ("cmd:false", "llm")])
+def test_a_judge_that_never_answered_is_not_a_score(cli, judge, mode, tmp_path, capsys):
     """The judge the user named is down (a command that fails, a port nobody listens on): exit code 4 and one line
-    saying which criteria it left unchecked, not a score of the deterministic checks alone with exit code 0."""
+    saying which criteria it left unchecked (hybrid), or that nothing was graded (llm), not a score of the
+    deterministic checks alone with exit code 0, nor a bug's exit code 1."""
     answer = tmp_path / "answer.py"
     answer.write_text("def compare(a, b):\n    return 0\n")
     code = cli.main(["--task", "semver-compare", "--answer", str(answer), "--judge", judge, "--retries", "0",
-                     "--timeout", "5"])
+                     "--timeout", "5", "--judge-mode", mode])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 4 and err[-1].startswith(f"judge.py: the {judge} judge never answered; "), err[-3:]
