@@ -16,7 +16,8 @@ model folder. What lands in OUT:
                       and pointed to there: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), OUT)
 
 OUT must not exist or be empty: the export is built in a temporary folder beside it and renamed into place, so it
-never overwrites a file and a failed export leaves nothing behind. Bad input is one line and exit status 2.
+never overwrites a file and a failed export leaves nothing behind. Every stop is one line with train.py's exit
+codes (docs/training.md, "How a run ends"): 2 for bad input or an OUT that cannot be written, 4 for a full disk.
 """
 import argparse
 import json
@@ -27,10 +28,12 @@ import sys
 import torch
 from safetensors import SafetensorError
 
+from minigrpo.errors import StopRun
 from minigrpo.evals.common import UsageError as ExportError, adapter_base, adapter_folder, first_line, run_checkpoint
 from minigrpo.evals.mdp import mdp_pipeline_run, mdp_stage_base
+from minigrpo.files import disk_full, full_disk_line
 from minigrpo.lora import fold_lora
-from minigrpo.run import checkpoints
+from minigrpo.run import checkpoints, cli
 from minigrpo.run.lora_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS, export_merged, load_adapter
 from minigrpo.model import Qwen
 from minigrpo.pretrained import load_pretrained, parse_dtype
@@ -101,6 +104,8 @@ def export(source: str, out: str, merge: bool = False, base: str | None = None, 
     except (OSError, RuntimeError, SafetensorError) as e:    # a read-only or full disk: the folder and the OS's cause
         if not checkpoints.write_error(e):
             raise
+        if disk_full(e):                                     # a runtime stop, as a full disk is in train.py
+            raise StopRun(full_disk_line(f"the export {out}", os.path.dirname(tmp))) from None
         raise ExportError(f"{out}: cannot write the export in {os.path.dirname(tmp)} ({checkpoints.write_error(e)}); "
                           "pass an OUT on a disk you can write, with room for it (nothing was written)") from None
     finally:
@@ -185,12 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> str:
     args = build_parser().parse_args(argv)
-    try:
+    with cli.ending("export", lambda e: "nothing was written"):    # one line and the exit code of its cause
         what = export(args.source, args.out, merge=args.merge, base=args.base, tokenizer=args.tokenizer,
                       dtype=args.dtype)
-    except ExportError as e:
-        print(f"export: error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
     print(f"export: wrote {what} to {args.out}: {', '.join(sorted(os.listdir(args.out)))}")
     return args.out
 

@@ -7,6 +7,7 @@ import json
 import os
 
 import pytest
+from safetensors import SafetensorError
 import torch
 from hf_oracle import hf_logits, ids
 
@@ -173,21 +174,32 @@ def test_bad_input_is_one_line_and_nothing_is_overwritten(runs, tmp_path, capsys
     assert not [f for f in os.listdir(tmp_path) if f.startswith((".tmp", "o1", "o2", "o3"))]
 
 
-@pytest.mark.parametrize("err", [(28, "No space left on device"), (30, "Read-only file system")])
-def test_an_export_to_a_full_or_read_only_disk_is_one_line(runs, tmp_path, capsys, monkeypatch, err):
-    """The OS refuses the weights file (root writes through mode bits, so the kernel's answer is played here): one
-    line naming the folder and the cause, exit code 2, nothing left behind."""
+FULL = "stopping: the export {out} could not be written (No space left on device; "
+
+
+@pytest.mark.parametrize("err, code, line", [
+    (OSError(30, "Read-only file system"), 2, "error: {out}: cannot write the export in {dir} (Read-only file "
+                                              "system); pass an OUT on a disk you can write, with room for it "
+                                              "(nothing was written)"),
+    (OSError(28, "No space left on device"), 4, FULL),
+    (SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"), 4, FULL)],
+    ids=["read-only", "full", "full-safetensors"])
+def test_an_export_to_a_full_or_read_only_disk_is_one_line(runs, tmp_path, capsys, monkeypatch, err, code, line):
+    """The OS refuses the weights file (root writes through mode bits, so the kernel's answer is played here; the
+    safetensors writer's own words for a full disk too): one line naming the folder and the cause, nothing left
+    behind. A read-only OUT is the user's to change (exit 2); a full disk is a runtime stop (exit 4), as in
+    train.py, and says so in errno's words."""
     run, _ = runs["full"]
 
     def refused(*a, **k):
-        raise OSError(err[0], err[1])
+        raise err
     monkeypatch.setattr(export, "write_model", refused)
     with pytest.raises(SystemExit) as e:
         export.main([run, str(tmp_path / "out")])
     lines = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and lines == [f"export: error: {tmp_path / 'out'}: cannot write the export in "
-                                           f"{tmp_path} ({err[1]}); pass an OUT on a disk you can write, with room "
-                                           "for it (nothing was written)"]
+    assert e.value.code == code and len(lines) == 1, lines
+    assert lines[0].startswith("export: " + line.format(out=tmp_path / "out", dir=tmp_path)), lines
+    assert lines[0].endswith("nothing was written)" if code == 2 else "free some space; nothing was written")
     assert os.listdir(tmp_path) == []
 
 
