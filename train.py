@@ -23,6 +23,7 @@ from minigrpo import signals
 signals.quiet_imports("train.py")   # a Ctrl-C or SIGTERM in the seconds of imports below: one line, no traceback
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -66,7 +67,7 @@ def train(args, policy=None, task=None) -> dict:
     elsewhere (the mdp pipeline starts GRPO from its SFT weights); default: build it from args.model. `task`: a
     task object built elsewhere (the mdp pipeline's sizes and prompt style); default: the task args name. The run
     folder has one writer: this run holds it from its claim until the loop ends, however it ends."""
-    with RunFolder(args.runs_dir, args.run_name) as run:
+    with RunFolder(args.runs_dir, args.run_name) as run, contextlib.ExitStack() as closing:
         device = pick_device(args.device)
         dtype = pick_dtype(args.dtype, device)
         dist_info = init_distributed(device, dist_timeout.collective_timeout(args))   # how long a rank waits for others
@@ -88,7 +89,7 @@ def train(args, policy=None, task=None) -> dict:
                   f"dtype={str(dtype)[6:]} ranks={dist_info.world} steps={n_steps} "
                   f"trainable={sum(p.numel() for p in params):,} run={run.path}"
                   + "".join(f"; {n}" for n in (calls, dist_timeout.timeout_note(args)) if n), file=sys.stderr)
-        bar = ProgressBar(n_steps, step, args.task, enabled=dist_info.main and not args.quiet)
+        bar = closing.enter_context(ProgressBar(n_steps, step, args.task, enabled=dist_info.main and not args.quiet))
         tracker = Tracker(args.log_to if dist_info.main else None, run, vars(args), step)    # --log-to
         PHASES.reset()
         off_policy_warned = False

@@ -14,6 +14,7 @@ What a kill leaves is a .tmp-step-N-PID folder, which the next start removes (ru
 A step-N folder that still cannot be read (a disk error, a file cut by hand or by a full disk outside train.py) is
 set aside as step-N.damaged by load_latest, which resumes from the newest one that loads.
 """
+import errno
 import json
 import os
 import pickle
@@ -26,7 +27,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from minigrpo.files import atomic_write
+from minigrpo.files import atomic_write, disk_full
 from minigrpo.run.lora_files import load_adapter, save_adapter
 
 PREFIX = "step-"
@@ -114,7 +115,8 @@ def save(ckpt_dir: str, step: int, model, trainer_state: dict, lora: bool, token
                 json.dump(model.config.raw, f, indent=2)
             if tokenizer is not None:
                 tokenizer.save_files(tmp)
-    torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))
+    with open(os.path.join(tmp, "trainer_state.pt"), "wb") as f:   # Python's file: a full disk raises ENOSPC, where
+        torch.save(trainer_state, f)                                # torch's own writer says only "unexpected pos"
     _fsync_dir(tmp)
     if os.path.exists(final):       # re-saving the same step (e.g. after a resume): replace it whole
         shutil.rmtree(final)
@@ -182,9 +184,11 @@ def load_latest(ckpt_dir: str, model, lora: bool, map_location=None, main: bool 
 
 
 def write_error(e: BaseException) -> str:
-    """What went wrong when `e` was raised by writing a checkpoint ("" when it is not an I/O failure): an OSError's
-    own words (No space left on device, File too large), safetensors' message, or torch's writer's, which says
-    only "unexpected pos" when the disk is full (the free space the caller prints tells the rest)."""
+    """What went wrong when `e` was raised by writing a checkpoint ("" when it is not an I/O failure): errno's words
+    for a full disk, whoever wrote (safetensors' writer says it in a sentence of its own), an OSError's own words
+    (File too large), safetensors' message, or torch's writer's when given a path ("unexpected pos")."""
+    if disk_full(e):
+        return os.strerror(errno.ENOSPC)
     while e is not None:
         if isinstance(e, OSError):
             return e.strerror or _first_line(e)

@@ -178,3 +178,9 @@ class ProgressBar:
     def close(self):
         if self.bar:
             self.bar.close()
+
+    def __enter__(self):      # train.py: closed before a stop's line is printed, so that line starts its own line
+        return self           # and the bar is not redrawn after it
+
+    def __exit__(self, *exc):
+        self.close()

@@ -102,16 +102,3 @@ def test_help_shows_the_defaults(script, shown, capsys):
     assert e.value.code == 0
     assert [s for s in shown if s not in out] == []
 
-
-def test_a_folder_that_is_not_a_runs_is_refused_with_3(tmp_path, capsys):
-    """A --run-name naming a folder of other files is a refusal to harm data (exit 3), found while the flags are
-    read, not a usage error; the folder is left as it was."""
-    (tmp_path / "foo").mkdir()
-    (tmp_path / "foo" / "a").write_text("x")
-    with pytest.raises(SystemExit) as e:
-        __import__("train").main(["--task", "synthetic", "--model", "tiny", "--steps", "1",
-                                  "--runs-dir", str(tmp_path), "--run-name", "foo"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 3 and len(err) == 1
-    assert err[0].startswith(f"train.py: refused: {tmp_path / 'foo'} exists and is not a minigrpo run folder")
-    assert sorted(p.name for p in (tmp_path / "foo").iterdir()) == ["a"]

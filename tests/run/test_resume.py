@@ -3,7 +3,6 @@ a folder that is not a run is refused untouched; a resume reads its settings fro
 what it trains, records the safe ones; a damaged checkpoint falls back to an older one; what a kill left is
 removed; a full disk, Ctrl-C and the run-policy stops each end with one true line. Each test checks the line and
 that nothing was lost or overwritten."""
-import errno
 import hashlib
 import json
 import os
@@ -94,8 +93,8 @@ def test_a_folder_that_is_not_a_run_is_refused_untouched(flags, tmp_path, capsys
     os.chmod(model, 0o755)
     before = tree(model)
     code, err = main_lines([*SMALL, "--runs-dir", str(tmp_path), "--run-name", "m", "--steps", "1", *flags], capsys)
-    assert code == 2 and len(err) == 1, err
-    assert err[0] == (f"train.py: error: {model} exists and is not a minigrpo run folder (no {MARKER} in it); "
+    assert code == 3 and len(err) == 1, err          # a refusal to harm data, not a usage error
+    assert err[0] == (f"train.py: refused: {model} exists and is not a minigrpo run folder (no {MARKER} in it); "
                       "train.py writes only into new, empty or its own run folders: pass another --run-name or "
                       "--runs-dir")
     with pytest.raises(SystemExit, match="not a minigrpo run folder"):   # train() called from code checks too
@@ -112,7 +111,7 @@ def test_a_pipeline_into_a_folder_that_is_not_a_run_is_refused_untouched(flags, 
     before = tree(model)
     code, err = main_lines([*flags, "--model", "tiny", "--quiet", "--runs-dir", str(tmp_path), "--run-name", "m"],
                            capsys)
-    assert code == 2 and len(err) == 1 and "is not a minigrpo run folder" in err[0], err
+    assert code == 3 and len(err) == 1 and "refused: " in err[0] and "is not a minigrpo run folder" in err[0], err
     assert tree(model) == before
 
 
@@ -264,14 +263,18 @@ def test_what_a_kill_left_half_written_is_removed_at_start(run, capsys):
 
 
 def test_disk_full_during_a_checkpoint_is_one_line_and_the_last_one_is_intact(run, capsys, monkeypatch):
-    real = torch.save
+    """torch.save's real writer on a full disk (/dev/full: the kernel's ENOSPC): the line says errno's words, not
+    torch's "unexpected pos", and names the folder and the room left."""
+    import builtins
+    real_open = builtins.open
 
-    def full(obj, f, *a, **kw):
-        real(obj, f, *a, **kw)          # the file is half there, as a full disk leaves it
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    def full_disk(path, mode="r", *a, **kw):
+        if str(path).endswith("trainer_state.pt") and "w" in mode:
+            return real_open("/dev/full", mode, *a, **kw)
+        return real_open(path, mode, *a, **kw)
 
     last = tree(run / "checkpoints" / "step-4")
-    monkeypatch.setattr(torch, "save", full)
+    monkeypatch.setattr(checkpoints, "open", full_disk, raising=False)
     code, err = main_lines(resume(run, "--steps", "6", "--save-every", "6"), capsys)
     assert code == 4
     free = shutil.disk_usage(run).free / 2 ** 20
@@ -283,6 +286,27 @@ def test_disk_full_during_a_checkpoint_is_one_line_and_the_last_one_is_intact(ru
                          f"is intact; continue with: {RunFolder(str(run.parent), run.name).resume_command()}")
     assert sorted(os.listdir(run / "checkpoints")) == ["step-2", "step-4"]      # no half-written folder left
     assert tree(run / "checkpoints" / "step-4") == last
+
+
+def test_a_stop_line_starts_its_own_line_after_the_progress_bar(tmp_path, capsys, monkeypatch):
+    """With the progress bar drawn (no --quiet), a runtime stop's line is a line of its own and the last one: the
+    bar is closed before the line is printed, not glued to it nor redrawn after it."""
+    def stopped(*a, **k):
+        raise StopRun("stopping: the judge is down")
+    monkeypatch.setattr(train, "sample_step", stopped)
+    argv = [f for f in SMALL if f != "--quiet"]
+    code, err = main_lines([*argv, "--runs-dir", str(tmp_path), "--run-name", "b", "--steps", "1"], capsys)
+    assert code == 4 and "0/1" in err[-2], err[-3:]       # the bar, ended with its own newline
+    assert err[-1].startswith("train.py: stopping: the judge is down; no checkpoint was written yet"), err[-3:]
+
+
+def test_a_full_disk_is_named_in_errnos_words_whoever_wrote():
+    """safetensors' writer says a full disk in a sentence of its own: the stop line says errno's words."""
+    from safetensors import SafetensorError
+    from minigrpo.run.checkpoints import write_error
+    said = SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+    assert write_error(said) == "No space left on device"
+    assert write_error(SafetensorError("Error while serializing: header too large")).endswith("header too large")
 
 
 def test_disk_full_on_a_log_line_is_one_line_and_the_run_resumes(run, capsys, monkeypatch):
