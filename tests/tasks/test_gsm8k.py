@@ -227,7 +227,8 @@ def test_svamp_and_math_local(tmp_path):
 
 
 def test_hub_path_with_a_fake_download(tmp_path, monkeypatch):
-    pa = pytest.importorskip("pyarrow")
+    pa = pytest.importorskip("pyarrow", reason="pyarrow is not installed: pip install pyarrow (the gsm8k extra, "
+                                                 "which reads the hub's parquet files) runs this test")
     import pyarrow.parquet as pq
     import huggingface_hub
     tables = {("openai/gsm8k", "main/train-00000-of-00001.parquet"): gsm8k_rows(8),
