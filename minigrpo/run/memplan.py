@@ -72,7 +72,8 @@ def load_config(model):
         path = os.path.join(CONFIGS, BUNDLED[model])
         return read_config(path), f"{model} (bundled copy: minigrpo/data/configs/{BUNDLED[model]})"
     from huggingface_hub import hf_hub_download
-    path = hf_hub_download(repo_id=model, filename="config.json")
+    from minigrpo import hub
+    path = hub.fetch(hf_hub_download, repo_id=model, filename="config.json")
     return read_config(path), f"{model} (hub config.json)"
 
 
