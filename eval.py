@@ -45,7 +45,8 @@ from minigrpo.files import disk_full, full_disk_line
 from minigrpo.machine import pick_device, pick_dtype
 from minigrpo.run import cli, lock, memguard
 from minigrpo.run.folder import RunFolder
-from minigrpo.run.flags import WEAK_SANDBOX_HELP, DefaultsShown, OneLineParser, sandbox_refusal
+from minigrpo.run.flags import DTYPE_HELP, WEAK_SANDBOX_HELP, sandbox_refusal
+from minigrpo.run.parsing import DefaultsShown, OneLineParser
 from minigrpo.run.presets import PRESETS
 from minigrpo.tasks import TASKS, task_class
 
@@ -58,20 +59,22 @@ def build_parser() -> argparse.ArgumentParser:
                                    "or run folder (its latest checkpoint) (default: the base --adapter names, else "
                                    "the task's preset)")
     p.add_argument("--adapter", help="LoRA adapter folder, a checkpoint folder holding adapter/, or a run folder "
-                                     "(its latest checkpoint); adds the 'adapter' column next to 'base'")
+                                     "(its latest checkpoint); adds the 'adapter' column next to 'base' "
+                                     "(default: none)")
     p.add_argument("--data", help="task data: gsm8k JSONL file / folder / 'hub' (default hub); soyuz tasks JSON")
-    p.add_argument("--svamp", help="gsm8k: SVAMP eval set, 'hub' or a local file in its schema")
-    p.add_argument("--math", help="gsm8k: MATH algebra eval set, 'hub' or a local file in its schema")
-    p.add_argument("--limit", type=int, help="examples per eval set (soyuz: tasks; mdp: records per cell, default "
-                   "the pipeline run's eval_per_cell, else 16)")
+    p.add_argument("--svamp", help="gsm8k: SVAMP eval set, 'hub' or a local file in its schema (default: none)")
+    p.add_argument("--math", help="gsm8k: MATH algebra eval set, 'hub' or a local file in its schema (default: none)")
+    p.add_argument("--limit", type=int, help="examples per eval set (soyuz: tasks; mdp: records per cell) "
+                   "(default: all, but 300 of SVAMP and MATH; mdp: the pipeline run's eval_per_cell, else 16)")
     p.add_argument("--hint-probe", type=int, default=0, metavar="N",
                    help="gsm8k: hint probe on the first N problems of the eval split (the gsm8k run used 200)")
     p.add_argument("--probe-scoring", choices=["strict", "lenient"], default="strict",
                    help="gsm8k: what counts as right in the hint probe (lenient for base models without tags)")
     p.add_argument("--no-stop", action="store_true",
                    help="gsm8k: do not stop at </answer>, to measure how often the model goes on after it")
-    p.add_argument("--run", help="training run folder: plot its reward/accuracy curves from metrics.jsonl")
-    p.add_argument("--out", help="output folder")
+    p.add_argument("--run", help="training run folder: plot its reward/accuracy curves from metrics.jsonl "
+                                 "(default: none)")
+    p.add_argument("--out", help="output folder (default: RUN/eval with --run, else runs/eval-<task>-<time>)")
     # decoding
     p.add_argument("--max-new-tokens", type=int, help="default: the task's training preset")
     p.add_argument("--batch-size", type=int, default=32, help="prompts per sampler call")
@@ -90,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the mdp pipeline run that trained it; else full)")
     # machine
     p.add_argument("--device", help="cuda | mps | cpu (default: the best available)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help=DTYPE_HELP)
     p.add_argument("--seed", type=int, help="mdp: the eval records' seed (default: the pipeline run's, so a saved "
                    "model plays the eval records of its run's table, else 0); other tasks: the sampling seed "
                    "(default 0)")

@@ -17,19 +17,23 @@ import sys
 
 from minigrpo.judge import make_judge, load_tasks
 from minigrpo.judge.grader import GRADER_DOWN
+from minigrpo.run.parsing import DefaultsShown
 
 DEFAULT_TASKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "minigrpo", "data", "soyuz_tasks.json")
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description="Grade one answer against a task's criteria checklist.")
+    p = argparse.ArgumentParser(description="Grade one answer against a task's criteria checklist.",
+                                formatter_class=DefaultsShown)
     p.add_argument("--task", required=True, help="task id in the tasks file")
     p.add_argument("--answer", required=True, help="file holding the answer text ('-' for stdin)")
     p.add_argument("--tasks", default=DEFAULT_TASKS, help="tasks JSON file (default: the soyuz tasks)")
     p.add_argument("--judge", default="local", help="local | claude | cmd:<command line> | http(s)://host[:port]")
-    p.add_argument("--model", default=None, help="grader model (claude --model, or the chat-completions model)")
-    p.add_argument("--max-turns", type=int, default=None, help="claude --max-turns")
-    p.add_argument("--claude-args", default="", help="extra arguments for claude -p, one shell-quoted string")
+    p.add_argument("--model", default=None, help="grader model (claude --model, or the chat-completions model) "
+                   "(default: claude's own; http: $MINIGRPO_JUDGE_MODEL, else 'default')")
+    p.add_argument("--max-turns", type=int, default=None, help="claude --max-turns (default: claude's own)")
+    p.add_argument("--claude-args", default="",
+                   help="extra arguments for claude -p, one shell-quoted string (default: none)")
     p.add_argument("--judge-mode", choices=["hybrid", "llm"], default="hybrid",
                    help="LLM judges: hybrid (default) = machine checks decide their criteria, the LLM the rest; "
                         "llm = the LLM grades every criterion (the soyuz run's grading)")

@@ -13,6 +13,7 @@ import sys
 import time
 
 from minigrpo.evals import report
+from minigrpo.run.parsing import DefaultsShown
 from minigrpo.tasks.mdp import world as mdp
 from minigrpo.tasks.mdp.planner import planner_policy
 from minigrpo.tasks.mdp.task import MDPTask
@@ -52,20 +53,25 @@ def cmd_stats(args):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="verifier MDP: baselines, example states, dataset stats")
+    ap = argparse.ArgumentParser(description="verifier MDP: baselines, example states, dataset stats",
+                                 formatter_class=DefaultsShown)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("baselines", help="random / minimax / max-split / oracle at budgets 0-3")
+    b = sub.add_parser("baselines", help="random / minimax / max-split / oracle at budgets 0-3",
+                       formatter_class=DefaultsShown)
     b.add_argument("--split", default="eval", choices=["train", "val", "eval"])
     b.add_argument("--per-cell", type=int, default=16, help="records per (regime, library size) cell")
-    b.add_argument("--out", default=None, help="folder for the report tables and plot")
+    b.add_argument("--out", default=None,
+                   help="folder for the report tables and plot (default: none, the tables are printed alone)")
     b.add_argument("--planner", action="store_true",
                    help="add the Bayes-optimal target-blind planner (about a second per record)")
-    s = sub.add_parser("show", help="print state prompts and their letter values")
+    s = sub.add_parser("show", help="print state prompts and their letter values",
+                       formatter_class=DefaultsShown)
     s.add_argument("--split", default="train", choices=["train", "val", "eval"])
     s.add_argument("--per-cell", type=int, default=2)
-    s.add_argument("-n", type=int, default=3)
+    s.add_argument("-n", type=int, default=3, help="states to print")
     s.add_argument("--scramble", action="store_true", help="shuffle the split summaries across letters (control)")
-    st = sub.add_parser("stats", help="records and informative states per split (task defaults)")
+    st = sub.add_parser("stats", help="records and informative states per split (task defaults)",
+                        formatter_class=DefaultsShown)
     for p in (b, s, st):
         p.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)

@@ -16,7 +16,8 @@ from minigrpo.experiments.mdp_pipeline import scratch_config
 from minigrpo.experiments.tool_pipeline import ExperimentConfig, grpo_args, run_experiment
 from minigrpo.run import memguard
 from minigrpo.run.cli import usage_error
-from minigrpo.run.flags import DefaultsShown, check_device
+from minigrpo.run.flags import check_device
+from minigrpo.run.parsing import DefaultsShown
 from minigrpo.tasks.lookup import LookupTask
 from train import decode_rows, train
 

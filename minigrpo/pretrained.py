@@ -202,8 +202,9 @@ def local_folder(path_or_hub_id, files=MODEL_FILES):
         raise FileNotFoundError(f"{p}: no such checkpoint folder (and not a hub id like 'Qwen/Qwen3-0.6B')"
                                 f"{nearest_tiny(p)}")
     from huggingface_hub import snapshot_download
+    from minigrpo import hub
     try:
-        return snapshot_download(repo_id=p, allow_patterns=files)
+        return hub.fetch(snapshot_download, repo_id=p, allow_patterns=files)
     except Exception as e:
         first = (str(e).splitlines() or [""])[0]
         raise OSError(f"{p}: no such folder, and the hub download failed ({type(e).__name__}: {first}); pass a local "

@@ -2,7 +2,6 @@
 parser defaults, and with --resume the run's saved config.json does; a flag given on the command line wins over
 both. Every resolved value goes to runs/<name>/config.json."""
 import argparse
-import copy
 import math
 import os
 import sys
@@ -11,45 +10,16 @@ import time
 from minigrpo.grpo import LossSettings
 from minigrpo.losses import IS_CORRECTIONS, IS_LEVELS, LOSSES
 from minigrpo.run.folder import RunFolder
+from minigrpo.run.parsing import DefaultsShown, OneLineParser
 from minigrpo.run.steplog import TRACKERS, require_tracker
 from minigrpo.run.presets import PRESETS
 from minigrpo.run.resume import check_resume_flags
 from minigrpo.tasks import TASKS, task_class
 
 
+DTYPE_HELP = "(default: bfloat16 on CUDA, float32 elsewhere)"
 WEAK_SANDBOX_HELP = ("terminal: run the agent's commands even where the full sandbox (bubblewrap, a uid of its own, "
                      "a cgroup) is missing; what the weaker one lacks is printed")
-
-
-class DefaultsShown(argparse.HelpFormatter):
-    """--help names each flag's default (a flag whose default a task's preset supplies has none here)."""
-
-    def _format_action(self, action):
-        shown = all(action.default is not v for v in (None, False, argparse.SUPPRESS)) and action.option_strings \
-            and "default" not in (action.help or "")       # a help that words its default itself
-        if shown:           # a flag without a help text still gets its default's line
-            action = copy.copy(action)
-            action.help = f"{action.help or ''} (default: %(default)s)".strip()
-        return super()._format_action(action)
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """A flag argparse refuses is one line, not the whole usage, with the nearest choice when it is a typo; the
-    SystemExit's text is printed by cli.parse as "train.py: error: <line>", exit code 2."""
-
-    def error(self, message):
-        raise SystemExit(message + did_you_mean(message))
-
-
-def did_you_mean(message: str) -> str:
-    """"; did you mean 'synthetic'?" for argparse's "invalid choice: 'synthtic' (choose from ...)"."""
-    import difflib
-    import re
-    m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
-    if not m:
-        return ""
-    close = difflib.get_close_matches(m[1], re.findall(r"'([^']*)'", m[2]) or m[2].split(", "), n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="tiny", help="hub id, local folder, 'tiny', 'tiny-qwen3.5' or 'tiny-moe'")
     p.add_argument("--preset", help="take another task's preset (default: the task's own)")
     p.add_argument("--algo", help=argparse.SUPPRESS)   # an old flag nothing read: refused with what to use instead
-    p.add_argument("--data", help="task data file or folder (task-specific)")
+    p.add_argument("--data", help="task data file or folder (default: the task's own)")
     # rollouts
     p.add_argument("--group-size", type=int, default=8, help="G: samples per prompt")
     p.add_argument("--tasks-per-step", type=int, default=8, help="prompts per optimizer step (over all ranks)")
@@ -78,8 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--judge", default="local",
                    help="soyuz judge: local | claude | cmd:<command> | http(s)://server/v1")
     p.add_argument("--judge-workers", type=int, default=8)
-    p.add_argument("--judge-model", help="model name for the claude / http judge")
-    p.add_argument("--judge-max-turns", type=int, help="claude judge: --max-turns")
+    p.add_argument("--judge-model", help="model name for the claude / http judge (default: claude's own; "
+                                         "http: $MINIGRPO_JUDGE_MODEL, else 'default')")
+    p.add_argument("--judge-max-turns", type=int, help="claude judge: --max-turns (default: claude's own)")
     p.add_argument("--judge-retries", type=int, default=2,
                    help="LLM judges: retries of a failed call, with exponential backoff (2 s, 4 s, ...)")
     p.add_argument("--judge-timeout", type=float, default=180.0, help="LLM judges: seconds one call may take")
@@ -153,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "to fp32 rounding; docs/training.md)")
     # machine
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help=DTYPE_HELP)
     p.add_argument("--device", help="cuda | mps | cpu (default: the best available)")
     p.add_argument("--threads", type=int, help="CPU threads (default: OMP_NUM_THREADS if set, else the usable cores "
                                                "the load leaves idle; saved with the run, so a resume keeps it)")
@@ -164,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "logging route_flip_share. Dense models: no effect")
     # run folder
     p.add_argument("--runs-dir", default="runs")
-    p.add_argument("--run-name")
+    p.add_argument("--run-name", help="(default: <task>-<date>-<time>, such as synthetic-20260101-120000)")
     p.add_argument("--save-every", type=int, default=50)
     p.add_argument("--keep-checkpoints", type=int, default=2, help="the latest N checkpoints kept (0 = all)")
     p.add_argument("--eval-every", type=int, default=0,
@@ -174,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--log-to", choices=sorted(TRACKERS),
                    help="also send each step's metrics to TensorBoard (runs/<name>/tensorboard) or Weights & Biases "
-                        "(optional packages: pip install tensorboard / wandb)")
+                        "(optional packages: pip install tensorboard / wandb) (default: neither, metrics.jsonl alone)")
     p.add_argument("--plan", action="store_true",
                    help="print the run's memory plan from the model's config.json and exit (minigrpo/run/memplan.py)")
     return p

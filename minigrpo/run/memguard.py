@@ -49,9 +49,20 @@ def needed(peak: float, device: torch.device) -> int:
     return memplan.needed_bytes(peak) if device.type == "cuda" else math.ceil(peak * 1.1)
 
 
+def floor(p: dict, dtype: torch.dtype, training: bool) -> int:
+    """A lower bound of the peak from the plan's fixed parts (memplan.fixed_parts): the rollout's prefill and the
+    training activations it leaves out are never negative."""
+    caches = p["kv_cache"] + p["gdn_state"] + p["kept_states"]
+    if training:
+        return p["weights"] + p["trainable"] + p["static_caches"] + max(caches, p["logprob_chunk"])
+    return p["params"] * (torch.finfo(dtype).bits // 8) + p["static_caches"] + caches
+
+
 def lower_flags(p: dict, args) -> str:
-    """The flags that size the larger side of the peak: the rollout's cache, or the trained micro-batch."""
-    if p["rollout"] >= p["activations"] + p["logprob_chunk"]:
+    """The flags that size the larger side of the peak: the rollout's cache, or the trained micro-batch (a plan of
+    fixed parts alone compares its caches with the log-prob chunk)."""
+    rollout = p.get("rollout", p["kv_cache"] + p["gdn_state"] + p["kept_states"])
+    if rollout >= p.get("activations", 0) + p["logprob_chunk"]:
         return "--group-size, --tasks-per-step or --max-new-tokens"
     return "--micro-batch or --max-new-tokens" + ("" if args.grad_checkpoint else ", or pass --grad-checkpoint")
 
@@ -68,16 +79,23 @@ def check_fits(args, rows: int, device: torch.device, dtype: torch.dtype, fast_d
             return          # neither a folder nor a hub id: loading the model says so, with the nearest name
         cfg, _ = memplan.load_config(args.model)
     shape, s = memplan.run_shape(args, rows)
+    lora, switches = ((s["lora_r"], s["targets"], s["beta"]), s["switches"]) if training else ((0,), {})
+    fixed = memplan.fixed_parts(cfg, shape, dtype, *lora, fast_decode=fast_decode, **switches)
+    have, where = device_available(device)
+    # first the bound that needs no layer-cost measurement (a minute at 4B on a CPU), then the measured plan
+    refuse_over(floor(fixed, dtype, training), "at least ", fixed, have, where, args, device, lower)
+    p = memplan.plan(cfg, shape, dtype, *lora, fast_decode=fast_decode, fixed=fixed, **switches)
     if training:
-        p = memplan.plan(cfg, shape, dtype, s["lora_r"], s["targets"], s["beta"], fast_decode=fast_decode,
-                         **s["switches"])
         peak = p["peak_ckpt" if args.grad_checkpoint else "peak"]
     else:
-        p = memplan.plan(cfg, shape, dtype, 0, fast_decode=fast_decode)
         peak = p["params"] * (torch.finfo(dtype).bits // 8) + p["static_caches"] + p["rollout"]
-    have, where = device_available(device)
+    refuse_over(peak, "", p, have, where, args, device, lower)
+
+
+def refuse_over(peak, bound: str, p: dict, have: int, where: str, args, device: torch.device, lower: str | None):
+    """UsageError where the plan's `peak` (bound: "at least " for the floor) does not fit the `have` bytes."""
     if needed(peak, device) > have:
         todo = lower or gpu_preset_note(args.task, args.model, device.type) or \
             f"lower {lower_flags(p, args)} (`train.py ... --plan` shows the plan)"
-        raise UsageError(f"the run needs ~{needed(peak, device) / GiB:,.1f} GiB at its peak and {device.type} has "
-                         f"{have / GiB:,.1f} GiB ({where}): {todo}")
+        raise UsageError(f"the run needs {bound}~{needed(peak, device) / GiB:,.1f} GiB at its peak and {device.type} "
+                         f"has {have / GiB:,.1f} GiB ({where}): {todo}")

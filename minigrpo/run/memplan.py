@@ -72,7 +72,8 @@ def load_config(model):
         path = os.path.join(CONFIGS, BUNDLED[model])
         return read_config(path), f"{model} (bundled copy: minigrpo/data/configs/{BUNDLED[model]})"
     from huggingface_hub import hf_hub_download
-    path = hf_hub_download(repo_id=model, filename="config.json")
+    from minigrpo import hub
+    path = hub.fetch(hf_hub_download, repo_id=model, filename="config.json")
     return read_config(path), f"{model} (hub config.json)"
 
 
@@ -190,32 +191,42 @@ def kept_bytes(cfg, shape, dtype_bytes):
                                                                                       dtype_bytes))
 
 
-def plan(cfg, shape, dtype, lora_r, targets=DEFAULT_TARGETS, beta=0.0, costs=None, fast_decode=True, **switches):
-    """{part: bytes} and the derived peaks; costs: layercost.layer_costs(...) (measured here when None). fast_decode:
-    the run samples with the static compiled decode (train.py's default on CUDA), whose caches stay. switches:
-    inject_lora's experts and router (LoRA on a MoE model's routed experts and routers)."""
+def fixed_parts(cfg, shape, dtype, lora_r, targets=DEFAULT_TARGETS, beta=0.0, fast_decode=True, **switches):
+    """The plan's parts that need no measured layer cost: parameters, weights, trainable state, the caches and the
+    log-prob chunk (memguard refuses on them alone before the measurement, a minute at 4B on a CPU)."""
     s = torch.finfo(dtype).bits // 8
     total, trainable = param_counts(cfg, lora_r, targets, **switches)
-    costs = costs or layer_costs(cfg, dtype, lora_r, targets, **switches)
-    p = {"params": total, "trainable_params": trainable, "attention_kernel": costs.get("attention_kernel")}
+    p = {"params": total, "trainable_params": trainable}
     if lora_r > 0:
         p["weights"] = total * s
         p["trainable"] = 16 * trainable
     else:
         p["weights"] = total * 4 + (total * s if beta > 0 else 0)
         p["trainable"] = 12 * total
-    kv, gdn = cache_bytes(cfg, shape.rollout_rows, shape.slots, s)
-    p["kv_cache"], p["gdn_state"] = kv, gdn
-    p["prefill"] = prefill_bytes(cfg, costs, shape, s)
+    p["kv_cache"], p["gdn_state"] = cache_bytes(cfg, shape.rollout_rows, shape.slots, s)
     p["kept_states"] = kept_bytes(cfg, shape, s)
-    p["rollout"] = kv + gdn + p["prefill"] + p["kept_states"]
+    p["logprob_chunk"] = logprob_bytes(cfg, shape.micro_batch * shape.completion_tokens, s)
+    p["static_caches"] = static_cache_bytes(cfg, shape, s) if fast_decode else 0
+    p["static_slots"] = static_slots(shape) if fast_decode else 0
+    return p
+
+
+def plan(cfg, shape, dtype, lora_r, targets=DEFAULT_TARGETS, beta=0.0, costs=None, fast_decode=True, fixed=None,
+         **switches):
+    """{part: bytes} and the derived peaks; costs: layercost.layer_costs(...) (measured here when None); fixed:
+    fixed_parts(...) of the same arguments, when the caller has them. fast_decode: the run samples with the static
+    compiled decode (train.py's default on CUDA), whose caches stay. switches: inject_lora's experts and router
+    (LoRA on a MoE model's routed experts and routers)."""
+    s = torch.finfo(dtype).bits // 8
+    p = dict(fixed or fixed_parts(cfg, shape, dtype, lora_r, targets, beta, fast_decode, **switches))
+    costs = costs or layer_costs(cfg, dtype, lora_r, targets, **switches)
+    p["attention_kernel"] = costs.get("attention_kernel")
+    p["prefill"] = prefill_bytes(cfg, costs, shape, s)
+    p["rollout"] = p["kv_cache"] + p["gdn_state"] + p["prefill"] + p["kept_states"]
     B, T = shape.micro_batch, shape.train_tokens
-    p["logprob_chunk"] = logprob_bytes(cfg, B * shape.completion_tokens, s)
     a = s if lora_r > 0 else 4      # a full fine-tune trains fp32 weights: its activations are fp32 too
     p["activations"] = activation_bytes(cfg, costs, B, T, a, checkpointing=False)
     p["activations_ckpt"] = activation_bytes(cfg, costs, B, T, a, checkpointing=True)
-    p["static_caches"] = static_cache_bytes(cfg, shape, s) if fast_decode else 0
-    p["static_slots"] = static_slots(shape) if fast_decode else 0
     kept = p["weights"] + p["trainable"] + p["static_caches"]
     for name, act in (("peak", p["activations"]), ("peak_ckpt", p["activations_ckpt"])):
         p[name] = kept + max(p["rollout"], act + p["logprob_chunk"])

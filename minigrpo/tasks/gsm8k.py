@@ -275,10 +275,11 @@ HUB_INSTEAD = {"gsm8k": "--data FILE.jsonl or a folder holding train.jsonl and t
 def _hub_records(name: str, split: str, subject: str = "algebra") -> list[tuple[str, dict]]:
     """(where, row) of one split's parquet file of a known hub dataset (downloaded and cached by huggingface_hub)."""
     from huggingface_hub import hf_hub_download
+    from minigrpo import hub
     repo, files = HUB[name]
     file = files[split].format(subject=subject)
     try:
-        path = hf_hub_download(repo_id=repo, filename=file, repo_type="dataset")
+        path = hub.fetch(hf_hub_download, repo_id=repo, filename=file, repo_type="dataset")
     except Exception as e:   # offline, a proxy, no such file: one line saying what to pass instead
         raise OSError(f"{repo}: the hub download of {file} failed ({type(e).__name__}: {first_line(e)}); offline, "
                       f"pass {HUB_INSTEAD[name]}") from None

@@ -199,7 +199,8 @@ def test_model_outputs_equal_the_old_attention(kind, monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="compares the rules with torch's own checks on CUDA")
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA device: it compares the rules with torch's own checks there")
 def test_rules_agree_with_torch_on_cuda():
     from torch.backends.cuda import SDPAParams, can_use_efficient_attention, can_use_flash_attention
     cfg = attention_config("Qwen3.5-4B")

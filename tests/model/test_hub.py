@@ -141,3 +141,39 @@ def test_eval_py_takes_a_hub_id_offline(hub):
                              capture_output=True, text=True, timeout=600)
     assert missing.returncode == 2 and "--model tiny-org/absent" in missing.stderr
     shutil.rmtree(out_dir)
+
+
+def test_a_hub_that_does_not_answer_is_one_request_then_the_cache(monkeypatch):
+    """Online mode, the endpoint's port closed: one request through the hub client's own session, then the download
+    reads the local cache alone (local_files_only), in place of the client's five retries 1 to 8 s apart; nothing
+    cached is one ConnectionError naming the endpoint. Where the endpoint answers, with any status, the download is
+    called exactly as without the probe."""
+    import huggingface_hub.utils
+    from huggingface_hub import constants
+    from minigrpo import hub as hub_module
+    real, heads, calls = huggingface_hub.utils.get_session, [], []
+
+    class Counted:
+        def head(self, url, **kw):
+            heads.append(url)
+            return real().head(url, **kw)
+
+    def download(**kw):
+        calls.append(kw)
+        if kw.get("local_files_only") and kw["repo_id"] == "a/absent":
+            raise FileNotFoundError("outgoing traffic has been disabled")
+        return "the path"
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(huggingface_hub.utils, "get_session", Counted)
+    assert hub_module.fetch(download, repo_id="a/cached", filename="f") == "the path"
+    assert heads == ["http://127.0.0.1:9"] and calls == [{"repo_id": "a/cached", "filename": "f",
+                                                           "local_files_only": True}]
+    with pytest.raises(ConnectionError, match=r"^http://127\.0\.0\.1:9 did not answer \(.*\), and the local cache "
+                                              r"does not hold it$"):
+        hub_module.fetch(download, repo_id="a/absent")
+    calls.clear()
+    answers = type("Answers", (), {"head": lambda self, url, **kw: "a 404 is an answer too"})
+    monkeypatch.setattr(huggingface_hub.utils, "get_session", answers)
+    assert hub_module.fetch(download, repo_id="a/b", filename="f") == "the path"
+    assert calls == [{"repo_id": "a/b", "filename": "f"}]

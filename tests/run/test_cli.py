@@ -92,8 +92,10 @@ def test_a_typo_of_a_built_in_model_names_it():
 
 @pytest.mark.parametrize("script, shown", [
     ("train", ["G: samples per prompt (default: 8)", "--max-new-tokens MAX_NEW_TOKENS (default: 256)",
-               "--beta BETA KL coefficient (0 = no reference forward) (default: 0.0)"]),
-    ("eval", ["prompts per sampler call (default: 32)", "0 = greedy (default: 0.0)"])])
+               "--beta BETA KL coefficient (0 = no reference forward) (default: 0.0)",
+               "(default: bfloat16 on CUDA, float32 elsewhere)"]),
+    ("eval", ["prompts per sampler call (default: 32)", "0 = greedy (default: 0.0)"]),
+    ("judge", ["http(s)://host[:port] (default: local)", "seconds per grader call (default: 180.0)"])])
 def test_help_shows_the_defaults(script, shown, capsys):
     """Every flag with a default names it, a default of 0 too."""
     with pytest.raises(SystemExit) as e:
@@ -102,3 +104,42 @@ def test_help_shows_the_defaults(script, shown, capsys):
     assert e.value.code == 0
     assert [s for s in shown if s not in out] == []
 
+
+def script_parsers():
+    """{"script.py" or "script.py sub": parser} of every command-line script, each caught at its first parse."""
+    import argparse
+    import judge
+    import mdp
+    import tooluse
+    from eval import build_parser as eval_parser
+    from minigrpo.run.flags import build_parser as train_parser
+    caught = {"train.py": train_parser(), "eval.py": eval_parser()}
+    for name, call in (("judge.py", lambda: judge.parse_args([])), ("mdp.py", lambda: mdp.main([])),
+                       ("tooluse.py", lambda: tooluse.main([]))):
+        def catch(self, *a, name=name, **k):
+            caught[name] = self
+            raise SystemExit(0)
+        with pytest.MonkeyPatch.context() as mp, pytest.raises(SystemExit):
+            mp.setattr(argparse.ArgumentParser, "parse_known_args", catch)
+            call()
+    for name, parser in list(caught.items()):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                caught.update({f"{name} {sub}": p for sub, p in action.choices.items()})
+    return caught
+
+
+def test_every_option_with_a_value_says_its_default():
+    """--help of every script: an option that takes a value and may be left out says what leaving it out means,
+    argparse's default or the help's own words (a computed default, or 'none')."""
+    import argparse
+    parsers = script_parsers()
+    silent = []
+    for name, parser in parsers.items():
+        for action in parser._actions:
+            if action.nargs == 0 or action.required or action.help == argparse.SUPPRESS or \
+                    isinstance(action, argparse._SubParsersAction):
+                continue
+            if "default" not in parser._get_formatter()._format_action(action):
+                silent.append(f"{name} {action.option_strings[0]}")
+    assert len(parsers) == 8 and silent == []

@@ -25,14 +25,15 @@ def test_the_cgroup_limit_left_caps_memavailable(tmp_path):
     assert memguard.cpu_available(str(tmp_path / "none"), meminfo)[0] == 32_000_000 * 1024
 
 
-@pytest.mark.parametrize("flags, lower", [(["--max-new-tokens", "1000000"], "--micro-batch or --max-new-tokens"),
-                                          (["--group-size", "100000"], "--group-size, --tasks-per-step")])
+@pytest.mark.parametrize("flags, lower", [
+    (["--max-new-tokens", "1000000"], "--group-size, --tasks-per-step or --max-new-tokens"),   # its caches alone
+    (["--group-size", "100000"], "--group-size, --tasks-per-step")])
 def test_a_run_that_cannot_fit_is_one_line_before_any_work(flags, lower, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         train.main([*SYN, *flags, "--runs-dir", str(tmp_path / "runs")])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1, err
-    assert err[0].startswith("train.py: error: the run needs ~") and f"lower {lower}" in err[0], err
+    assert err[0].startswith("train.py: error: the run needs ") and f"lower {lower}" in err[0], err
     assert not (tmp_path / "runs").exists()         # nothing made: refused before the run folder
 
 
@@ -59,7 +60,7 @@ def test_an_eval_that_cannot_fit_is_one_line_before_any_work(tmp_path, capsys):
                  "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1, err
-    assert err[0].startswith("eval.py: error: the run needs ~") and \
+    assert err[0].startswith("eval.py: error: the run needs ") and \
         err[0].endswith("lower --batch-size, --group-size or --max-new-tokens"), err
     assert not (tmp_path / "out").exists()          # refused before --out was made
 
@@ -94,7 +95,7 @@ def test_tooluse_that_cannot_fit_is_one_line_before_any_work(monkeypatch, tmp_pa
         tooluse.main(["--runs-dir", str(tmp_path / "runs"), "--device", "cpu"])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1, err
-    assert err[0].startswith("tooluse.py: error: the run needs ~") and "no flag of tooluse.py sizes it" in err[0]
+    assert err[0].startswith("tooluse.py: error: the run needs ") and "no flag of tooluse.py sizes it" in err[0]
     assert not (tmp_path / "runs").exists()
 
 
@@ -118,3 +119,23 @@ def test_a_gpu_preset_on_a_cpu_says_so_and_what_to_run_instead(monkeypatch, caps
     train.refuse_what_cannot_fit(train.resolve_args(["--task", "soyuz", "--model", "tiny", "--device", "cpu"]))
     assert capsys.readouterr().err == ""
     assert train.presets.gpu_preset_note("soyuz", "Qwen/Qwen3.5-4B", "cuda") is None
+
+
+def test_a_run_over_its_fixed_parts_is_refused_before_any_layer_is_measured(monkeypatch):
+    """The soyuz preset (4B) on a CPU with 8 GiB left: its fp32 weights alone exceed it, so the guard refuses on
+    the plan's fixed parts and never measures a layer's cost (a minute at 4B on a CPU). The bound it refuses on is
+    never above the measured plan's peaks (tiny's plan, training and sampling, at --micro-batch 1, where the rollout
+    makes the peak and the bound is 97% of it), so it refuses no run that fits."""
+    import torch
+    from minigrpo.run import memplan
+    args = train.resolve_args([*SYN, "--micro-batch", "1"])
+    shape, s = memplan.run_shape(args, 64)
+    cfg, _ = memplan.load_config("tiny")
+    p = memplan.plan(cfg, shape, torch.float32, s["lora_r"], s["targets"], s["beta"], fast_decode=True)
+    assert 0 < memguard.floor(p, torch.float32, True) <= min(p["peak"], p["peak_ckpt"])
+    assert 0 < memguard.floor(p, torch.float32, False) <= p["params"] * 4 + p["static_caches"] + p["rollout"]
+    monkeypatch.setattr(memplan, "layer_costs", lambda *a, **k: pytest.fail("a layer's cost was measured"))
+    monkeypatch.setattr(memguard, "device_available", lambda d: (8 * 2 ** 30, "a fake 8 GiB limit"))
+    with pytest.raises(memguard.UsageError, match=r"needs at least ~.* GiB at its peak and cpu has 8.0 GiB \(a fake "
+                                                  r"8 GiB limit\): the soyuz preset is sized for a GPU"):
+        train.refuse_what_cannot_fit(train.resolve_args(["--task", "soyuz", "--device", "cpu", "--quiet"]))

@@ -62,7 +62,8 @@ def test_wandb_gets_every_step_and_a_resume_continues_its_run(tmp_path, monkeypa
 
 
 def test_tensorboard_appends_on_resume_and_hides_steps_past_the_checkpoint(tmp_path):
-    pytest.importorskip("tensorboard")
+    pytest.importorskip("tensorboard", reason="tensorboard is not installed: pip install tensorboard (--log-to "
+                                               "tensorboard's optional package) runs this test")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     run = RunFolder(str(tmp_path), "r")
     tb = Tracker("tensorboard", run, {}, step=0)

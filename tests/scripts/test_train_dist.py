@@ -66,7 +66,8 @@ def run_one(args, runs, name):
 
 def run_two(args, runs, name, **env):
     """train.py on 2 ranks under torchrun, each rank behind the device-only collectives of rank_main."""
-    pytest.importorskip("torch._lazy.ts_backend")
+    pytest.importorskip("torch._lazy.ts_backend", reason="this torch has no torch._lazy.ts_backend, which the two "
+                                                     "ranks' device-only collectives run on")
     cmd = [TORCHRUN if os.path.exists(TORCHRUN) else "torchrun", "--standalone", "--nproc_per_node", "2",
            os.path.abspath(__file__), *SMALL, "--runs-dir", str(runs), "--run-name", name, *args]
     # gloo picks its interface from the hostname unless told; a CI container's hostname may not resolve

@@ -230,16 +230,17 @@ def test_a_soyuz_tasks_file_that_cannot_be_used_is_one_line(content, named, tmp_
 
 
 def test_gsm8k_without_data_offline_says_to_pass_data(tmp_path):
-    """The hub out of reach (HF_HUB_OFFLINE=1, an empty cache): one line that says what to pass instead."""
+    """The hub out of reach without HF_HUB_OFFLINE (an endpoint whose port is closed, an empty cache): one line that
+    says what to pass instead, and none of the hub client's retry warnings before it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
-    env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT="http://127.0.0.1:9", OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     out = subprocess.run([sys.executable, "train.py", "--task", "gsm8k", "--model", "tiny", "--quiet",
                           "--runs-dir", str(tmp_path / "runs")], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 2, out.stderr[-3000:]
     err = out.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("train.py: error: --task gsm8k: openai/gsm8k"), err
-    assert "pass --data FILE.jsonl or a folder" in err[0]
+    assert "pass --data FILE.jsonl or a folder" in err[0] and "http://127.0.0.1:9 did not answer" in err[0]
     assert not os.listdir(tmp_path / "runs")
 
 
