@@ -150,6 +150,12 @@ def build_section(sec, M, cold):
     """The models, once: a first try within the section's time; if it fails or is stopped, one retry, given at least
     twice the build's estimate (taken from the last sections: without models no section runs)."""
     what = "transformers' model, ours on its tensors, + LoRA"
+    # transformers' modules imported whole first, outside any time limit (a model on the meta device allocates
+    # nothing): a limit that stops an import halfway leaves its lazy imports broken, and the retry then fails.
+    # The section keeps the time it had.
+    left = sec.deadline - sec.report.elapsed()
+    shapes.build_hf(M.cfg["shape"], torch.bfloat16, "meta", layers=4)
+    sec.extend(left)
     sec.measure(f"build: {what}", lambda: build(M, cold), need=0)
     if M.hf is None:
         gc.collect()

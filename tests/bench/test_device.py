@@ -98,6 +98,23 @@ def test_a_build_that_fails_or_overruns_is_retried_once(tmp_path, monkeypatch):
     assert calls[-1] == 0.0 and len(calls) == 5 and load(tmp_path)["rows"][-1]["case"].startswith("build:")
 
 
+def test_transformers_is_imported_before_the_build_can_be_stopped(tmp_path):
+    """The build's time limit (SIGALRM) must never stop transformers' imports halfway: a half-done import left its
+    lazy imports broken, and the retry failed (ModuleNotFoundError: GenerationMixin) on a loaded CPU. By the first
+    build's start, building the model imports nothing new."""
+    code = ("import sys, time, torch; sys.path.insert(0, 'bench'); import device, device_report, shapes\n"
+            "def measure(case, fn, need=0):\n"
+            "    before = set(sys.modules)\n"
+            "    shapes.build_hf(device.SMALL['shape'], torch.bfloat16, 'meta', layers=4)\n"
+            "    print(len([k for k in set(sys.modules) - before if k.startswith('transformers')]))\n"
+            "    raise SystemExit(0)\n"
+            f"sec = device_report.Report({str(tmp_path)!r}, 100, time.time(), {{}}).section('build', 5)\n"
+            "sec.measure = measure\n"
+            "device.build_section(sec, device.Models(device.SMALL, None), 0.0)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "0", (out.stdout, out.stderr[-2000:])
+
+
 def test_tiny_budget_skips_every_section_and_exits_0(tmp_path):
     out = run_script(tmp_path, "--budget", "1", timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
