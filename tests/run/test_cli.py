@@ -1,11 +1,25 @@
 """minigrpo/run/cli.py: how train.py and eval.py end. A usage error is one "<prog>: error:" line and exit code 2, a
 refusal that keeps data from harm "<prog>: refused:" and 3, a run-policy stop its cause and what is kept with exit
 code 4, a Ctrl-C what is kept with exit code 130, a SIGTERM the same with 143; any other error is raised as it is. `ended` sees every one of them first (it undoes what the command made)."""
+import importlib.util
+import os
+
 import pytest
 
 from minigrpo.errors import Refusal, StopRun, UsageError
 from minigrpo.run import cli
 from minigrpo.signals import Terminated
+
+from repo_root import ROOT
+
+
+def script(name):
+    """The top-level script name.py as a module, loaded from its file: `import judge` may find the tests/judge
+    package instead, by the order a worker ran its files in."""
+    spec = importlib.util.spec_from_file_location(f"script_{name}", os.path.join(ROOT, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def ends(exc, capsys):
@@ -73,13 +87,13 @@ def test_a_refused_flag_is_a_usage_line(capsys):
     assert e.value.code == 0
 
 
-@pytest.mark.parametrize("script", ["train", "eval"])
-def test_a_typo_in_a_choice_is_one_line_with_the_nearest(script, capsys):
-    main = __import__(script).main
+@pytest.mark.parametrize("name", ["train", "eval"])
+def test_a_typo_in_a_choice_is_one_line_with_the_nearest(name, capsys):
+    main = script(name).main
     with pytest.raises(SystemExit) as e:
         main(["--task", "synthtic"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and err == [f"{script}.py: error: argument --task: invalid choice: 'synthtic' (choose "
+    assert e.value.code == 2 and err == [f"{name}.py: error: argument --task: invalid choice: 'synthtic' (choose "
                                          "from 'synthetic', 'soyuz', 'gsm8k', 'mdp', 'revise', 'terminal'); did you "
                                          "mean 'synthetic'?"]
 
@@ -90,16 +104,16 @@ def test_a_typo_of_a_built_in_model_names_it():
         local_folder("tinyy")
 
 
-@pytest.mark.parametrize("script, shown", [
+@pytest.mark.parametrize("name, shown", [
     ("train", ["G: samples per prompt (default: 8)", "--max-new-tokens MAX_NEW_TOKENS (default: 256)",
                "--beta BETA KL coefficient (0 = no reference forward) (default: 0.0)",
                "(default: bfloat16 on CUDA, float32 elsewhere)"]),
     ("eval", ["prompts per sampler call (default: 32)", "0 = greedy (default: 0.0)"]),
     ("judge", ["http(s)://host[:port] (default: local)", "seconds per grader call (default: 180.0)"])])
-def test_help_shows_the_defaults(script, shown, capsys):
+def test_help_shows_the_defaults(name, shown, capsys):
     """Every flag with a default names it, a default of 0 too."""
     with pytest.raises(SystemExit) as e:
-        __import__(script).main(["--help"])
+        script(name).main(["--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert e.value.code == 0
     assert [s for s in shown if s not in out] == []
@@ -108,9 +122,7 @@ def test_help_shows_the_defaults(script, shown, capsys):
 def script_parsers():
     """{"script.py" or "script.py sub": parser} of every command-line script, each caught at its first parse."""
     import argparse
-    import judge
-    import mdp
-    import tooluse
+    judge, mdp, tooluse = script("judge"), script("mdp"), script("tooluse")
     from eval import build_parser as eval_parser
     from minigrpo.run.flags import build_parser as train_parser
     caught = {"train.py": train_parser(), "eval.py": eval_parser()}
