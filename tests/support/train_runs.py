@@ -1,6 +1,6 @@
-"""What the tests that run train.py in a child process share: its environment, the logged metrics without their
-timings (which differ from run to run), the last checkpoint's weights, and the wait for a checkpoint before a
-signal is sent to the run."""
+"""What the tests that run train.py share: a small synthetic run's flags, train.main in this process with its exit
+code and lines, the child process's environment, the logged metrics without their timings (which differ from run to
+run), the last checkpoint's weights, and the wait for a checkpoint before a signal is sent to the run."""
 import json
 import os
 import time
@@ -30,3 +30,21 @@ def wait_for_checkpoint(proc, path, what, timeout=300):
     while not path.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.02)
     assert proc.poll() is None, f"the run ended before it could be {what}"
+
+
+SMALL = ["--task", "synthetic", "--model", "tiny", "--tasks-per-step", "4", "--group-size", "4",
+         "--micro-batch", "8", "--quiet", "--seed", "1"]
+
+def main_lines(argv, capsys, out=None):
+    """train.main(argv) in this process: (exit code or None, the stderr lines); `out`, a list, gets the stdout lines
+    (the final table and the closing reward line)."""
+    import train
+    code = None
+    try:
+        train.main(argv)
+    except SystemExit as e:
+        code = e.code
+    captured = capsys.readouterr()
+    if out is not None:
+        out += captured.out.strip().splitlines()
+    return code, captured.err.strip().splitlines()
