@@ -78,12 +78,14 @@ def training_ended(args, argv):
     the command that works now: --resume once config.json is written, else the same command again (a pipeline,
     --task mdp or --experiment, continues by the same command)."""
     made = not os.path.exists(os.path.join(args.runs_dir, args.run_name))
+    top = _first_missing(args.runs_dir)    # the --runs-dir folders this command will make, from here down
     again = sys.argv[1:] if argv is None else argv
 
     def ended(e):
         run = RunFolder(args.runs_dir, args.run_name)
         if isinstance(e, (UsageError, KeyboardInterrupt, StopRun)) and made and run.holds_nothing():
             shutil.rmtree(run.path)
+            _remove_empty(args.runs_dir, top)
         if not isinstance(e, (StopRun, KeyboardInterrupt)):
             return ""
         if args.task == "mdp" or args.experiment:
@@ -92,3 +94,23 @@ def training_ended(args, argv):
             return f"nothing was written yet; start it again with: {run.start_command(again)}"
         return run.stop_note()
     return ended
+
+
+def _first_missing(path: str) -> str | None:
+    """The outermost folder of path that does not exist yet (None when path exists)."""
+    path, top = os.path.abspath(path), None
+    while not os.path.exists(path):
+        top, path = path, os.path.dirname(path)
+    return top
+
+
+def _remove_empty(path: str, top: str | None):
+    """Remove path and its parents up to top, the folders a failed start made, while they are empty: a folder
+    that was there before, or that holds anything, stays."""
+    path = os.path.abspath(path)
+    while top and (path == top or path.startswith(top + os.sep)):
+        try:
+            os.rmdir(path)
+        except OSError:
+            return
+        path = os.path.dirname(path)

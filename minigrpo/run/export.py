@@ -15,9 +15,11 @@ model folder. What lands in OUT:
                       pipeline's stage adapter, which sits on its run's sft_adapter folded in) is written to OUT/base
                       and pointed to there: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), OUT)
 
-OUT must not exist or be empty: the export is built in a temporary folder beside it and renamed into place, so it
-never overwrites a file and a failed export leaves nothing behind. Every stop is one line with train.py's exit
-codes (docs/training.md, "How a run ends"): 2 for bad input or an OUT that cannot be written, 4 for a full disk.
+OUT must not exist or be empty: the export is built in a temporary folder and moved into place, so it never
+overwrites a file and a failed export leaves nothing behind (beside a new OUT and renamed onto it; inside an empty
+one, which may be a mounted volume that cannot be renamed onto, and its files moved up). Every stop is one line
+with train.py's exit codes (docs/training.md, "How a run ends"): 2 for bad input or an OUT that cannot be written,
+4 for a full disk.
 """
 import argparse
 import json
@@ -33,7 +35,7 @@ from minigrpo.evals.common import UsageError as ExportError, adapter_base, adapt
 from minigrpo.evals.mdp import mdp_pipeline_run, mdp_stage_base
 from minigrpo.files import disk_full, full_disk_line
 from minigrpo.lora import fold_lora
-from minigrpo.run import checkpoints, cli
+from minigrpo.run import checkpoints, cli, lock
 from minigrpo.run.lora_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS, export_merged, load_adapter
 from minigrpo.model import Qwen
 from minigrpo.pretrained import load_pretrained, parse_dtype
@@ -70,6 +72,8 @@ def load_tokenizer(name: str, flag_hint: str) -> Tokenizer:
 # -----------------------------------------------------------------------------------------------------------------
 # Writing the folder
 
+STAGE = ".tmp-export-"     # the temporary folder's name: STAGE + OUT's name + "-" + the exporting pid
+
 def write_model(model, tok, out: str):
     """config.json, model.safetensors in transformers' names (a LoRA model merged), the tokenizer's files."""
     export_merged(model, None, out)
@@ -94,19 +98,23 @@ def export(source: str, out: str, merge: bool = False, base: str | None = None, 
     kind, folder = resolve_source(source)
     check_out(out)
     dtype = parse_dtype(dtype)
-    tmp = os.path.join(os.path.dirname(os.path.abspath(out)), f".tmp-export-{os.path.basename(out)}-{os.getpid()}")
+    inside = os.path.isdir(out)
+    where = os.path.abspath(out) if inside else os.path.dirname(os.path.abspath(out))
+    tmp = os.path.join(where, f"{STAGE}{os.path.basename(os.path.abspath(out))}-{os.getpid()}")
     try:
         os.makedirs(tmp)
         what = fill(kind, folder, tmp, os.path.abspath(out), merge, base, tokenizer, dtype)
-        if os.path.isdir(out):
-            os.rmdir(out)          # empty (check_out); rmdir refuses anything else
-        os.replace(tmp, out)
+        if inside:             # renames within one folder's disk: none can fail for room
+            for name in os.listdir(tmp):
+                os.replace(os.path.join(tmp, name), os.path.join(out, name))
+        else:
+            os.replace(tmp, out)
     except (OSError, RuntimeError, SafetensorError) as e:    # a read-only or full disk: the folder and the OS's cause
         if not checkpoints.write_error(e):
             raise
         if disk_full(e):                                     # a runtime stop, as a full disk is in train.py
-            raise StopRun(full_disk_line(f"the export {out}", os.path.dirname(tmp))) from None
-        raise ExportError(f"{out}: cannot write the export in {os.path.dirname(tmp)} ({checkpoints.write_error(e)}); "
+            raise StopRun(full_disk_line(f"the export {out}", where)) from None
+        raise ExportError(f"{out}: cannot write the export in {where} ({checkpoints.write_error(e)}); "
                           "pass an OUT on a disk you can write, with room for it (nothing was written)") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -114,6 +122,8 @@ def export(source: str, out: str, merge: bool = False, base: str | None = None, 
 
 
 def check_out(out: str):
+    if os.path.isdir(out):
+        remove_dead_stages(out)
     if os.path.isdir(out) and os.listdir(out):
         raise ExportError(f"{out}: the folder exists and is not empty; pass a new or empty folder (nothing was "
                           "overwritten)")
@@ -122,6 +132,15 @@ def check_out(out: str):
     parent = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(parent):
         raise ExportError(f"{out}: its parent folder {parent} does not exist")
+
+
+def remove_dead_stages(out: str):
+    """What an export killed outright (SIGKILL; every other stop removes its own) left in OUT: its temporary folder,
+    named for its pid, which no running process has now."""
+    for name in os.listdir(out):
+        pid = name.rpartition("-")[2]
+        if name.startswith(STAGE) and pid.isdigit() and not lock.running(int(pid)):
+            shutil.rmtree(os.path.join(out, name), ignore_errors=True)
 
 
 def fill(kind, folder, tmp, final, merge, base, tokenizer, dtype) -> str:

@@ -106,13 +106,18 @@ def _who(pid) -> str:
 
 
 def _gone(pid) -> str:
+    return "which no longer holds it" if running(pid) else "which is no longer running"
+
+
+def running(pid: int) -> bool:
+    """Whether a process of that pid exists (another user's too)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return "which is no longer running"
+        return False
     except PermissionError:
         pass
-    return "which no longer holds it"
+    return True
 
 
 def _same_file(fd, path) -> bool:

@@ -3,8 +3,10 @@ beside the weights) that pretrained.load_pretrained and eval.py --model load, a 
 for eval.py --adapter, and `python -m minigrpo.run.export` writes folders transformers (and peft) load with our logits
 (fp32, 1e-5). The runs are the quickstart's (--task synthetic --model tiny, full fine-tune) and a LoRA one, two
 steps each; transformers and peft are the test's oracles only."""
+import errno
 import json
 import os
+import subprocess
 
 import pytest
 from safetensors import SafetensorError
@@ -174,6 +176,52 @@ def test_bad_input_is_one_line_and_nothing_is_overwritten(runs, tmp_path, capsys
     assert not [f for f in os.listdir(tmp_path) if f.startswith((".tmp", "o1", "o2", "o3"))]
 
 
+
+def test_an_empty_out_that_cannot_be_renamed_onto_is_filled_in_place(runs, tmp_path, monkeypatch):
+    """An empty OUT that is a mount point (a container's volume): the kernel refuses to remove or rename onto it
+    (EBUSY, played here: a mount needs root). The export is staged inside it and its files moved up, nothing else
+    left there."""
+    run, _ = runs["lora"]
+    out = tmp_path / "volume"
+    out.mkdir()
+    rmdir, replace = os.rmdir, os.replace
+
+    def busy(call):
+        def refuse(a, b=None, **k):
+            if str(out) in (os.path.abspath(a), b and os.path.abspath(b)):
+                raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), str(out))
+            return call(a, **k) if b is None else call(a, b, **k)
+        return refuse
+    monkeypatch.setattr(os, "rmdir", busy(rmdir))
+    monkeypatch.setattr(os, "replace", busy(replace))
+    export.main([run, str(out)])
+    assert sorted(os.listdir(out)) == ["adapter_config.json", "adapter_model.safetensors", "base", "tokenizer.json",
+                                       "tokenizer_config.json"]
+    config = json.load(open(out / "adapter_config.json"))
+    assert config["base_model_name_or_path"] == str(out / "base") and os.listdir(tmp_path) == ["volume"]
+
+
+def test_what_a_killed_export_left_in_out_is_removed_a_live_ones_is_not(runs, tmp_path, capsys):
+    """A SIGKILL leaves the stage in OUT; the next export removes it when no process has its pid. A stage whose
+    exporter still runs (this process) makes OUT not empty: nothing of it is touched."""
+    run, _ = runs["full"]
+    out = tmp_path / "out"
+    dead = _dead_pid()
+    (out / f"{export.STAGE}out-{dead}").mkdir(parents=True)
+    export.main([run, str(out)])
+    assert "config.json" in os.listdir(out) and not [f for f in os.listdir(out) if f.startswith(export.STAGE)]
+    live = tmp_path / "live"
+    (live / f"{export.STAGE}live-{os.getpid()}").mkdir(parents=True)
+    assert "not empty" in export_error([run, str(live)], capsys)
+    assert os.listdir(live) == [f"{export.STAGE}live-{os.getpid()}"]
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended and been reaped."""
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
 FULL = "stopping: the export {out} could not be written (No space left on device; "
 
 
@@ -184,7 +232,9 @@ FULL = "stopping: the export {out} could not be written (No space left on device
     (OSError(28, "No space left on device"), 4, FULL),
     (SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"), 4, FULL)],
     ids=["read-only", "full", "full-safetensors"])
-def test_an_export_to_a_full_or_read_only_disk_is_one_line(runs, tmp_path, capsys, monkeypatch, err, code, line):
+@pytest.mark.parametrize("there", [False, True], ids=["new-out", "empty-out"])
+def test_an_export_to_a_full_or_read_only_disk_is_one_line(runs, tmp_path, capsys, monkeypatch, err, code, line,
+                                                           there):
     """The OS refuses the weights file (root writes through mode bits, so the kernel's answer is played here; the
     safetensors writer's own words for a full disk too): one line naming the folder and the cause, nothing left
     behind. A read-only OUT is the user's to change (exit 2); a full disk is a runtime stop (exit 4), as in
@@ -194,13 +244,16 @@ def test_an_export_to_a_full_or_read_only_disk_is_one_line(runs, tmp_path, capsy
     def refused(*a, **k):
         raise err
     monkeypatch.setattr(export, "write_model", refused)
+    out = tmp_path / "out"
+    if there:                  # staged inside it: the folder named is OUT itself
+        out.mkdir()
     with pytest.raises(SystemExit) as e:
-        export.main([run, str(tmp_path / "out")])
+        export.main([run, str(out)])
     lines = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == code and len(lines) == 1, lines
-    assert lines[0].startswith("export: " + line.format(out=tmp_path / "out", dir=tmp_path)), lines
+    assert lines[0].startswith("export: " + line.format(out=out, dir=out if there else tmp_path)), lines
     assert lines[0].endswith("nothing was written)" if code == 2 else "free some space; nothing was written")
-    assert os.listdir(tmp_path) == []
+    assert os.listdir(tmp_path) == (["out"] if there else []) and (not there or os.listdir(out) == [])
 
 
 def test_the_exported_weights_are_readable_as_the_umask_allows(runs, tmp_path):

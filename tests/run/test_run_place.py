@@ -68,18 +68,22 @@ def test_a_runs_dir_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeyp
     assert code == 2 and not os.path.exists(tmp_path / "ro")
 
 
-def test_a_full_disk_at_the_start_is_a_runtime_stop_that_leaves_nothing(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("made", [False, True], ids=["runs-dir-there", "runs-dir-made"])
+def test_a_full_disk_at_the_start_is_a_runtime_stop_that_leaves_nothing(made, tmp_path, capsys, monkeypatch):
     """A full --runs-dir: the lock file is made (an empty file takes no room) but its pid cannot be written, as on a
     full tmpfs. A runtime stop (exit 4) naming the folder and errno's words; neither the folder nor its lock is
-    left, so the same --run-name works once there is room."""
+    left, so the same --run-name works once there is room; a --runs-dir the command made (two levels here) goes
+    too, one that was there stays."""
     def full(fd, data, offset):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     monkeypatch.setattr(os, "pwrite", full)
-    (tmp_path / "runs").mkdir()
-    argv = ["--runs-dir", str(tmp_path / "runs"), "--run-name", "r"]
+    runs = tmp_path / "new" / "runs" if made else tmp_path / "runs"
+    if not made:
+        runs.mkdir()
+    argv = ["--runs-dir", str(runs), "--run-name", "r"]
     code, line = error_line(argv, capsys)
-    assert code == 4 and line.startswith(f"train.py: stopping: {tmp_path / 'runs' / 'r'} could not be written (No "
+    assert code == 4 and line.startswith(f"train.py: stopping: {runs / 'r'} could not be written (No "
                                          "space left on device; ")
     again = shlex.join(["train.py", *SYN, *argv])      # after python as the user would type it
     assert "; nothing was written yet; start it again with: " in line and line.endswith(f" {again}"), line
-    assert os.listdir(tmp_path / "runs") == []
+    assert os.listdir(tmp_path) == ([] if made else ["runs"]) and (made or os.listdir(runs) == [])
