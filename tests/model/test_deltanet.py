@@ -16,6 +16,7 @@ import torch
 import minigrpo
 from minigrpo import deltanet
 from minigrpo.deltanet import chunked_delta_rule, l2norm, recurrent_delta_rule
+from minigrpo.pretrained import load_pretrained
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(minigrpo.__file__)), "bench"))
 from deltanet_backward import BytesMade, indexed_delta_rule  # noqa: E402
@@ -118,3 +119,25 @@ def test_a_rows_chunks_start_at_its_first_real_token(monkeypatch):
         o1, s1 = real_rule(*r, state[:1])
         assert torch.allclose(o[i:i + 1, :, T - n:], o1, atol=1e-6, rtol=0)
         assert torch.allclose(S[i:i + 1], s1, atol=1e-6, rtol=0)     # the pads moved to the end change nothing
+
+
+def test_the_models_padded_rows_reach_the_chunk_loop_from_their_first_real_token(monkeypatch):
+    """The same, seen from the model: a left-padded batch (0, 5 and 64 pads) through tiny-qwen3.5's forward, as the
+    trainer's micro-batch and the sampler's prefill call it. Every Gated DeltaNet layer hands each row to the chunk
+    loop with its first real token on the chunk grid (a padding mask lost between the model and the rule would
+    change only the rounding, which the fp32 parity tests' 1e-4 cannot see)."""
+    model = load_pretrained("tiny-qwen3.5")
+    layers = sum(isinstance(m, deltanet.GatedDeltaNet) for m in model.modules())
+    g = torch.Generator().manual_seed(0)
+    lengths, T = (70, 65, 6), 70
+    ids = torch.randint(0, 256, (3, T), generator=g)
+    mask = torch.tensor([[0] * (T - n) + [1] * n for n in lengths])
+    seen = []
+    real_rule = deltanet.chunked_delta_rule
+    monkeypatch.setattr(deltanet, "chunked_delta_rule", lambda *a: seen.append(a[1]) or real_rule(*a))
+    with torch.no_grad():
+        model(ids, attention_mask=mask)
+    assert layers > 0 and len(seen) == layers
+    for k in seen:
+        first = (k.abs().sum((1, 3)) > 0).float().argmax(-1)                     # (B,) first real slot
+        assert all(f % deltanet.CHUNK == 0 for f in first.tolist()), first.tolist()
