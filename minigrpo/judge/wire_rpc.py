@@ -7,10 +7,13 @@ module, this file imports them from minigrpo.judge.wire.
 
 The child (`serve`) imports the answer as module `solution` on the driver's first request, answers requests
 (call, getattr, setattr, op, run a harness snippet) and, while it waits for the driver, serves the driver's
-callbacks. Exceptions cross as (class name, builtin base, message); an exception that is not an Exception (exit,
-interrupt) is reported as `exit`, which the driver treats as a failed case, never as a pass.
+callbacks. Exceptions cross as (class name, builtin base, message) and a random token: an exception raised back
+across the channel (a callback's exception that the answer re-raises) arrives as the very object first raised, a
+copy of it as a new one. An exception that is not an Exception (exit, interrupt) is reported as `exit`, which the
+driver treats as a failed case, never as a pass.
 """
 
+import secrets
 import sys
 
 if __name__ != "__main__":      # imported; in the child's program wire.py's source has just defined these names
@@ -26,10 +29,36 @@ class Endpoint:
     arrive meanwhile with `handle(message)`. Both sides are single-threaded per request chain."""
 
     share_exception_classes = True      # an exception of a class of ours crosses with a handle to its class
+    KEPT_EXCEPTIONS = 256               # the last exceptions each way whose identity a raise back keeps
 
     def __init__(self, side, rfile, wfile, make_proxy, handle, call_only=False, share=False):
         self.codec = Codec(side, make_proxy, call_only, share)
         self.rfile, self.wfile, self.handle = rfile, wfile, handle
+        self.sent = {}          # token -> an exception of ours raised to the peer
+        self.received = {}      # id -> (the peer's token, the exception made here for it)
+
+    def identity(self, e):
+        """The token of an exception raised to the peer: the peer's own when e is the object it raised to us (raised
+        back), else a new one of ours, random so that none can be guessed."""
+        theirs = self.received.get(id(e))
+        if theirs is not None and theirs[1] is e:
+            return {"yours": theirs[0]}
+        token = secrets.token_hex(8)
+        self.sent[token] = e
+        _keep_last(self.sent, self.KEPT_EXCEPTIONS)
+        return {"token": token}
+
+    def raised_here(self, message):
+        """The exception to raise for the peer's `raise` reply: one of ours raised back is that object itself."""
+        mine = self.sent.get(message.get("yours")) if isinstance(message.get("yours"), str) else None
+        if mine is not None:
+            return mine
+        name, base, text = (str(x)[:500] for x in message["raise"][:3])
+        e = self.exception(name, base, text, message.get("handle"))
+        if isinstance(message.get("token"), str):
+            self.received[id(e)] = (message["token"][:32], e)
+            _keep_last(self.received, self.KEPT_EXCEPTIONS)
+        return e
 
     def exception(self, name, base, text, handle):
         """The exception to raise here for one raised on the other side: the builtin class it derives from."""
@@ -64,8 +93,7 @@ class Endpoint:
             if "too_large" in message:
                 raise TooLarge("the peer's reply, counted as if copied, is over the cap")
             if "raise" in message:
-                name, base, text = (str(x)[:500] for x in message["raise"][:3])
-                raise self.exception(name, base, text, message.get("handle"))
+                raise self.raised_here(message)
             if "exit" in message:
                 raise PeerGone(f"the other side exited ({str(message['exit'])[:100]})")
             raise ProtocolError("message is neither a request nor a reply")
@@ -83,7 +111,7 @@ class Endpoint:
         except Exception as e:      # the handled code raised: send it over by name
             reply = {"raise": [type(e).__name__, builtin_base(type(e)), str(e)[:500]],
                      "handle": self.codec.encode(type(e)) if type(e).__module__ != "builtins"
-                     and self.share_exception_classes else None}
+                     and self.share_exception_classes else None, **self.identity(e)}
         except BaseException as e:  # exit, interrupt: never a normal result
             reply = {"exit": type(e).__name__}
             self.send(reply)
@@ -92,6 +120,12 @@ class Endpoint:
             self.send(reply)
         except TooLarge:
             self.send({"too_large": True})
+
+
+def _keep_last(table, n):
+    """Drop a dict's oldest entries past n (dicts keep insertion order)."""
+    while len(table) > n:
+        del table[next(iter(table))]
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -271,8 +271,10 @@ def test_options_without_help_text_fail_the_documentation_criterion(judge):
 
 
 # retry-bug-fix c3 ("re-raises the last exception itself instead of returning None"; the prompt: "not a new one,
-# not None"). An exception crosses the channel as its class name and message, so a new exception of the same class
-# and message is the same to the test as the one fn raised: 1.0 against 0.0 for a new RuntimeError on c3.
+# not None"). An exception crossed the channel as its class name and message, so a new exception of the same class
+# and message was the same to the test as the one fn raised: 1.0 against 0.0 for a new RuntimeError on c3. Fixed:
+# an exception raised back across the channel arrives as the object first raised (wire_rpc's tokens), and c3 asks
+# for the last one with `is`.
 def reraised_as_new(exc):
     code = extract_code(reference("retry-bug-fix"))
     reraise = "                raise  # out of attempts: the caller sees the real error and its traceback\n"
@@ -281,9 +283,11 @@ def reraised_as_new(exc):
         reraise, f"                raise {exc} from None\n")
 
 
-@works("an exception crosses the channel as (class, message): a new exception made from the last one's class and "
-       "message passes c3 as the last exception itself (measured: 1.0 against 0.0 for a new RuntimeError). Fix: the "
-       "channel carries an exception the driver raised by identity (a handle), so the test can compare it with `is`")
 def test_a_new_exception_copied_from_the_last_is_not_the_last_exception_itself(judge):
-    assert_no_more_than_control(judge, "retry-bug-fix", ["c3"], reraised_as_new("type(e)(*e.args)"),
-                                reraised_as_new('RuntimeError("all attempts failed")'))
+    answers = {"reference": extract_code(reference("retry-bug-fix")), "copy": reraised_as_new("type(e)(*e.args)"),
+               "copy with its traceback": reraised_as_new("type(e)(*e.args).with_traceback(e.__traceback__)"),
+               "new": reraised_as_new('RuntimeError("all attempts failed")')}
+    got = grade_side_by_side(judge, "retry-bug-fix", ["c3"], answers)
+    assert got["reference"].score == 1.0, explain(got["reference"])
+    for name in ("copy", "copy with its traceback", "new"):
+        assert got[name].score == 0.0, (name, explain(got[name]))

@@ -236,3 +236,22 @@ def test_a_forged_reply_of_values_that_share_a_hash_fails_its_case_by_rule(tag):
     checks = [{"type": "python", "test": f"assert f({x}) == {x}", "timeout": 5} for x in (1, 2)]
     [(bad, reason), (good, _)] = run_python_checks(checks, fenced(forged(tag)))
     assert bad is False and "share one hash" in reason and good is True, reason
+
+
+def test_an_exception_raised_back_across_the_channel_is_the_object_first_raised():
+    """A callback's exception that the answer re-raises comes back as that object (a test may ask `is`); a copy the
+    answer made, or a token this side never sent, comes back as a new object; the peer's token of an exception
+    made here goes back with it when it is raised back; only the last KEPT_EXCEPTIONS keep their identity."""
+    from minigrpo.judge.driver_answer import DriverEndpoint
+    side = DriverEndpoint(None, None, lambda *a: None, None)
+    words = ["ConnectionError", "ConnectionError", "failure 3"]
+    first = ConnectionError("failure 3")
+    token = side.identity(first)["token"]
+    assert side.raised_here({"raise": words, "yours": token}) is first
+    copy = side.raised_here({"raise": words, "token": "a1"})
+    assert copy is not first and type(copy) is ConnectionError and str(copy) == "failure 3"
+    assert side.raised_here({"raise": words, "yours": "0" * 16}) is not first
+    assert side.identity(copy) == {"yours": "a1"} and "token" in side.identity(ConnectionError("failure 3"))
+    for i in range(side.KEPT_EXCEPTIONS):
+        side.identity(ValueError(i))
+    assert side.raised_here({"raise": words, "yours": token}) is not first
