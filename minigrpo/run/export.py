@@ -74,6 +74,7 @@ def load_tokenizer(name: str, flag_hint: str) -> Tokenizer:
 
 STAGE = ".tmp-export-"     # the temporary folder's name: STAGE + OUT's name + "-" + the exporting pid
 
+
 def write_model(model, tok, out: str):
     """config.json, model.safetensors in transformers' names (a LoRA model merged), the tokenizer's files."""
     export_merged(model, None, out)
