@@ -155,7 +155,7 @@ def test_a_model_folder_that_cannot_be_used_is_one_line(kind, build, named, tmp_
     line = one_line_error(["--task", "synthetic", "--model", folder, "--quiet", "--steps", "1"],
                           tmp_path / "runs", capsys)
     assert f"--model {folder}" in line and named in line, line
-    assert not os.listdir(tmp_path / "runs")         # the run folder made for it is gone again
+    assert not os.path.exists(tmp_path / "runs")     # the run folder made for it is gone, the --runs-dir too
 
 
 def test_lora_targets_this_model_lacks_are_one_line(tmp_path, capsys):
@@ -197,7 +197,7 @@ def test_a_gsm8k_data_file_that_cannot_be_used_is_one_line(kind, lines, named, t
     assert "--data" in line and named in line, line
     if kind not in ("empty", "blank lines only", "too few for a train split"):
         assert f"{data} line" in line                 # the file and the line to fix
-    assert not os.listdir(tmp_path / "runs")
+    assert not os.path.exists(tmp_path / "runs")
 
 
 def test_a_gsm8k_folder_without_its_files_is_one_line(tmp_path, capsys):
@@ -226,7 +226,7 @@ def test_a_soyuz_tasks_file_that_cannot_be_used_is_one_line(content, named, tmp_
     line = one_line_error(["--task", "soyuz", "--model", "tiny", "--data", str(tmp_path / "tasks.json"),
                            "--quiet", "--steps", "1"], tmp_path / "runs", capsys)
     assert f"{tmp_path / 'tasks.json'}" in line and named in line, line
-    assert not os.listdir(tmp_path / "runs")
+    assert not os.path.exists(tmp_path / "runs")
 
 
 def test_gsm8k_without_data_offline_says_to_pass_data(tmp_path):
@@ -241,7 +241,7 @@ def test_gsm8k_without_data_offline_says_to_pass_data(tmp_path):
     err = out.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("train.py: error: --task gsm8k: openai/gsm8k"), err
     assert "pass --data FILE.jsonl or a folder" in err[0] and "http://127.0.0.1:9 did not answer" in err[0]
-    assert not os.listdir(tmp_path / "runs")
+    assert not os.path.exists(tmp_path / "runs")
 
 
 # -----------------------------------------------------------------------------------------------------------------
