@@ -29,7 +29,8 @@ class Endpoint:
     arrive meanwhile with `handle(message)`. Both sides are single-threaded per request chain."""
 
     share_exception_classes = True      # an exception of a class of ours crosses with a handle to its class
-    KEPT_EXCEPTIONS = 256               # the last exceptions each way whose identity a raise back keeps
+    KEPT_EXCEPTIONS = 16    # the last exceptions each way whose identity a raise back keeps: a retry loop's; each
+                            # kept one pins its traceback's frames (the answer's objects, in its memory) meanwhile
 
     def __init__(self, side, rfile, wfile, make_proxy, handle, call_only=False, share=False):
         self.codec = Codec(side, make_proxy, call_only, share)
